@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Configures, builds and tests every preset (default: Release; asan: Debug with
+# AddressSanitizer + UBSan). Stops at the first failure with a non-zero status.
+# Usage: scripts/test.sh [preset...]   (default: default asan)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+scripts/deps.sh
+
+# mpirun refuses to run as root (CI containers are root) and refuses more
+# ranks than cores (CI machines are small) unless told otherwise.
+export OMPI_ALLOW_RUN_AS_ROOT=1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+presets=("$@")
+if [ "${#presets[@]}" -eq 0 ]; then
+  presets=(default asan)
+fi
+
+for preset in "${presets[@]}"; do
+  echo "=== preset ${preset} ==="
+  cmake --preset "$preset"
+  cmake --build --preset "$preset" --parallel "$(nproc)"
+  ctest --preset "$preset"
+done
+echo "=== all presets passed: ${presets[*]} ==="
