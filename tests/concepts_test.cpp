@@ -52,6 +52,7 @@ struct summable_without_sum_type : good_quantizer {
 };
 struct good_summable : good_quantizer {
   static constexpr bool summable = true;
+  static constexpr bool prescale_before_sum = false;
   using sum_type = float;
 };
 
@@ -79,20 +80,6 @@ struct feedback_without_state_buffers {
   void update(state<T>&, std::span<const std::uint32_t>, std::span<const float>) const {}
 };
 
-struct good_comm {
-  int rank() const { return 0; }
-  int size() const { return 1; }
-  template <class T>
-  void allreduce(std::span<T>, reduce_op) {}
-  template <class T>
-  void allgatherv(std::span<const T>, std::vector<T>&, std::vector<std::size_t>&) {}
-  template <class T>
-  void alltoallv(std::span<const T>, std::span<const std::size_t>, std::vector<T>&,
-                 std::vector<std::size_t>&) {}
-  template <class T>
-  void broadcast(std::span<T>, int) {}
-  void barrier() {}
-};
 struct comm_without_alltoallv {
   int rank() const { return 0; }
   int size() const { return 1; }
@@ -156,14 +143,14 @@ TEST_CASE("feedback concept") {
 }
 
 TEST_CASE("communicator concept") {
-  static_assert(communicator<good_comm>);
+  static_assert(communicator<archetypes::communicator>);
   static_assert(!communicator<comm_without_alltoallv>);
   CHECK(true);
 }
 
 TEST_CASE("exchange concept") {
-  static_assert(exchange<good_exchange, fake_compressor, good_comm>);
-  static_assert(!exchange<exchange_without_stats, fake_compressor, good_comm>);
+  static_assert(exchange<good_exchange, fake_compressor, archetypes::communicator>);
+  static_assert(!exchange<exchange_without_stats, fake_compressor, archetypes::communicator>);
   static_assert(!exchange<good_exchange, fake_compressor, comm_without_alltoallv>);
   CHECK(true);
 }

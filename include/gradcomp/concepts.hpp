@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include <gradcomp/context.hpp>
@@ -102,6 +103,19 @@ struct exchange_stats {
   std::size_t bytes_sent = 0;      // by this rank
   std::size_t bytes_received = 0;  // by this rank
   double seconds = 0.0;
+  std::string_view name{};         // the algorithm that ran (auto_exchange: the one it chose)
+  double predicted_seconds = 0.0;  // the cost model's forecast, where the exchange has one
+};
+
+// Coordinates this rank sent that the aggregation left out (gTop-k keeps only the global
+// top-k): the step gives their decoded values back to the feedback, so nothing is lost.
+struct unused_picks {
+  std::vector<std::uint32_t> indices;
+  std::vector<float> values;
+  void clear() noexcept {
+    indices.clear();
+    values.clear();
+  }
 };
 
 // An exchange combines every rank's payload for one tensor: `out` receives the mean over
@@ -113,5 +127,43 @@ concept exchange =
              std::span<typename Compressor::value_type> out) {
       { x.exchange(comm, c, p, out) } -> std::same_as<exchange_stats>;
     };
+
+// An exchange that may drop some of this rank's picks reports them in `unused`; sparsified_sgd
+// then calls the feedback's restore() for them when the feedback has one.
+template <class X, class Compressor, class Comm>
+concept exchange_with_unused =
+    exchange<X, Compressor, Comm> &&
+    requires(X& x, Comm& comm, const Compressor& c, const payload& p,
+             std::span<typename Compressor::value_type> out, unused_picks& unused) {
+      { x.exchange(comm, c, p, out, unused) } -> std::same_as<exchange_stats>;
+    };
+
+// Archetypes: the least a communicator and a compressor must offer, so that an exchange can
+// be checked against its concept right where it is defined, before any real compressor or
+// communicator is included.
+namespace archetypes {
+
+struct communicator {
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  template <class T>
+  void allreduce(std::span<T>, reduce_op) {}
+  template <class T>
+  void allgatherv(std::span<const T>, std::vector<T>&, std::vector<std::size_t>&) {}
+  template <class T>
+  void alltoallv(std::span<const T>, std::span<const std::size_t>, std::vector<T>&,
+                 std::vector<std::size_t>&) {}
+  template <class T>
+  void broadcast(std::span<T>, int) {}
+  void barrier() {}
+};
+
+template <bool Summable>
+struct compressor {
+  using value_type = float;
+  static constexpr bool summable = Summable;
+};
+
+}  // namespace archetypes
 
 }  // namespace gradcomp

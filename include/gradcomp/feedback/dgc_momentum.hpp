@@ -1,0 +1,93 @@
+// gradcomp/feedback/dgc_momentum.hpp: Deep Gradient Compression's momentum correction.
+// u = m u + g; v = v + u; v is compressed; at the sent coordinates v keeps only the
+// quantization error and u is zeroed (momentum factor masking). Optional local gradient
+// clipping by L2 norm before accumulation.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/feedback/common.hpp>
+
+namespace gradcomp {
+
+struct dgc_momentum {
+  double momentum = 0.9;  // m, in [0, 1)
+  double clip_norm = 0.0;  // clip ||g||_2 to this before accumulating; 0 disables
+
+  // DGC applies momentum before compression, so the optimizer must not apply it again.
+  static constexpr bool applies_momentum = true;
+
+  template <gradient_value T>
+  struct state {
+    std::vector<T> u;  // momentum
+    std::vector<T> v;  // accumulated velocity, the vector compressed
+    std::vector<std::span<T>> buffers() { return {std::span<T>(u), std::span<T>(v)}; }
+  };
+
+  template <gradient_value T>
+  state<T> make_state(std::size_t n) const {
+    check();
+    return state<T>{std::vector<T>(n, T(0)), std::vector<T>(n, T(0))};
+  }
+
+  template <gradient_value T>
+  std::span<const T> accumulate(state<T>& st, std::span<const T> g) const {
+    check();
+    detail::check_feedback_size("dgc_momentum::accumulate", g.size(), st.v.size());
+    T scale = T(1);
+    if (clip_norm > 0.0) {
+      double sq = 0.0;
+      for (T x : g) sq += static_cast<double>(x) * static_cast<double>(x);
+      const double norm = std::sqrt(sq);
+      if (norm > clip_norm) scale = static_cast<T>(clip_norm / norm);
+    }
+    const T m = static_cast<T>(momentum);
+    T* u = st.u.data();
+    T* v = st.v.data();
+    const T* gp = g.data();
+    for (std::size_t i = 0, n = g.size(); i < n; ++i) {
+      u[i] = m * u[i] + scale * gp[i];
+      v[i] += u[i];
+    }
+    return st.v;
+  }
+
+  template <gradient_value T>
+  void update(state<T>& st, std::span<const std::uint32_t> idx,
+              std::span<const float> decoded) const {
+    detail::check_sent("dgc_momentum::update", idx, decoded.size(), st.v.size());
+    for (std::size_t j = 0; j < idx.size(); ++j) {
+      st.v[idx[j]] -= static_cast<T>(decoded[j]);
+      st.u[idx[j]] = T(0);
+    }
+  }
+
+  // gTop-k: coordinates sent but not used go back to v. Their momentum was already masked,
+  // which DGC's masking rule accepts (u restarts from the next gradient).
+  template <gradient_value T>
+  void restore(state<T>& st, std::span<const std::uint32_t> idx,
+               std::span<const float> decoded) const {
+    detail::check_sent("dgc_momentum::restore", idx, decoded.size(), st.v.size());
+    for (std::size_t j = 0; j < idx.size(); ++j) st.v[idx[j]] += static_cast<T>(decoded[j]);
+  }
+
+  void check() const {
+    if (!(momentum >= 0.0 && momentum < 1.0)) {
+      detail::throw_invalid_argument("dgc_momentum", "momentum", momentum, "0 <= momentum < 1");
+    }
+    if (!(clip_norm >= 0.0)) {
+      detail::throw_invalid_argument("dgc_momentum", "clip_norm", clip_norm,
+                                     "clip_norm >= 0 (0 disables clipping)");
+    }
+  }
+};
+
+static_assert(feedback<dgc_momentum>);
+static_assert(feedback<dgc_momentum, double>);
+
+}  // namespace gradcomp

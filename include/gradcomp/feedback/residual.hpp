@@ -1,0 +1,59 @@
+// gradcomp/feedback/residual.hpp: error feedback with a residual (TopK-SGD with error
+// compensation): acc = e + g is compressed, and e keeps acc - decoded, so what was not sent
+// (or was sent with quantization error) is added to the next step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/feedback/common.hpp>
+
+namespace gradcomp {
+
+struct residual {
+  template <gradient_value T>
+  struct state {
+    std::vector<T> e;  // holds acc between accumulate() and update(), the residual otherwise
+    std::vector<std::span<T>> buffers() { return {std::span<T>(e)}; }
+  };
+
+  template <gradient_value T>
+  state<T> make_state(std::size_t n) const {
+    return state<T>{std::vector<T>(n, T(0))};
+  }
+
+  // e += g; the accumulated vector is e itself, so no extra buffer is needed.
+  template <gradient_value T>
+  std::span<const T> accumulate(state<T>& st, std::span<const T> g) const {
+    detail::check_feedback_size("residual::accumulate", g.size(), st.e.size());
+    T* e = st.e.data();
+    const T* gp = g.data();
+    for (std::size_t i = 0, n = g.size(); i < n; ++i) e[i] += gp[i];
+    return st.e;
+  }
+
+  // e = acc - decoded at the sent coordinates; unsent coordinates keep acc unchanged.
+  template <gradient_value T>
+  void update(state<T>& st, std::span<const std::uint32_t> idx,
+              std::span<const float> decoded) const {
+    detail::check_sent("residual::update", idx, decoded.size(), st.e.size());
+    for (std::size_t j = 0; j < idx.size(); ++j) st.e[idx[j]] -= static_cast<T>(decoded[j]);
+  }
+
+  // Undo update() for coordinates that were sent but not used by the aggregation (gTop-k
+  // drops local picks that are not in the global top-k): their values go back to e.
+  template <gradient_value T>
+  void restore(state<T>& st, std::span<const std::uint32_t> idx,
+               std::span<const float> decoded) const {
+    detail::check_sent("residual::restore", idx, decoded.size(), st.e.size());
+    for (std::size_t j = 0; j < idx.size(); ++j) st.e[idx[j]] += static_cast<T>(decoded[j]);
+  }
+};
+
+static_assert(feedback<residual>);
+static_assert(feedback<residual, double>);
+
+}  // namespace gradcomp
