@@ -1,0 +1,70 @@
+// gradcomp/exchange/sparse_allgather.hpp: TopK-SGD's exchange. Each rank's payload (any
+// selector, any quantizer, its own count) is encoded in the wire format and gathered by one
+// allgatherv; every rank decodes all of them, in rank order, into the dense mean.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/timer.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/sparse.hpp>
+#include <gradcomp/step.hpp>
+#include <gradcomp/wire.hpp>
+
+namespace gradcomp {
+
+class sparse_allgather {
+ public:
+  // out = mean over ranks of the decoded payloads, added in rank order so every rank gets
+  // bit-identical results. bytes_sent is this rank's encoded payload, bytes_received the
+  // other ranks' encoded payloads. A payload from another rank that is malformed or was made
+  // for a tensor of another size throws on every rank (each rank decodes all of them).
+  template <class Compressor, communicator Comm>
+  exchange_stats exchange(Comm& comm, const Compressor& c, const payload& p,
+                          std::span<typename Compressor::value_type> out) {
+    using T = typename Compressor::value_type;
+    detail::stopwatch clock;
+    send_.clear();
+    encode_wire(p, send_);
+    comm.allgatherv(std::span<const std::byte>(send_), recv_, counts_);
+
+    std::fill(out.begin(), out.end(), T(0));
+    std::size_t offset = 0;
+    for (std::size_t r = 0; r < counts_.size(); ++r) {
+      const auto block = std::span<const std::byte>(recv_).subspan(offset, counts_[r]);
+      offset += counts_[r];
+      if (decode_wire(block, received_) != block.size()) {
+        throw payload_error(detail::concat("gradcomp::sparse_allgather: rank ", r, " sent ",
+                                           block.size(), " bytes, more than one payload"));
+      }
+      if (received_.dense_size != out.size()) {
+        throw communicator_error(detail::concat(
+            "gradcomp::sparse_allgather: rank ", r, " sent a payload for a tensor of ",
+            received_.dense_size, " elements; this rank's tensor has ", out.size()));
+      }
+      c.decompress(received_, out, decompress_mode::accumulate);
+    }
+    const T ranks = static_cast<T>(comm.size());
+    for (T& x : out) x /= ranks;
+
+    exchange_stats st;
+    st.bytes_sent = send_.size();
+    st.bytes_received = recv_.size() - send_.size();
+    st.seconds = clock.lap();
+    return st;
+  }
+
+ private:
+  std::vector<std::byte> send_;
+  std::vector<std::byte> recv_;
+  std::vector<std::size_t> counts_;
+  payload received_;
+};
+
+static_assert(exchange<sparse_allgather, archetypes::compressor<false>, archetypes::communicator>);
+
+}  // namespace gradcomp

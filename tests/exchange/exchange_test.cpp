@@ -1,0 +1,190 @@
+// A P-rank in-process exchange equals the single-process reference: the mean, in rank
+// order, of the P decoded payloads. Bit for bit, since both add in the same order.
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include <gradcomp/comm/in_process.hpp>
+#include <gradcomp/exchange.hpp>
+#include <gradcomp/feedback.hpp>
+#include <gradcomp/quantize.hpp>
+#include <gradcomp/select.hpp>
+#include <gradcomp/step.hpp>
+
+#include "../support/data.hpp"
+
+namespace {
+
+using namespace gradcomp;
+
+constexpr int rank_counts[] = {1, 2, 3, 4, 8};
+
+template <class C>
+payload compress_for_rank(C& c, int rank, std::size_t n, double density, std::uint64_t step) {
+  auto st = c.make_state(n);
+  const auto g = test::make_gradient<typename C::value_type>(
+      n, rank % 2 ? test::dist::laplace : test::dist::normal, 100 * step + static_cast<std::uint64_t>(rank));
+  payload p;
+  c.compress(g, st, compress_context{density, call_id{42, step, 9}}, p);
+  return p;
+}
+
+template <class C>
+std::vector<typename C::value_type> reference_mean(const C& proto, int ranks, std::size_t n, double density) {
+  using T = typename C::value_type;
+  std::vector<T> sum(n, T(0));
+  for (int r = 0; r < ranks; ++r) {
+    C c = proto;
+    const payload p = compress_for_rank(c, r, n, density, 0);
+    c.decompress(p, sum, decompress_mode::accumulate);
+  }
+  for (T& x : sum) x /= static_cast<T>(ranks);
+  return sum;
+}
+
+// The reference of dense_allreduce: the wire values (sum_type) added in rank order in the
+// wire type, then divided by P.
+template <class C>
+std::vector<typename C::value_type> reference_wire_sum_mean(const C& proto, int ranks, std::size_t n,
+                                                            double density) {
+  using T = typename C::value_type;
+  std::vector<float> sum(n, 0.0f);
+  for (int r = 0; r < ranks; ++r) {
+    C c = proto;
+    const payload p = compress_for_rank(c, r, n, density, 0);
+    std::vector<float> v(p.count);
+    c.decode_values(p, v);
+    for (std::size_t j = 0; j < p.count; ++j) sum[p.index(j)] += v[j];
+  }
+  std::vector<T> mean(n);
+  for (std::size_t i = 0; i < n; ++i) mean[i] = static_cast<T>(sum[i]) / static_cast<T>(ranks);
+  return mean;
+}
+
+template <class X, class C>
+void check_against_reference(const C& proto, std::size_t n, double density) {
+  using T = typename C::value_type;
+  for (int ranks : rank_counts) {
+    CAPTURE(ranks);
+    std::vector<std::vector<T>> got(static_cast<std::size_t>(ranks));
+    std::vector<exchange_stats> stats(static_cast<std::size_t>(ranks));
+    run_in_process(ranks, [&](in_process_comm& comm) {
+      C c = proto;
+      X x;
+      const payload p = compress_for_rank(c, comm.rank(), n, density, 0);
+      std::vector<T> out(n, T(123));
+      stats[static_cast<std::size_t>(comm.rank())] = x.exchange(comm, c, p, std::span<T>(out));
+      got[static_cast<std::size_t>(comm.rank())] = std::move(out);
+    });
+    const auto ref = std::is_same_v<X, dense_allreduce> ? reference_wire_sum_mean(proto, ranks, n, density)
+                                                        : reference_mean(proto, ranks, n, density);
+    for (int r = 0; r < ranks; ++r) {
+      const auto& o = got[static_cast<std::size_t>(r)];
+      REQUIRE(o.size() == n);
+      for (std::size_t i = 0; i < n; ++i) {
+        REQUIRE(std::bit_cast<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>(o[i]) ==
+                std::bit_cast<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>(ref[i]));
+      }
+      if (ranks > 1) CHECK(stats[static_cast<std::size_t>(r)].bytes_received > 0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sparse_allgather equals the reference mean for every quantizer, P in {1,2,3,4,8}") {
+  const std::size_t n = 3001;
+  auto run = [&](auto proto, double density) {
+    check_against_reference<sparse_allgather>(proto, n, density);
+  };
+  SUBCASE("topk identity") { run(compressor<topk, identity, residual>{}, 0.01); }
+  SUBCASE("topk fp16") { run(compressor<topk, fp16, residual>{}, 0.05); }
+  SUBCASE("gaussiank qsgd") { run(compressor<gaussiank, qsgd, residual>{}, 0.02); }
+  SUBCASE("randomk terngrad") { run(compressor<randomk, terngrad, residual>{}, 0.1); }
+  SUBCASE("threshold scaled_sign") {
+    run(compressor<threshold, scaled_sign, residual>(threshold{1.5}), 1.0);
+  }
+  SUBCASE("dense bf16 double") { run(compressor<dense, bf16, no_feedback, double>{}, 1.0); }
+}
+
+TEST_CASE("dense_allreduce equals the reference mean, P in {1,2,3,4,8}") {
+  const std::size_t n = 2049;
+  SUBCASE("dense identity (S-SGD)") {
+    compressor<dense, identity, no_feedback> proto;
+    check_against_reference<dense_allreduce>(proto, n, 1.0);
+  }
+  SUBCASE("randomk identity: shared indices, values added without indices") {
+    compressor<randomk, identity, residual> proto;
+    check_against_reference<dense_allreduce>(proto, n, 0.05);
+  }
+  SUBCASE("dense identity double") {
+    compressor<dense, identity, no_feedback, double> proto;
+    check_against_reference<dense_allreduce>(proto, n, 1.0);
+  }
+}
+
+TEST_CASE("dense_allreduce of 16-bit payloads sums in the wire type, in rank order") {
+  const std::size_t n = 513;
+  for (int ranks : rank_counts) {
+    CAPTURE(ranks);
+    std::vector<std::vector<float>> got(static_cast<std::size_t>(ranks));
+    run_in_process(ranks, [&](in_process_comm& comm) {
+      compressor<dense, fp16, no_feedback> c;
+      dense_allreduce x;
+      const payload p = compress_for_rank(c, comm.rank(), n, 1.0, 0);
+      std::vector<float> out(n);
+      x.exchange(comm, c, p, std::span<float>(out));
+      got[static_cast<std::size_t>(comm.rank())] = out;
+    });
+    // Reference: each rank's fp16 value divided by P (fp16 overflows), summed in fp16.
+    std::vector<half> sum(n, half(0.0f));
+    for (int r = 0; r < ranks; ++r) {
+      compressor<dense, fp16, no_feedback> c;
+      const payload p = compress_for_rank(c, r, n, 1.0, 0);
+      std::vector<float> v(n);
+      c.decode_values(p, v);
+      for (std::size_t i = 0; i < n; ++i) {
+        const half h(v[i] / static_cast<float>(ranks));
+        sum[i] = r == 0 ? h : sum[i] + h;
+      }
+    }
+    for (const auto& o : got) {
+      for (std::size_t i = 0; i < n; ++i) REQUIRE(o[i] == static_cast<float>(sum[i]));
+    }
+  }
+}
+
+TEST_CASE("a payload for a tensor of another size fails on every rank") {
+  std::mutex m;
+  int failures = 0;
+  CHECK_THROWS_AS(run_in_process(3, [&](in_process_comm& comm) {
+    compressor<topk, identity, no_feedback> c;
+    sparse_allgather x;
+    const std::size_t n = comm.rank() == 1 ? 100 : 120;
+    const payload p = compress_for_rank(c, comm.rank(), n, 0.1, 0);
+    std::vector<float> out(120);
+    try {
+      x.exchange(comm, c, p, std::span<float>(out));
+    } catch (const communicator_error&) {
+      std::lock_guard lock(m);
+      ++failures;
+      throw;
+    }
+  }), communicator_error);
+  CHECK(failures == 3);
+}
+
+TEST_CASE("exchanges model the exchange concept") {
+  using C = compressor<topk, identity, residual>;
+  using D = compressor<dense, identity, no_feedback>;
+  static_assert(exchange<sparse_allgather, C, in_process_comm>);
+  static_assert(exchange<dense_allreduce, D, in_process_comm>);
+  static_assert(!C::summable);
+  static_assert(D::summable);
+  static_assert(compressor<randomk, bf16, residual>::summable);
+  static_assert(!compressor<dense, qsgd, residual>::summable);
+  CHECK(true);
+}

@@ -1,0 +1,321 @@
+// compressor<> and sparsified_sgd<>: argument checks that leave state untouched, the
+// non-finite policy, decompression, the SGD update rules, the density schedule, statistics
+// and checkpoints.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <vector>
+
+#include <gradcomp/comm/in_process.hpp>
+#include <gradcomp/exchange.hpp>
+#include <gradcomp/feedback.hpp>
+#include <gradcomp/quantize.hpp>
+#include <gradcomp/select.hpp>
+#include <gradcomp/step.hpp>
+
+#include "support/data.hpp"
+
+namespace {
+
+using namespace gradcomp;
+
+// A communicator of one rank, for single-process runs without threads.
+struct solo_comm {
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  template <class T>
+  void allreduce(std::span<T>, reduce_op) {}
+  template <class T>
+  void allgatherv(std::span<const T> send, std::vector<T>& recv, std::vector<std::size_t>& counts) {
+    recv.assign(send.begin(), send.end());
+    counts.assign(1, send.size());
+  }
+  template <class T>
+  void alltoallv(std::span<const T> send, std::span<const std::size_t>, std::vector<T>& recv,
+                 std::vector<std::size_t>& counts) {
+    recv.assign(send.begin(), send.end());
+    counts.assign(1, send.size());
+  }
+  template <class T>
+  void broadcast(std::span<T>, int) {}
+  void barrier() {}
+};
+static_assert(communicator<solo_comm>);
+
+}  // namespace
+
+TEST_CASE("compressor: bad arguments throw and leave the feedback state unchanged") {
+  compressor<topk, identity, residual> c;
+  auto st = c.make_state(100);
+  const auto g = test::make_gradient<float>(100, test::dist::normal, 1);
+  payload p;
+  c.compress(g, st, {0.1, {}}, p);
+  const auto before = st.e;
+  for (double bad : {0.0, -0.5, 1.5, static_cast<double>(NAN)}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(c.compress(g, st, {bad, {}}, p), invalid_argument);
+    CHECK(st.e == before);
+  }
+  const auto short_g = test::make_gradient<float>(99, test::dist::normal, 1);
+  CHECK_THROWS_AS(c.compress(short_g, st, {0.1, {}}, p), invalid_argument);
+  CHECK(st.e == before);
+}
+
+TEST_CASE("compressor: NaN or Inf in a gradient is an error by default, state unchanged") {
+  compressor<topk, identity, residual> c;
+  auto st = c.make_state(50);
+  auto g = test::make_gradient<float>(50, test::dist::normal, 2);
+  payload p;
+  c.compress(g, st, {0.1, {}}, p);
+  const auto before = st.e;
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    g[17] = bad;
+    try {
+      c.compress(g, st, {0.1, call_id{0, 0, 4}}, p);
+      FAIL("no exception");
+    } catch (const nonfinite_error& e) {
+      const std::string what = e.what();
+      CHECK(what.find("tensor 4") != std::string::npos);
+      CHECK(what.find("index 17") != std::string::npos);
+    }
+    CHECK(st.e == before);
+  }
+}
+
+TEST_CASE("compressor: nonfinite_policy::propagate sends NaN first") {
+  compressor<topk, identity, no_feedback> c(topk{}, identity{}, no_feedback{}, nonfinite_policy::propagate);
+  auto st = c.make_state(10);
+  std::vector<float> g(10, 1.0f);
+  g[3] = NAN;
+  g[6] = 5.0f;
+  payload p;
+  c.compress(g, st, {0.2, {}}, p);
+  REQUIRE(p.count == 2);
+  CHECK(p.indices == std::vector<std::uint32_t>{3, 6});
+}
+
+TEST_CASE("compressor: decompress overwrites or accumulates, and rejects malformed payloads") {
+  compressor<topk, identity, no_feedback> c;
+  auto st = c.make_state(8);
+  const std::vector<float> g{0, 5, 0, -7, 0, 0, 1, 0};
+  payload p;
+  c.compress(g, st, {0.25, {}}, p);
+  std::vector<float> dense(8, 2.0f);
+  c.decompress(p, dense, decompress_mode::accumulate);
+  CHECK(dense == std::vector<float>{2, 7, 2, -5, 2, 2, 2, 2});
+  c.decompress(p, dense);
+  CHECK(dense == std::vector<float>{0, 5, 0, -7, 0, 0, 0, 0});
+
+  const auto keep = dense;
+  payload bad = p;
+  bad.indices[1] = 8;  // out of range
+  CHECK_THROWS_AS(c.decompress(bad, dense), payload_error);
+  bad = p;
+  bad.indices[1] = 1;  // duplicate
+  CHECK_THROWS_AS(c.decompress(bad, dense), payload_error);
+  bad = p;
+  bad.values.pop_back();  // truncated values
+  CHECK_THROWS_AS(c.decompress(bad, dense), payload_error);
+  std::vector<float> wrong(7);
+  CHECK_THROWS_AS(c.decompress(p, wrong), invalid_argument);
+  CHECK(dense == keep);
+}
+
+TEST_CASE("density_schedule: DGC warm-up") {
+  const auto s = density_schedule::warmup(0.001, 4, 10);
+  CHECK(s.at(0) == doctest::Approx(std::pow(0.001, 0.2)));
+  CHECK(s.at(9) == doctest::Approx(std::pow(0.001, 0.2)));
+  CHECK(s.at(10) == doctest::Approx(std::pow(0.001, 0.4)));
+  CHECK(s.at(39) == doctest::Approx(std::pow(0.001, 0.8)));
+  CHECK(s.at(40) == 0.001);
+  CHECK(s.at(1000000) == 0.001);
+  CHECK(density_schedule::constant(0.5).at(3) == 0.5);
+  CHECK_THROWS_AS(density_schedule::constant(0.0), invalid_argument);
+  CHECK_THROWS_AS(density_schedule::warmup(0.1, 2, 0), invalid_argument);
+}
+
+TEST_CASE("sparsified_sgd: dense S-SGD on one rank is plain SGD (momentum, Nesterov, weight decay)") {
+  for (bool nesterov : {false, true}) {
+    CAPTURE(nesterov);
+    solo_comm comm;
+    sgd_options opt;
+    opt.lr = 0.1;
+    opt.momentum = 0.9;
+    opt.nesterov = nesterov;
+    opt.weight_decay = 0.01;
+    sparsified_sgd<compressor<dense, identity, no_feedback, double>, dense_allreduce, solo_comm> sgd(
+        comm, {3, 4}, {}, {}, opt);
+    std::vector<double> theta(7, 1.0), ref = theta, vel(7, 0.0);
+    for (int step = 0; step < 5; ++step) {
+      const auto g = test::make_gradient<double>(7, test::dist::normal, static_cast<std::uint64_t>(step));
+      sgd.step(theta, g);
+      for (std::size_t i = 0; i < 7; ++i) {
+        // identity sends fp32 values, also for double gradients
+        double d = static_cast<double>(static_cast<float>(g[i])) + 0.01 * ref[i];
+        vel[i] = 0.9 * vel[i] + d;
+        d = nesterov ? d + 0.9 * vel[i] : vel[i];
+        ref[i] -= 0.1 * d;
+      }
+      for (std::size_t i = 0; i < 7; ++i) REQUIRE(theta[i] == doctest::Approx(ref[i]).epsilon(1e-12));
+    }
+  }
+}
+
+TEST_CASE("sparsified_sgd: bad options and sizes are rejected before anything changes") {
+  solo_comm comm;
+  using sgd_t = sparsified_sgd<compressor<topk, identity, residual>, sparse_allgather, solo_comm>;
+  sgd_options opt;
+  opt.lr = -1;
+  CHECK_THROWS_AS(sgd_t(comm, {10}, {}, {}, opt), invalid_argument);
+  opt = {};
+  opt.momentum = 1.0;
+  CHECK_THROWS_AS(sgd_t(comm, {10}, {}, {}, opt), invalid_argument);
+  opt = {};
+  opt.nesterov = true;
+  CHECK_THROWS_AS(sgd_t(comm, {10}, {}, {}, opt), invalid_argument);
+  opt = {};
+  opt.momentum = 0.9;
+  using dgc_t = sparsified_sgd<compressor<topk, identity, dgc_momentum>, sparse_allgather, solo_comm>;
+  CHECK_THROWS_AS(dgc_t(comm, {10}, {}, {}, opt), invalid_argument);
+  CHECK_THROWS_AS(sgd_t(comm, std::vector<tensor_spec>{{1, 5}, {1, 6}}, {}, {}, {}, density_schedule::constant(0.5)),
+                  invalid_argument);
+
+  sgd_t sgd(comm, {10, 20}, {}, {}, {}, density_schedule::constant(0.1));
+  std::vector<float> theta(30, 1.0f);
+  auto g = test::make_gradient<float>(30, test::dist::normal, 3);
+  std::vector<float> short_theta(29, 1.0f);
+  CHECK_THROWS_AS(sgd.step(short_theta, g), invalid_argument);
+  g[25] = NAN;
+  try {
+    sgd.step(theta, g);
+    FAIL("no exception");
+  } catch (const nonfinite_error& e) {
+    CHECK(std::string(e.what()).find("tensor 1 holds nan at index 15") != std::string::npos);
+  }
+  CHECK(theta == std::vector<float>(30, 1.0f));
+  CHECK(sgd.steps_done() == 0);
+  for (float e : sgd.feedback_state(0).e) CHECK(e == 0.0f);
+}
+
+TEST_CASE("sparsified_sgd: statistics report selection, density and bytes per tensor") {
+  solo_comm comm;
+  sparsified_sgd<compressor<topk, identity, residual>, sparse_allgather, solo_comm> sgd(
+      comm, {1000, 4000}, {}, {}, {}, density_schedule::constant(0.01));
+  std::vector<float> theta(5000, 0.0f);
+  const auto g = test::make_gradient<float>(5000, test::dist::normal, 4);
+  const auto& s = sgd.step(theta, g);
+  REQUIRE(s.tensors.size() == 2);
+  CHECK(s.tensors[0].selected == 10);
+  CHECK(s.tensors[1].selected == 40);
+  CHECK(s.selected == 50);
+  CHECK(s.density == doctest::Approx(0.01));
+  CHECK(s.tensors[1].threshold > 0.0);
+  // header + 8 bytes per (index, fp32 value)
+  CHECK(s.tensors[0].bytes_sent > 80);
+  CHECK(s.tensors[0].bytes_sent < 80 + 64);
+  CHECK(s.bytes_sent == s.tensors[0].bytes_sent + s.tensors[1].bytes_sent);
+  CHECK(s.seconds.select >= 0.0);
+  CHECK(sgd.total_bytes_sent() == s.bytes_sent);
+}
+
+TEST_CASE("sparsified_sgd: P ranks agree and apply the reference averaged update") {
+  const std::vector<std::size_t> layers{300, 1, 1200};
+  const std::size_t n = 1501;
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    CAPTURE(ranks);
+    std::vector<std::vector<float>> params(static_cast<std::size_t>(ranks));
+    std::vector<std::vector<float>> averaged(static_cast<std::size_t>(ranks));
+    run_in_process(ranks, [&](in_process_comm& comm) {
+      sgd_options opt;
+      opt.lr = 0.5;
+      opt.seed = 11;
+      sparsified_sgd<compressor<topk, identity, residual>, sparse_allgather, in_process_comm> sgd(
+          comm, layers, {}, {}, opt, density_schedule::constant(0.02));
+      std::vector<float> theta(n, 0.0f);
+      for (std::uint64_t step = 0; step < 3; ++step) {
+        const auto g = test::make_gradient<float>(n, test::dist::normal, 1000 * step + static_cast<std::uint64_t>(comm.rank()));
+        sgd.step(theta, g);
+      }
+      params[static_cast<std::size_t>(comm.rank())] = theta;
+      const auto avg = sgd.averaged_gradient();
+      averaged[static_cast<std::size_t>(comm.rank())].assign(avg.begin(), avg.end());
+    });
+    // Single-process reference: each rank's compressor and residual, payloads summed in
+    // rank order and divided by P, then theta -= lr * mean.
+    std::vector<compressor<topk, identity, residual>> cs(static_cast<std::size_t>(ranks));
+    std::vector<std::vector<residual::state<float>>> states(static_cast<std::size_t>(ranks));
+    for (auto& per_rank : states) {
+      for (std::size_t l : layers) per_rank.push_back(residual{}.make_state<float>(l));
+    }
+    std::vector<float> theta(n, 0.0f), mean(n);
+    for (std::uint64_t step = 0; step < 3; ++step) {
+      std::fill(mean.begin(), mean.end(), 0.0f);
+      for (int r = 0; r < ranks; ++r) {
+        const auto g = test::make_gradient<float>(n, test::dist::normal, 1000 * step + static_cast<std::uint64_t>(r));
+        std::size_t off = 0;
+        for (std::size_t l = 0; l < layers.size(); ++l) {
+          payload p;
+          auto& c = cs[static_cast<std::size_t>(r)];
+          c.compress(std::span<const float>(g).subspan(off, layers[l]), states[static_cast<std::size_t>(r)][l],
+                     compress_context{0.02, call_id{11, step, static_cast<std::uint32_t>(l)}}, p);
+          c.decompress(p, std::span<float>(mean).subspan(off, layers[l]), decompress_mode::accumulate);
+          off += layers[l];
+        }
+      }
+      for (float& x : mean) x /= static_cast<float>(ranks);
+      for (std::size_t i = 0; i < n; ++i) theta[i] -= 0.5f * mean[i];
+    }
+    for (int r = 0; r < ranks; ++r) {
+      REQUIRE(params[static_cast<std::size_t>(r)] == theta);
+      REQUIRE(averaged[static_cast<std::size_t>(r)] == mean);
+    }
+  }
+}
+
+TEST_CASE("sparsified_sgd: checkpoints restore the feedback state exactly, keyed by tensor id") {
+  solo_comm comm;
+  using sgd_t = sparsified_sgd<compressor<topk, qsgd, dgc_momentum>, sparse_allgather, solo_comm>;
+  const std::vector<tensor_spec> tensors{{7, 100}, {3, 250}};
+  auto make = [&] { return sgd_t(comm, tensors, {}, {}, sgd_options{}, density_schedule::warmup(0.01, 2, 3)); };
+  auto grad = [](std::uint64_t step) { return test::make_gradient<float>(350, test::dist::laplace, step); };
+
+  sgd_t a = make();
+  std::vector<float> theta_a(350, 0.0f);
+  for (std::uint64_t s = 0; s < 4; ++s) a.step(theta_a, grad(s));
+  std::stringstream ckpt;
+  a.save_state(ckpt);
+  const std::string bytes = ckpt.str();
+  std::vector<float> theta_b = theta_a;
+  for (std::uint64_t s = 4; s < 8; ++s) a.step(theta_a, grad(s));
+
+  sgd_t b = make();
+  std::stringstream in(bytes);
+  b.load_state(in);
+  CHECK(b.steps_done() == 4);
+  for (std::uint64_t s = 4; s < 8; ++s) b.step(theta_b, grad(s));
+  CHECK(theta_a == theta_b);
+
+  // Tensors listed in another order still match by id.
+  sgd_t c(comm, std::vector<tensor_spec>{{3, 250}, {7, 100}}, {}, {}, sgd_options{}, density_schedule::constant(0.01));
+  std::stringstream in2(bytes);
+  CHECK_NOTHROW(c.load_state(in2));
+
+  // Mismatches are rejected and change nothing.
+  sgd_t d(comm, std::vector<tensor_spec>{{7, 100}, {3, 251}}, {}, {}, sgd_options{}, density_schedule::constant(0.01));
+  std::stringstream in3(bytes);
+  CHECK_THROWS_AS(d.load_state(in3), invalid_argument);
+  CHECK(d.steps_done() == 0);
+  for (std::size_t cut : {std::size_t{0}, std::size_t{3}, bytes.size() / 2, bytes.size() - 1}) {
+    sgd_t e = make();
+    std::stringstream truncated(bytes.substr(0, cut));
+    CHECK_THROWS_AS(e.load_state(truncated), invalid_argument);
+    CHECK(e.steps_done() == 0);
+    for (double v : e.feedback_state(0).v) REQUIRE(v == 0.0);
+  }
+  using other_t = sparsified_sgd<compressor<topk, qsgd, residual>, sparse_allgather, solo_comm>;
+  other_t f(comm, tensors, {}, {}, sgd_options{}, density_schedule::constant(0.01));
+  std::stringstream in4(bytes);
+  CHECK_THROWS_AS(f.load_state(in4), invalid_argument);  // another feedback policy
+}
