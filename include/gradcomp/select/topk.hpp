@@ -1,0 +1,253 @@
+// gradcomp/select/topk.hpp: exact Top-k, the k coordinates of largest |g| with ties broken
+// by lower index. A strided sample brackets the k-th value, one read of g splits it into
+// "surely in" and a few candidates, and an exact finish on the candidates completes it;
+// when the bracket misses, a radix select over the key bits finishes instead.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <numeric>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/context.hpp>
+#include <gradcomp/detail/select_common.hpp>
+
+namespace gradcomp {
+
+namespace detail {
+
+// Below this size the exact finish on all of g is cheaper than sampling.
+inline constexpr std::size_t topk_direct_max = 2048;
+
+// The bracketed pass: indices with key > hi go to `sure`, lo <= key <= hi to `cand`, both in
+// index order. Blocks without any key >= lo cost one vectorised test; the rest use branchless
+// appends, so the buffers need cap + scan_block entries and are checked once per block.
+// Returns false as soon as sure exceeds sure_cap or cand exceeds cand_cap: the bracket
+// missed (or the input is dominated by ties) and the caller falls back.
+template <class T>
+bool bracket_pass(std::span<const T> g, abs_key_t<T> lo, abs_key_t<T> hi, std::uint32_t* sure,
+                  std::size_t sure_cap, std::uint32_t* cand, std::size_t cand_cap,
+                  std::size_t& n_sure, std::size_t& n_cand) {
+  using key = abs_key_t<T>;
+  const T* p = g.data();
+  const std::size_t n = g.size();
+  const auto t = static_cast<signed_key_t<T>>(lo) - 1;
+  const key width = static_cast<key>(hi - lo);
+  std::size_t ns = 0;
+  std::size_t nc = 0;
+  auto hot = [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) {
+      const key kk = abs_key(p[i]);
+      sure[ns] = static_cast<std::uint32_t>(i);
+      ns += kk > hi;
+      cand[nc] = static_cast<std::uint32_t>(i);
+      nc += static_cast<key>(kk - lo) <= width;  // lo <= kk <= hi; below lo wraps around
+    }
+  };
+  std::size_t i = 0;
+  for (; i + scan_block <= n; i += scan_block) {
+    if (!block_any_above(p + i, t)) continue;
+    if (ns > sure_cap || nc > cand_cap) return false;
+    hot(i, i + scan_block);
+  }
+  if (ns > sure_cap || nc > cand_cap) return false;
+  if (i < n) hot(i, i + std::min(scan_block, n - i));
+  n_sure = ns;
+  n_cand = nc;
+  return true;
+}
+
+// Small k: one streaming pass keeping the k best in a heap whose top is the worst kept
+// (smallest key, then highest index). Elements arrive in index order, so an element that
+// only ties the worst never displaces it: lower indices win ties. Returns the k-th key.
+template <class T>
+abs_key_t<T> topk_stream_heap(std::span<const T> g, std::size_t k, std::uint32_t* out) {
+  using key = abs_key_t<T>;
+  using entry = std::pair<key, std::uint32_t>;
+  const auto better = [](const entry& a, const entry& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::vector<entry> heap(k);
+  const T* p = g.data();
+  const std::size_t n = g.size();
+  for (std::size_t i = 0; i < k; ++i) heap[i] = {abs_key(p[i]), static_cast<std::uint32_t>(i)};
+  std::make_heap(heap.begin(), heap.end(), better);
+  auto t = static_cast<signed_key_t<T>>(heap.front().first);
+  auto visit = [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) {
+      const key kk = abs_key(p[i]);
+      if (kk > heap.front().first) {
+        std::pop_heap(heap.begin(), heap.end(), better);
+        heap.back() = {kk, static_cast<std::uint32_t>(i)};
+        std::push_heap(heap.begin(), heap.end(), better);
+        t = static_cast<signed_key_t<T>>(heap.front().first);
+      }
+    }
+  };
+  std::size_t i = k;
+  for (; i + scan_block <= n; i += scan_block) {
+    if (block_any_above(p + i, t)) visit(i, i + scan_block);
+  }
+  visit(i, n);
+  for (std::size_t j = 0; j < k; ++j) out[j] = heap[j].second;
+  std::sort(out, out + k);
+  return heap.front().first;
+}
+
+}  // namespace detail
+
+// Exact Top-k. Tunables of the sampled bracket (the defaults suit densities 1e-5 .. 0.5):
+// the sample holds sample_factor / rho elements clamped to [min_sample, max_sample] and to at
+// most n/16 (the sample is a random access per element; beyond ~64K elements it costs more
+// than the candidates it saves, and for large rho a larger sample than sample_factor / rho
+// shrinks the candidate list, which dominates then); the bracket spans bracket_sigmas binomial
+// standard deviations of the sample rank plus bracket_margin ranks on each side; the candidate
+// list may grow to candidate_budget_factor times its expected size (at least
+// min_candidate_budget) before the pass gives up on the bracket.
+//
+// Paths: n <= 2048 exact finish on everything; k <= heap_max_k a streaming heap (one pass;
+// O(n log k) on adversarial orders); otherwise the bracket, with radix select as the fallback
+// (stats.fallback = true, stats.iterations = radix passes; 0 on the other paths).
+// stats.threshold is |g| of the k-th largest element.
+struct topk {
+  double sample_factor = 64.0;
+  std::size_t min_sample = 16384;
+  std::size_t max_sample = 65536;
+  double bracket_sigmas = 5.0;
+  std::size_t bracket_margin = 2;
+  double candidate_budget_factor = 4.0;
+  std::size_t min_candidate_budget = 4096;
+  std::size_t heap_max_k = 64;
+  detail::select_scratch scratch{};  // reused between calls; not copied
+
+  template <gradient_value T>
+  selection_stats select(std::span<const T> g, const select_context& ctx,
+                         std::vector<std::uint32_t>& indices) {
+    using key = detail::abs_key_t<T>;
+    const std::size_t n = g.size();
+    detail::check_index_range("topk", n);
+    check_k("topk", ctx.k, n);
+    const std::size_t k = ctx.k;
+    selection_stats st;
+    if (k == 0) {
+      indices.clear();
+      return st;
+    }
+    indices.resize(k);
+    st.count = k;
+
+    if (k == n) {
+      std::iota(indices.begin(), indices.end(), std::uint32_t{0});
+      key lowest = detail::abs_key_traits<T>::mask;
+      for (const T x : g) lowest = std::min(lowest, detail::abs_key(x));
+      st.threshold = static_cast<double>(detail::key_magnitude<T>(lowest));
+      return st;
+    }
+
+    auto& keys = scratch.keys<T>();
+    if (n <= detail::topk_direct_max) {
+      auto& list = scratch.list_b;
+      detail::ensure_size(list, n);
+      std::iota(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(n), std::uint32_t{0});
+      const key kth = detail::keep_top_of_list(g, std::span(list.data(), n), k, keys);
+      std::copy_n(list.begin(), k, indices.begin());
+      st.threshold = static_cast<double>(detail::key_magnitude<T>(kth));
+      return st;
+    }
+
+    if (k <= heap_max_k) {
+      const key kth = detail::topk_stream_heap(g, k, indices.data());
+      st.threshold = static_cast<double>(detail::key_magnitude<T>(kth));
+      return st;
+    }
+
+    const double nd = static_cast<double>(n);
+    const double kd = static_cast<double>(k);
+    const double s_real = std::ceil(sample_factor * nd / kd);
+    std::size_t s = s_real >= nd ? n : static_cast<std::size_t>(std::max(s_real, 1.0));
+    s = std::min(std::max(s, min_sample), max_sample);
+    s = std::max<std::size_t>(std::min(s, n / 16), 1);
+
+    // Sample bracket. The number of sampled keys above the true k-th key is about
+    // Binomial(s, rho): its standard deviation sets the bracket width in sample ranks.
+    detail::ensure_size(keys, s);
+    for (std::size_t j = 0; j < s; ++j) {
+      keys[j] = detail::abs_key(g[static_cast<std::size_t>(static_cast<std::uint64_t>(j) *
+                                                           static_cast<std::uint64_t>(n) / s)]);
+    }
+    const double rho = kd / nd;
+    const double sd = static_cast<double>(s);
+    const double r = rho * sd;
+    const double spread =
+        bracket_sigmas * std::sqrt(sd * rho * (1.0 - rho)) + static_cast<double>(bracket_margin);
+    const double hi_rank = std::floor(r - spread);  // 1-based ranks, largest first
+    const double lo_rank = std::ceil(r + spread);
+    auto first = keys.begin();
+    key lo = 0;
+    std::size_t lo_pos = s;
+    if (lo_rank <= sd) {
+      lo_pos = static_cast<std::size_t>(std::max(lo_rank, 1.0)) - 1;
+      std::nth_element(first, first + static_cast<std::ptrdiff_t>(lo_pos),
+                       first + static_cast<std::ptrdiff_t>(s), std::greater<key>{});
+      lo = keys[lo_pos];
+    }
+    key hi = detail::abs_key_traits<T>::mask;  // nothing is above: no sure elements
+    if (hi_rank >= 1.0) {
+      const auto hi_pos = static_cast<std::size_t>(hi_rank) - 1;
+      if (hi_pos < lo_pos) {
+        std::nth_element(first, first + static_cast<std::ptrdiff_t>(hi_pos),
+                         first + static_cast<std::ptrdiff_t>(lo_pos), std::greater<key>{});
+        hi = keys[hi_pos];
+      } else {
+        hi = lo;
+      }
+    }
+
+    const double ranks_in = std::max(lo_rank, 1.0) - std::max(hi_rank, 0.0) + 1.0;
+    const double expected = ranks_in * nd / sd;
+    const double budget_real =
+        std::max(candidate_budget_factor * expected, static_cast<double>(min_candidate_budget));
+    const std::size_t budget = budget_real >= nd ? n : static_cast<std::size_t>(budget_real);
+
+    auto& sure = scratch.list_a;
+    auto& cand = scratch.list_b;
+    detail::ensure_size(sure, k + detail::scan_block);
+    detail::ensure_size(cand, budget + detail::scan_block);
+    std::size_t ns = 0;
+    std::size_t nc = 0;
+    const bool pass_ok =
+        detail::bracket_pass(g, lo, hi, sure.data(), k, cand.data(), budget, ns, nc);
+    if (pass_ok && ns <= k && ns + nc >= k) {
+      const std::size_t need = k - ns;
+      key kth;
+      if (need > 0) {
+        kth = detail::keep_top_of_list(g, std::span(cand.data(), nc), need, keys);
+      } else {
+        kth = detail::abs_key_traits<T>::mask;
+        for (std::size_t i = 0; i < ns; ++i) kth = std::min(kth, detail::abs_key(g[sure[i]]));
+      }
+      std::merge(sure.begin(), sure.begin() + static_cast<std::ptrdiff_t>(ns), cand.begin(),
+                 cand.begin() + static_cast<std::ptrdiff_t>(need), indices.begin());
+      st.threshold = static_cast<double>(detail::key_magnitude<T>(kth));
+      return st;
+    }
+
+    const auto res = detail::radix_kth_largest(g, k, keys);
+    detail::take_top_by_kth(g, res.kth, res.above, k, indices.data());
+    st.threshold = static_cast<double>(detail::key_magnitude<T>(res.kth));
+    st.iterations = res.passes;
+    st.fallback = true;
+    return st;
+  }
+};
+
+static_assert(gradcomp::selector<gradcomp::topk>);
+static_assert(gradcomp::selector<gradcomp::topk, double>);
+
+}  // namespace gradcomp
