@@ -49,7 +49,7 @@ static_assert(communicator<solo_comm>);
 TEST_CASE("compressor: bad arguments throw and leave the feedback state unchanged") {
   compressor<topk, identity, residual> c;
   auto st = c.make_state(100);
-  const auto g = test::make_gradient<float>(100, test::dist::normal, 1);
+  const auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, 100, 1);
   payload p;
   c.compress(g, st, {0.1, {}}, p);
   const auto before = st.e;
@@ -58,7 +58,7 @@ TEST_CASE("compressor: bad arguments throw and leave the feedback state unchange
     CHECK_THROWS_AS(c.compress(g, st, {bad, {}}, p), invalid_argument);
     CHECK(st.e == before);
   }
-  const auto short_g = test::make_gradient<float>(99, test::dist::normal, 1);
+  const auto short_g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, 99, 1);
   CHECK_THROWS_AS(c.compress(short_g, st, {0.1, {}}, p), invalid_argument);
   CHECK(st.e == before);
 }
@@ -66,7 +66,7 @@ TEST_CASE("compressor: bad arguments throw and leave the feedback state unchange
 TEST_CASE("compressor: NaN or Inf in a gradient is an error by default, state unchanged") {
   compressor<topk, identity, residual> c;
   auto st = c.make_state(50);
-  auto g = test::make_gradient<float>(50, test::dist::normal, 2);
+  auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, 50, 2);
   payload p;
   c.compress(g, st, {0.1, {}}, p);
   const auto before = st.e;
@@ -149,7 +149,7 @@ TEST_CASE("sparsified_sgd: dense S-SGD on one rank is plain SGD (momentum, Neste
         comm, {3, 4}, {}, {}, opt);
     std::vector<double> theta(7, 1.0), ref = theta, vel(7, 0.0);
     for (int step = 0; step < 5; ++step) {
-      const auto g = test::make_gradient<double>(7, test::dist::normal, static_cast<std::uint64_t>(step));
+      const auto g = gradcomp_test::make_input<double>(gradcomp_test::dist::normal, 7, static_cast<std::uint64_t>(step));
       sgd.step(theta, g);
       for (std::size_t i = 0; i < 7; ++i) {
         // identity sends fp32 values, also for double gradients
@@ -184,7 +184,7 @@ TEST_CASE("sparsified_sgd: bad options and sizes are rejected before anything ch
 
   sgd_t sgd(comm, {10, 20}, {}, {}, {}, density_schedule::constant(0.1));
   std::vector<float> theta(30, 1.0f);
-  auto g = test::make_gradient<float>(30, test::dist::normal, 3);
+  auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, 30, 3);
   std::vector<float> short_theta(29, 1.0f);
   CHECK_THROWS_AS(sgd.step(short_theta, g), invalid_argument);
   g[25] = NAN;
@@ -204,7 +204,7 @@ TEST_CASE("sparsified_sgd: statistics report selection, density and bytes per te
   sparsified_sgd<compressor<topk, identity, residual>, sparse_allgather, solo_comm> sgd(
       comm, {1000, 4000}, {}, {}, {}, density_schedule::constant(0.01));
   std::vector<float> theta(5000, 0.0f);
-  const auto g = test::make_gradient<float>(5000, test::dist::normal, 4);
+  const auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, 5000, 4);
   const auto& s = sgd.step(theta, g);
   REQUIRE(s.tensors.size() == 2);
   CHECK(s.tensors[0].selected == 10);
@@ -235,7 +235,7 @@ TEST_CASE("sparsified_sgd: P ranks agree and apply the reference averaged update
           comm, layers, {}, {}, opt, density_schedule::constant(0.02));
       std::vector<float> theta(n, 0.0f);
       for (std::uint64_t step = 0; step < 3; ++step) {
-        const auto g = test::make_gradient<float>(n, test::dist::normal, 1000 * step + static_cast<std::uint64_t>(comm.rank()));
+        const auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, n, 1000 * step + static_cast<std::uint64_t>(comm.rank()));
         sgd.step(theta, g);
       }
       params[static_cast<std::size_t>(comm.rank())] = theta;
@@ -253,7 +253,7 @@ TEST_CASE("sparsified_sgd: P ranks agree and apply the reference averaged update
     for (std::uint64_t step = 0; step < 3; ++step) {
       std::fill(mean.begin(), mean.end(), 0.0f);
       for (int r = 0; r < ranks; ++r) {
-        const auto g = test::make_gradient<float>(n, test::dist::normal, 1000 * step + static_cast<std::uint64_t>(r));
+        const auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, n, 1000 * step + static_cast<std::uint64_t>(r));
         std::size_t off = 0;
         for (std::size_t l = 0; l < layers.size(); ++l) {
           payload p;
@@ -279,7 +279,7 @@ TEST_CASE("sparsified_sgd: checkpoints restore the feedback state exactly, keyed
   using sgd_t = sparsified_sgd<compressor<topk, qsgd, dgc_momentum>, sparse_allgather, solo_comm>;
   const std::vector<tensor_spec> tensors{{7, 100}, {3, 250}};
   auto make = [&] { return sgd_t(comm, tensors, {}, {}, sgd_options{}, density_schedule::warmup(0.01, 2, 3)); };
-  auto grad = [](std::uint64_t step) { return test::make_gradient<float>(350, test::dist::laplace, step); };
+  auto grad = [](std::uint64_t step) { return gradcomp_test::make_input<float>(gradcomp_test::dist::laplace, 350, step); };
 
   sgd_t a = make();
   std::vector<float> theta_a(350, 0.0f);

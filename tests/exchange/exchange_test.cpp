@@ -25,8 +25,9 @@ constexpr int rank_counts[] = {1, 2, 3, 4, 8};
 template <class C>
 payload compress_for_rank(C& c, int rank, std::size_t n, double density, std::uint64_t step) {
   auto st = c.make_state(n);
-  const auto g = test::make_gradient<typename C::value_type>(
-      n, rank % 2 ? test::dist::laplace : test::dist::normal, 100 * step + static_cast<std::uint64_t>(rank));
+  const auto g = gradcomp_test::make_input<typename C::value_type>(
+      rank % 2 ? gradcomp_test::dist::laplace : gradcomp_test::dist::normal, n,
+      100 * step + static_cast<std::uint64_t>(rank));
   payload p;
   c.compress(g, st, compress_context{density, call_id{42, step, 9}}, p);
   return p;

@@ -46,8 +46,7 @@ void check_residual_law(Q q, bool exact) {
   std::vector<bool> sent;
   std::size_t inexact = 0;
   for (std::uint64_t step = 0; step < 100; ++step) {
-    const auto g = test::make_gradient<float>(n, step % 3 == 0 ? test::dist::student_t2 : test::dist::normal,
-                                              1000 + step);
+    const auto g = gradcomp_test::make_input<float>(step % 3 == 0 ? gradcomp_test::dist::student_t2 : gradcomp_test::dist::normal, n, 1000 + step);
     std::vector<float> acc(n);
     for (std::size_t i = 0; i < n; ++i) acc[i] = st.e[i] + g[i];
     c.compress(g, st, compress_context{0.05, call_id{7, step, 3}}, p);
@@ -89,7 +88,7 @@ TEST_CASE("residual: with the dense selector and identity nothing stays behind")
   compressor<dense, identity, residual> c;
   auto st = c.make_state(n);
   payload p;
-  const auto g = test::make_gradient<float>(n, test::dist::laplace, 5);
+  const auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::laplace, n, 5);
   c.compress(g, st, compress_context{1.0, {}}, p);
   CHECK(p.layout == index_layout::dense);
   for (float e : st.e) REQUIRE(e == 0.0f);
@@ -101,7 +100,7 @@ TEST_CASE("residual: double gradients") {
   auto st = c.make_state(n);
   payload p;
   for (std::uint64_t step = 0; step < 20; ++step) {
-    const auto g = test::make_gradient<double>(n, test::dist::normal, step);
+    const auto g = gradcomp_test::make_input<double>(gradcomp_test::dist::normal, n, step);
     std::vector<double> acc(n);
     for (std::size_t i = 0; i < n; ++i) acc[i] = st.e[i] + g[i];
     c.compress(g, st, compress_context{0.01, call_id{0, step, 0}}, p);
