@@ -1,0 +1,16 @@
+// gradcomp/gradcomp.hpp: the umbrella header; it only includes. Pick single headers
+// (gradcomp/select/topk.hpp, gradcomp/quantize/qsgd.hpp, ...) to compile less.
+#pragma once
+
+#include <gradcomp/comm/in_process.hpp>
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/context.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/exchange.hpp>
+#include <gradcomp/feedback.hpp>
+#include <gradcomp/quantize.hpp>
+#include <gradcomp/select.hpp>
+#include <gradcomp/sparse.hpp>
+#include <gradcomp/step.hpp>
+#include <gradcomp/wire.hpp>
