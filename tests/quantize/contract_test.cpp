@@ -14,7 +14,12 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/quantize.hpp>
 
+#include "quantize_test_support.hpp"
+
 namespace gq = gradcomp;
+using gradcomp_test::blank;
+using gradcomp_test::bernstein_bound;
+using gradcomp_test::normal_values;
 
 namespace {
 
@@ -50,23 +55,6 @@ std::vector<gq::scaled_sign> configs() {
 template <class Q>
 constexpr bool is_stochastic =
     Q::id == gq::quantizer_id::qsgd || Q::id == gq::quantizer_id::terngrad;
-
-std::vector<float> normal_values(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-// What the caller sets before encode: a dense payload of n values.
-gq::payload blank(std::size_t n) {
-  gq::payload p;
-  p.dense_size = n;
-  p.layout = gq::index_layout::dense;
-  p.count = static_cast<std::uint32_t>(n);
-  return p;
-}
 
 constexpr float sentinel = -12345.5f;
 

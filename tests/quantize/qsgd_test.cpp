@@ -12,35 +12,14 @@
 
 #include <gradcomp/quantize/qsgd.hpp>
 
+#include "quantize_test_support.hpp"
+
 namespace gq = gradcomp;
+using gradcomp_test::blank;
+using gradcomp_test::bernstein_bound;
+using gradcomp_test::normal_values;
 
 namespace {
-
-gq::payload blank(std::size_t n) {
-  gq::payload p;
-  p.dense_size = n;
-  p.layout = gq::index_layout::dense;
-  p.count = static_cast<std::uint32_t>(n);
-  return p;
-}
-
-std::vector<float> normal_values(std::size_t n, std::uint64_t seed, float sd = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-// Deviation t such that the mean of m independent samples, each within `range` of its
-// expectation and with variance `var`, is off by more than t with probability below 1e-12
-// (Bernstein's inequality).
-double bernstein_bound(double var, double range, std::size_t m) {
-  const double l = std::log(2.0 / 1e-12);
-  const double md = static_cast<double>(m);
-  return (l * range / 3.0 + std::sqrt(l * range / 3.0 * (l * range / 3.0) + 2.0 * md * l * var)) /
-         md;
-}
 
 double bucket_norm(const std::vector<float>& v, std::size_t first, std::size_t last) {
   double s = 0;

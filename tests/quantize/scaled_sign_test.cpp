@@ -10,17 +10,14 @@
 
 #include <gradcomp/quantize/scaled_sign.hpp>
 
+#include "quantize_test_support.hpp"
+
 namespace gq = gradcomp;
+using gradcomp_test::blank;
+using gradcomp_test::bernstein_bound;
+using gradcomp_test::normal_values;
 
 namespace {
-
-gq::payload blank(std::size_t n) {
-  gq::payload p;
-  p.dense_size = n;
-  p.layout = gq::index_layout::dense;
-  p.count = static_cast<std::uint32_t>(n);
-  return p;
-}
 
 }  // namespace
 

@@ -10,33 +10,14 @@
 
 #include <gradcomp/quantize/terngrad.hpp>
 
+#include "quantize_test_support.hpp"
+
 namespace gq = gradcomp;
+using gradcomp_test::blank;
+using gradcomp_test::bernstein_bound;
+using gradcomp_test::normal_values;
 
 namespace {
-
-gq::payload blank(std::size_t n) {
-  gq::payload p;
-  p.dense_size = n;
-  p.layout = gq::index_layout::dense;
-  p.count = static_cast<std::uint32_t>(n);
-  return p;
-}
-
-std::vector<float> normal_values(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-// See qsgd_test.cpp: Bernstein's inequality at failure probability 1e-12.
-double bernstein_bound(double var, double range, std::size_t m) {
-  const double l = std::log(2.0 / 1e-12);
-  const double md = static_cast<double>(m);
-  return (l * range / 3.0 + std::sqrt(l * range / 3.0 * (l * range / 3.0) + 2.0 * md * l * var)) /
-         md;
-}
 
 }  // namespace
 
