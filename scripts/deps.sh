@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-packages=(cmake g++ make doctest-dev libbenchmark-dev libopenmpi-dev openmpi-bin)
+# clang and libclang-rt-14-dev (libFuzzer, the sanitizer runtimes): scripts/fuzz.sh.
+# zlib1g-dev and dataset-fashion-mnist: examples/train_fashion_mnist.cpp and tests/schedule/.
+packages=(cmake g++ make doctest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
+          clang libclang-rt-14-dev zlib1g-dev dataset-fashion-mnist)
 
 missing=()
 for package in "${packages[@]}"; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Configures, builds and tests every preset (default: Release; asan: Debug with
-# AddressSanitizer + UBSan). Stops at the first failure with a non-zero status.
-# Usage: scripts/test.sh [preset...]   (default: default asan)
+# AddressSanitizer + UBSan; tsan: Debug with ThreadSanitizer, only the tests labelled
+# `threads`). Stops at the first failure with a non-zero status.
+# Usage: scripts/test.sh [preset...]   (default: default asan tsan)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -15,7 +16,7 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 
 presets=("$@")
 if [ "${#presets[@]}" -eq 0 ]; then
-  presets=(default asan)
+  presets=(default asan tsan)
 fi
 
 for preset in "${presets[@]}"; do

@@ -10,6 +10,7 @@
 #include <gradcomp/exchange.hpp>
 #include <gradcomp/feedback.hpp>
 #include <gradcomp/quantize.hpp>
+#include <gradcomp/schedule.hpp>
 #include <gradcomp/select.hpp>
 #include <gradcomp/sparse.hpp>
 #include <gradcomp/step.hpp>

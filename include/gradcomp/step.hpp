@@ -20,6 +20,7 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
+#include <gradcomp/detail/select_common.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/sparse.hpp>
@@ -49,13 +50,11 @@ enum class decompress_mode {
 
 namespace detail {
 
-// Index of the first NaN or Inf, or g.size() if all finite.
+// Index of the first NaN or Inf, or g.size() if all finite. Vectorised: with the default
+// nonfinite_policy::error this check is a full read of g on every compress().
 template <gradient_value T>
 std::size_t find_nonfinite(std::span<const T> g) {
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    if (!std::isfinite(g[i])) return i;
-  }
-  return g.size();
+  return first_nonfinite(g);
 }
 
 }  // namespace detail
@@ -97,8 +96,10 @@ class compressor {
   }
 
   // Compress g (with feedback state st) into out. Every argument is checked before st
-  // changes: a bad density, a size mismatch or a non-finite gradient throws and leaves st
-  // as it was.
+  // changes: a bad density, a size mismatch, a non-finite gradient or a selector setting
+  // rejected by the selector's `check() const` (when it has one) throws and leaves st as it
+  // was. An exception from inside a policy's work (bad_alloc, a custom selector that throws)
+  // leaves st valid but holding the accumulated gradient.
   compress_stats compress(std::span<const T> g, state_type& st, const compress_context& ctx,
                           payload& out) {
     const std::size_t n = g.size();
@@ -107,6 +108,9 @@ class compressor {
     }
     const std::size_t k = k_for_density(n, ctx.density);
     check_state_size(st, n);
+    // The selector runs on the accumulated vector, after the feedback has changed st: its own
+    // settings (threshold's tau, RedSync's interval) must be rejected before that.
+    if constexpr (requires(const Selector& s) { s.check(); }) selector_.check();
     if (nonfinite_ == nonfinite_policy::error) {
       if (const std::size_t bad = detail::find_nonfinite(g); bad != n) {
         throw nonfinite_error(detail::concat(
@@ -120,18 +124,42 @@ class compressor {
     compress_stats stats;
     stats.n = n;
     detail::stopwatch clock;
-    const std::span<const T> acc = feedback_.accumulate(st, g);
-    stats.seconds_accumulate = clock.lap();
-
-    out.clear();
-    out.dense_size = n;
-    if constexpr (selects_all_v<Selector>) {
-      out.layout = index_layout::dense;
-      out.count = static_cast<std::uint32_t>(n);
-      stats.selection = selection_stats{n, 0.0, 0, false};
-    } else {
+    // A feedback that accumulates by e += g into a buffer it exposes (residual) and a selector
+    // that can do that addition during its own scan (topk, gaussiank) fuse the two passes:
+    // one read of g and e and one write of e. The time then counts as seconds_select.
+    constexpr bool fused =
+        !selects_all_v<Selector> &&
+        requires(const Feedback& f, state_type& s, Selector& sel, std::span<T> e,
+                 std::span<const T> gv, const select_context& sc, std::vector<std::uint32_t>& idx) {
+          { f.in_place_accumulator(s) } -> std::same_as<std::span<T>>;
+          { sel.select_accumulate(e, gv, sc, idx) } -> std::same_as<selection_stats>;
+        };
+    std::span<const T> acc;
+    if constexpr (fused) {
+      const std::span<T> e = feedback_.in_place_accumulator(st);
+      out.clear();
+      out.dense_size = n;
       out.layout = index_layout::sparse;
-      stats.selection = selector_.select(acc, select_context{k, ctx.density, ctx.id}, out.indices);
+      stats.selection =
+          selector_.select_accumulate(e, g, select_context{k, ctx.density, ctx.id}, out.indices);
+      acc = e;
+    } else {
+      acc = feedback_.accumulate(st, g);
+      stats.seconds_accumulate = clock.lap();
+      // Only now: accumulate() is where a feedback without buffers (no_feedback) checks g's
+      // size, and a refused call must leave `out` as it was.
+      out.clear();
+      out.dense_size = n;
+      if constexpr (selects_all_v<Selector>) {
+        out.layout = index_layout::dense;
+        out.count = static_cast<std::uint32_t>(n);
+        stats.selection = selection_stats{n, 0.0, 0, false};
+      } else {
+        out.layout = index_layout::sparse;
+        stats.selection = selector_.select(acc, select_context{k, ctx.density, ctx.id}, out.indices);
+      }
+    }
+    if (out.layout == index_layout::sparse) {
       out.count = static_cast<std::uint32_t>(out.indices.size());
       validate_indices("compressor::compress (selector output)", out);
     }
@@ -275,6 +303,11 @@ struct tensor_stats {
   bool fallback = false;
   std::size_t bytes_sent = 0;
   std::size_t bytes_received = 0;
+  std::string_view exchange{};     // the exchange that ran (auto_exchange: the one it chose)
+  double predicted_seconds = 0.0;  // the exchange's cost-model forecast (auto_exchange), else 0
+  double exchange_seconds = 0.0;   // measured: communication, decoding and averaging
+  std::size_t restored = 0;        // picks the exchange left out (gtopk) that went back to the
+                                   // feedback (0 for feedback without restore(): dropped)
 };
 
 struct phase_seconds {
@@ -371,13 +404,8 @@ class sparsified_sgd {
     stats_.target_density = rho;
     stats_.n = total_;
     stats_.tensors.reserve(tensors_.size());
-    for (std::size_t t = 0; t < tensors_.size(); ++t) {
-      const auto range = std::span<const T>(grads).subspan(offsets_[t], tensors_[t].size);
-      const auto out = std::span<T>(average_).subspan(offsets_[t], tensors_[t].size);
-      const compress_context ctx{rho, call_id{opt_.seed, step_, tensors_[t].id}};
-      const compress_stats cs = compressor_.compress(range, states_[t], ctx, payload_);
-      const exchange_stats xs = exchange_.exchange(*comm_, compressor_, payload_, out);
-
+    auto record = [this](std::size_t t, const compress_stats& cs, const exchange_stats& xs,
+                         std::size_t restored) {
       tensor_stats ts;
       ts.id = tensors_[t].id;
       ts.n = tensors_[t].size;
@@ -388,6 +416,10 @@ class sparsified_sgd {
       ts.fallback = cs.selection.fallback;
       ts.bytes_sent = xs.bytes_sent;
       ts.bytes_received = xs.bytes_received;
+      ts.exchange = xs.name;
+      ts.predicted_seconds = xs.predicted_seconds;
+      ts.exchange_seconds = xs.seconds;
+      ts.restored = restored;
       stats_.tensors.push_back(ts);
       stats_.selected += ts.selected;
       stats_.bytes_sent += xs.bytes_sent;
@@ -396,6 +428,40 @@ class sparsified_sgd {
       stats_.seconds.select += cs.seconds_select;
       stats_.seconds.encode += cs.seconds_encode;
       stats_.seconds.exchange += xs.seconds;
+    };
+    if constexpr (fuses_tensors) {
+      // Every tensor is compressed first, then the exchange sees them all (topk_a2a buckets).
+      payloads_.resize(tensors_.size());
+      std::vector<compress_stats> cstats(tensors_.size());
+      std::vector<std::span<T>> outs(tensors_.size());
+      std::vector<exchange_stats> xstats(tensors_.size());
+      for (std::size_t t = 0; t < tensors_.size(); ++t) {
+        const auto range = std::span<const T>(grads).subspan(offsets_[t], tensors_[t].size);
+        outs[t] = std::span<T>(average_).subspan(offsets_[t], tensors_[t].size);
+        const compress_context ctx{rho, call_id{opt_.seed, step_, tensors_[t].id}};
+        cstats[t] = compressor_.compress(range, states_[t], ctx, payloads_[t]);
+      }
+      exchange_.exchange_tensors(*comm_, std::as_const(compressor_),
+                                 std::span<const payload>(payloads_),
+                                 std::span<const std::span<T>>(outs), std::span<exchange_stats>(xstats));
+      for (std::size_t t = 0; t < tensors_.size(); ++t) record(t, cstats[t], xstats[t], 0);
+    } else {
+      for (std::size_t t = 0; t < tensors_.size(); ++t) {
+        const auto range = std::span<const T>(grads).subspan(offsets_[t], tensors_[t].size);
+        const auto out = std::span<T>(average_).subspan(offsets_[t], tensors_[t].size);
+        const compress_context ctx{rho, call_id{opt_.seed, step_, tensors_[t].id}};
+        const compress_stats cs = compressor_.compress(range, states_[t], ctx, payload_);
+        if constexpr (exchange_with_unused<Exchange, Compressor, Comm>) {
+          // Picks the exchange left out (gTop-k) go back to the feedback: nothing is lost.
+          const exchange_stats xs = exchange_.exchange(*comm_, compressor_, payload_, out, unused_);
+          if constexpr (restores_feedback) {
+            compressor_.feedback_policy().restore(states_[t], unused_.indices, unused_.values);
+          }
+          record(t, cs, xs, restores_feedback ? unused_.indices.size() : 0);
+        } else {
+          record(t, cs, exchange_.exchange(*comm_, compressor_, payload_, out), 0);
+        }
+      }
     }
     stats_.density = total_ ? static_cast<double>(stats_.selected) / static_cast<double>(total_) : 0.0;
 
@@ -417,6 +483,8 @@ class sparsified_sgd {
   // The last averaged gradient (before weight decay and momentum).
   [[nodiscard]] std::span<const T> averaged_gradient() const noexcept { return average_; }
   [[nodiscard]] Compressor& compressor_instance() noexcept { return compressor_; }
+  // The exchange, e.g. to tune topk_a2a's bucket size between steps.
+  [[nodiscard]] Exchange& exchange_policy() noexcept { return exchange_; }
   [[nodiscard]] typename Compressor::state_type& feedback_state(std::size_t tensor_index) {
     return states_.at(tensor_index);
   }
@@ -495,6 +563,19 @@ class sparsified_sgd {
   }
 
  private:
+  // Exchanges that take all tensors of a step at once (topk_a2a, to fuse small ones).
+  static constexpr bool fuses_tensors =
+      requires(Exchange& x, Comm& comm, const Compressor& c, std::span<const payload> ps,
+               std::span<const std::span<T>> outs, std::span<exchange_stats> st) {
+        x.exchange_tensors(comm, c, ps, outs, st);
+      };
+  // Feedback policies that can take back picks an exchange left out (residual, dgc_momentum).
+  static constexpr bool restores_feedback =
+      requires(const typename Compressor::feedback_type& f, typename Compressor::state_type& st,
+               std::span<const std::uint32_t> idx, std::span<const float> v) {
+        f.restore(st, idx, v);
+      };
+
   static constexpr std::uint32_t checkpoint_magic = 0x504b4347;  // "GCKP" little-endian
   static constexpr std::uint32_t checkpoint_version = 1;
 
@@ -584,6 +665,8 @@ class sparsified_sgd {
   std::vector<T> average_;
   std::vector<T> velocity_;
   payload payload_;
+  std::vector<payload> payloads_;  // one per tensor, for exchanges that fuse tensors
+  unused_picks unused_;
   step_stats stats_;
   std::uint64_t step_ = 0;
   std::size_t total_bytes_sent_ = 0;

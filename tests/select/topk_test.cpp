@@ -222,16 +222,16 @@ TEST_CASE("k_for_density validates the density") {
 
 TEST_CASE("topk: copies keep settings and work independently") {
   gradcomp::topk a;
-  a.sample_factor = 32.0;
+  a.sample_scale = 3.0;
   std::vector<std::uint32_t> out;
   const auto g = gt::make_input<float>(gt::dist::normal, 100000, 4);
   run(a, g, 100, out);
   gradcomp::topk b = a;  // copies settings; scratch starts empty
-  CHECK(b.sample_factor == 32.0);
+  CHECK(b.sample_scale == 3.0);
   std::vector<std::uint32_t> out_b;
   run(b, g, 100, out_b);
   CHECK(out == out_b);
-  b = gradcomp::topk{.sample_factor = 16.0};
+  b = gradcomp::topk{.sample_scale = 0.5};
   run(b, g, 100, out_b);
   CHECK(out == out_b);
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <span>
 
@@ -66,52 +67,151 @@ mean_sd mean_and_sd_double(std::span<const T> g) {
   return {shift + sum / nd, std::sqrt(std::max((sq - sum * sum / nd) / nd, 0.0))};
 }
 
-// Mean and population standard deviation. Values are shifted by g[0] before squaring so that
-// a large common offset does not cancel the variance away.
+// Where the fused pass below puts the indices (and keys) of the values above its threshold,
+// in index order. The buffers hold cap + moments_chunk entries; once more than cap are found
+// the pass stops collecting and sets overflow (the list is then incomplete).
 template <class T>
-mean_sd mean_and_sd(std::span<const T> g) {
-#if GRADCOMP_VECTOR_EXTENSIONS
-  using v = typename lanes<T>::type;
-  constexpr std::size_t w = lanes<T>::count;
-  const std::size_t n = g.size();
+struct above_list {
+  std::uint32_t* indices = nullptr;
+  abs_key_t<T>* keys = nullptr;
+  std::size_t cap = 0;
+  std::size_t count = 0;
+  bool overflow = false;
+};
+
+// Mean and population standard deviation of the source's values, computed as in mean_and_sd;
+// with Collect also the indices and keys of the values with key > t into `list`, and with
+// Count the number of values with key > tc into `*counted`: Gaussian-k's statistics, a
+// superset of its selection and a bound for one more of its counts, in one read. Values are
+// shifted by the first value before squaring so that a large common offset does not cancel the
+// variance away. The source's side effects (e += g) are always completed.
+template <class T, bool Collect, bool Count, class Source>
+mean_sd moments_pass(const Source& source, [[maybe_unused]] signed_key_t<T> t,
+                     [[maybe_unused]] above_list<T>* list, [[maybe_unused]] signed_key_t<T> tc,
+                     [[maybe_unused]] std::size_t* counted) {
+  const Source src = source;  // see bracket_pass
+  const std::size_t n = src.size();
+  if constexpr (Count) *counted = 0;
   if (n == 0) return {};
-  const T* p = g.data();
-  const T shift = p[0];
-  v sh;
-  for (std::size_t j = 0; j < w; ++j) sh[j] = shift;
+#if GRADCOMP_VECTOR_EXTENSIONS
+  using S = signed_key_t<T>;
+  using v = typename lanes<T>::type;
+  using sv = typename lanes<S>::type;
+  constexpr std::size_t w = lanes<T>::count;
+  const T shift = src.at(0);
+  const v sh = v{} + shift;
+  const sv km = sv{} + static_cast<S>(abs_key_traits<T>::mask);
+  [[maybe_unused]] sv tt = sv{} + t;
+  [[maybe_unused]] const sv tcv = sv{} + tc;
+  [[maybe_unused]] sv cnt = {};  // minus the count per lane (a true compare is -1)
   double sum = 0.0;
   double sq = 0.0;
+  [[maybe_unused]] std::size_t c = 0;
+  [[maybe_unused]] bool collecting = Collect;
+  [[maybe_unused]] auto hot = [&](const T* p, std::size_t b, std::size_t len) {
+    std::uint32_t* const out = list->indices;
+    abs_key_t<T>* const keys = list->keys;
+    for_each_above(p, len, t, [&](std::size_t j, abs_key_t<T> kk) {
+      out[c] = static_cast<std::uint32_t>(b + j);
+      keys[c++] = kk;
+    });
+  };
+  // Four vectors a step, summed pairwise before they join the two accumulators: few enough
+  // registers that nothing spills with the block test and the counter in the same loop (which
+  // keeps the pass bound by memory, not arithmetic), and a dependency chain of 16 adds per
+  // chunk. Each lane of a chunk sum adds 64 values in T before the total moves to double.
   std::size_t i = 0;
   for (; i + moments_chunk <= n; i += moments_chunk) {
-    v a = {}, b = {}, c = {}, d = {};
-    for (std::size_t q = 0; q < moments_chunk; q += 2 * w) {
-      v x, y;
-      std::memcpy(&x, p + i + q, sizeof(v));
-      std::memcpy(&y, p + i + q + w, sizeof(v));
-      x -= sh;
-      y -= sh;
-      a += x;
-      b += y;
-      c += x * x;
-      d += y * y;
+    v a = {}, q = {};
+    for (std::size_t blk = 0; blk < moments_chunk; blk += scan_block) {
+      const T* p = src.block(i + blk, scan_block);
+      [[maybe_unused]] sv any = {};
+      for (std::size_t o = 0; o < scan_block; o += 4 * w) {
+        v x0, x1, x2, x3;
+        std::memcpy(&x0, p + o, sizeof(v));
+        std::memcpy(&x1, p + o + w, sizeof(v));
+        std::memcpy(&x2, p + o + 2 * w, sizeof(v));
+        std::memcpy(&x3, p + o + 3 * w, sizeof(v));
+        if constexpr (Collect || Count) {
+          sv k0, k1, k2, k3;
+          std::memcpy(&k0, &x0, sizeof(v));
+          std::memcpy(&k1, &x1, sizeof(v));
+          std::memcpy(&k2, &x2, sizeof(v));
+          std::memcpy(&k3, &x3, sizeof(v));
+          k0 &= km;
+          k1 &= km;
+          k2 &= km;
+          k3 &= km;
+          if constexpr (Collect) any |= (tt - k0) | (tt - k1) | (tt - k2) | (tt - k3);
+          if constexpr (Count) cnt += ((k0 > tcv) + (k1 > tcv)) + ((k2 > tcv) + (k3 > tcv));
+        }
+        x0 -= sh;
+        x1 -= sh;
+        x2 -= sh;
+        x3 -= sh;
+        a += (x0 + x1) + (x2 + x3);
+        q += (x0 * x0 + x1 * x1) + (x2 * x2 + x3 * x3);
+      }
+      if constexpr (Collect) {
+        if (any_negative(any)) {
+          if (c > list->cap) {
+            collecting = false;
+            tt = km;  // no key is above: the test is off from here on
+          } else {
+            hot(p, i + blk, scan_block);
+          }
+        }
+      }
     }
     for (std::size_t j = 0; j < w; ++j) {
-      sum += static_cast<double>(a[j]) + static_cast<double>(b[j]);
-      sq += static_cast<double>(c[j]) + static_cast<double>(d[j]);
+      sum += static_cast<double>(a[j]);
+      sq += static_cast<double>(q[j]);
     }
   }
   const double shift_d = static_cast<double>(shift);
-  for (; i < n; ++i) {
-    const double dd = static_cast<double>(p[i]) - shift_d;
-    sum += dd;
-    sq += dd * dd;
+  if (i < n) {
+    // n - i < moments_chunk already; the min tells the compiler (see for_blocks_above).
+    const std::size_t len = std::min(moments_chunk, n - i);
+    const T* p = src.block(i, len);
+    for (std::size_t j = 0; j < len; ++j) {
+      const double dd = static_cast<double>(p[j]) - shift_d;
+      sum += dd;
+      sq += dd * dd;
+      if constexpr (Count) *counted += signed_abs_key(p[j]) > tc;
+    }
+    if constexpr (Collect) {
+      if (collecting && c <= list->cap) {
+        hot(p, i, len);
+      } else {
+        collecting = false;
+      }
+    }
   }
-  if (!std::isfinite(sum) || !std::isfinite(sq)) return mean_and_sd_double(g);
+  if constexpr (Count) {
+    for (std::size_t j = 0; j < w; ++j) *counted += static_cast<std::size_t>(-cnt[j]);
+  }
+  if constexpr (Collect) {
+    list->count = c;
+    list->overflow = !collecting;
+  }
+  if (!std::isfinite(sum) || !std::isfinite(sq)) return mean_and_sd_double(src.values());
   const double nd = static_cast<double>(n);
   return {shift_d + sum / nd, std::sqrt(std::max((sq - sum * sum / nd) / nd, 0.0))};
 #else
+  src.finish(0);
+  const std::span<const T> g = src.values();
+  if constexpr (Collect) list->overflow = true;  // nothing collected: callers count in passes
+  if constexpr (Count) {
+    for (const T x : g) *counted += signed_abs_key(x) > tc;
+  }
   return mean_and_sd_double(g);
 #endif
+}
+
+// Mean and population standard deviation of g.
+template <class T>
+mean_sd mean_and_sd(std::span<const T> g) {
+  return moments_pass<T, false, false>(read_source<T>{g}, 0, nullptr, 0, nullptr);
 }
 
 template <class T>

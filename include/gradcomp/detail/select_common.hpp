@@ -22,6 +22,10 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
 
+#if defined(__SSE2__) && !defined(__CUDACC__)
+#include <emmintrin.h>
+#endif
+
 namespace gradcomp::detail {
 
 // ---------------------------------------------------------------------------------------
@@ -158,6 +162,8 @@ struct select_scratch {
   uninit_vector<std::uint32_t> list_b;
   uninit_vector<std::uint32_t> keys32;
   uninit_vector<std::uint64_t> keys64;
+  uninit_vector<std::uint32_t> keys32_b;
+  uninit_vector<std::uint64_t> keys64_b;
 
   select_scratch() = default;
   select_scratch(const select_scratch&) noexcept {}
@@ -172,6 +178,14 @@ struct select_scratch {
       return keys32;
     } else {
       return keys64;
+    }
+  }
+  template <class T>
+  uninit_vector<abs_key_t<T>>& keys_b() {
+    if constexpr (std::is_same_v<abs_key_t<T>, std::uint32_t>) {
+      return keys32_b;
+    } else {
+      return keys64_b;
     }
   }
 };
@@ -211,17 +225,32 @@ inline constexpr std::size_t scan_block = 32;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Warray-bounds"
 #endif
+// Whether any lane of a 16-byte vector of signed keys is negative: the sign bits in one
+// instruction on x86 (the lane loop compiles to a chain of shuffles and ORs).
+template <class V>
+inline bool any_negative(V a) noexcept {
+#if defined(__SSE2__)
+  if constexpr (sizeof(a[0]) == 4) {
+    return _mm_movemask_ps(std::bit_cast<__m128>(a)) != 0;
+  } else {
+    return _mm_movemask_pd(std::bit_cast<__m128d>(a)) != 0;
+  }
+#else
+  auto acc = a[0];
+  for (std::size_t j = 1; j < sizeof(V) / sizeof(a[0]); ++j) acc |= a[j];
+  return acc < 0;
+#endif
+}
+
 template <class T>
 inline bool block_any_above(const T* p, signed_key_t<T> t) noexcept {
   using S = signed_key_t<T>;
   typedef S v __attribute__((vector_size(16)));
   constexpr std::size_t w = 16 / sizeof(S);
-  const S mask = static_cast<S>(abs_key_traits<T>::mask);
-  v a = {}, b = {}, tt, mm;
-  for (std::size_t j = 0; j < w; ++j) {
-    tt[j] = t;
-    mm[j] = mask;
-  }
+  // Broadcasts, which the compiler hoists out of the callers' loops.
+  const v tt = v{} + t;
+  const v mm = v{} + static_cast<S>(abs_key_traits<T>::mask);
+  v a = {}, b = {};
   for (std::size_t j = 0; j < scan_block; j += 2 * w) {
     v x, y;
     std::memcpy(&x, p + j, sizeof(v));
@@ -229,10 +258,7 @@ inline bool block_any_above(const T* p, signed_key_t<T> t) noexcept {
     a |= tt - (x & mm);
     b |= tt - (y & mm);
   }
-  a |= b;
-  S acc = 0;
-  for (std::size_t j = 0; j < w; ++j) acc |= a[j];
-  return acc < 0;
+  return any_negative(a | b);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -245,6 +271,47 @@ GRADCOMP_HOST_DEVICE bool block_any_above(const T* p, signed_key_t<T> t) noexcep
   return acc < 0;
 }
 #endif
+
+// Calls f(j, key) for every j < len (len <= scan_block) with key(p[j]) > t, in order. Hot blocks
+// hold a few such elements among 32: on x86 a compare mask visits just those (a bit scan each)
+// instead of testing all 32; elsewhere, and for double keys (SSE2 has no 64-bit compare), the
+// plain loop does.
+#if GRADCOMP_VECTOR_EXTENSIONS && defined(__SSE2__)
+#define GRADCOMP_SSE2_MASKS 1
+// Bit j is set iff key(p[j]) > t, for the scan_block floats at p.
+inline std::uint32_t block_mask_above(const float* p, std::int32_t t) noexcept {
+  const __m128i tt = _mm_set1_epi32(t);
+  const __m128i mask = _mm_set1_epi32(0x7fffffff);
+  std::uint32_t bits = 0;
+  for (unsigned j = 0; j < scan_block / 4; ++j) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4 * j));
+    const __m128i gt = _mm_cmpgt_epi32(_mm_and_si128(x, mask), tt);  // keys are >= 0: signed is fine
+    bits |= static_cast<std::uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(gt))) << (4 * j);
+  }
+  return bits;
+}
+#else
+#define GRADCOMP_SSE2_MASKS 0
+#endif
+
+template <class T, class F>
+inline void for_each_above(const T* p, std::size_t len, signed_key_t<T> t, F&& f) {
+#if GRADCOMP_SSE2_MASKS
+  if constexpr (std::is_same_v<T, float>) {
+    if (len == scan_block) {
+      for (std::uint32_t bits = block_mask_above(p, t); bits != 0; bits &= bits - 1) {
+        const auto j = static_cast<std::size_t>(std::countr_zero(bits));
+        f(j, abs_key(p[j]));
+      }
+      return;
+    }
+  }
+#endif
+  for (std::size_t j = 0; j < len; ++j) {
+    const abs_key_t<T> kk = abs_key(p[j]);
+    if (static_cast<signed_key_t<T>>(kk) > t) f(j, kk);
+  }
+}
 
 // Calls hot(begin, end) for every block [begin, end) of g that holds a key > t, in index order;
 // t = -1 visits every block. The last, partial block is always visited.
@@ -261,6 +328,179 @@ void for_blocks_above(std::span<const T> g, signed_key_t<T> t, Hot&& hot) {
   if (i < n) hot(i, i + std::min(scan_block, n - i));
 }
 
+// Index of the first NaN or Inf of g, or g.size() when every value is finite. NaN and Inf are
+// exactly the keys above that of the largest finite value. The test runs over chunks of
+// nonfinite_chunk values with one horizontal reduction each: a check that is almost never
+// positive need not stop every 32 values. (Scanning from the back, so that the front of g
+// would still be cached for the pass that follows, did not measure faster.)
+inline constexpr std::size_t nonfinite_chunk = 1024;
+
+template <class T>
+std::size_t first_nonfinite(std::span<const T> g) {
+  using S = signed_key_t<T>;
+  constexpr auto finite_max = static_cast<S>(abs_key(std::numeric_limits<T>::max()));
+  const T* p = g.data();
+  const std::size_t n = g.size();
+  std::size_t i = 0;
+#if GRADCOMP_VECTOR_EXTENSIONS
+  typedef S v __attribute__((vector_size(16)));
+  constexpr std::size_t w = 16 / sizeof(S);
+  const v tt = v{} + finite_max;
+  const v mm = v{} + static_cast<S>(abs_key_traits<T>::mask);
+  for (; i + nonfinite_chunk <= n; i += nonfinite_chunk) {
+    v a = {}, b = {};
+    for (std::size_t j = 0; j < nonfinite_chunk; j += 2 * w) {
+      v x, y;
+      std::memcpy(&x, p + i + j, sizeof(v));
+      std::memcpy(&y, p + i + j + w, sizeof(v));
+      a |= tt - (x & mm);  // negative lanes: key > finite_max
+      b |= tt - (y & mm);
+    }
+    if (any_negative(a | b)) break;  // the scalar loop finds it in this chunk
+  }
+#endif
+  for (; i < n; ++i) {
+    if (signed_abs_key(p[i]) > finite_max) return i;
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------
+// Sources: where a selection pass gets its values. read_source reads g. accumulate_source
+// makes the pass also do error feedback's accumulate, e += g, block by block just before it
+// scans the block, so that accumulating and selecting cost one read of g and e and one write
+// of e instead of two passes. Both offer
+//   size()               n
+//   at(i)                the value the pass will see at i, with no side effect (for samples)
+//   block(b, len)        the values of [b, b + len), called once per range in index order
+//   hot_block(b, t)      block(b, scan_block) if it holds a key > t, else null
+//   finish(b)            completes the side effects for [b, n) when a pass stops early
+//   values()             what holds the values once the pass is done (g, or e = acc)
+
+// e[i] += g[i] for i < len. The vector form makes no difference to the sums (each lane is
+// the same IEEE addition), but the compiler cannot vectorise the plain loop on its own
+// without knowing that e and g do not overlap.
+template <class T>
+inline void add_into(T* e, const T* g, std::size_t len) noexcept {
+#if GRADCOMP_VECTOR_EXTENSIONS
+  typedef T v __attribute__((vector_size(16)));
+  constexpr std::size_t w = 16 / sizeof(T);
+  const std::size_t pairs = len / (2 * w);
+  for (std::size_t j = 0; j < pairs; ++j, e += 2 * w, g += 2 * w) {
+    v a, b, c, d;
+    std::memcpy(&a, e, sizeof(v));
+    std::memcpy(&b, g, sizeof(v));
+    std::memcpy(&c, e + w, sizeof(v));
+    std::memcpy(&d, g + w, sizeof(v));
+    a += b;
+    c += d;
+    std::memcpy(e, &a, sizeof(v));
+    std::memcpy(e + w, &c, sizeof(v));
+  }
+  len %= 2 * w;
+#endif
+  for (std::size_t i = 0; i < len; ++i) e[i] += g[i];
+}
+
+// e[0, scan_block) += g[0, scan_block), and whether any of the sums has a key > t: the block
+// test on the sums while they are still in registers.
+template <class T>
+inline bool add_block_any_above(T* e, const T* g, signed_key_t<T> t) noexcept {
+#if GRADCOMP_VECTOR_EXTENSIONS
+  using S = signed_key_t<T>;
+  typedef T v __attribute__((vector_size(16)));
+  typedef S sv __attribute__((vector_size(16)));
+  constexpr std::size_t w = 16 / sizeof(T);
+  const sv tt = sv{} + t;
+  const sv mm = sv{} + static_cast<S>(abs_key_traits<T>::mask);
+  sv a = {}, b = {};
+  for (std::size_t j = 0; j < scan_block; j += 2 * w) {
+    v x, y, gx, gy;
+    std::memcpy(&x, e + j, sizeof(v));
+    std::memcpy(&gx, g + j, sizeof(v));
+    std::memcpy(&y, e + j + w, sizeof(v));
+    std::memcpy(&gy, g + j + w, sizeof(v));
+    x += gx;
+    y += gy;
+    std::memcpy(e + j, &x, sizeof(v));
+    std::memcpy(e + j + w, &y, sizeof(v));
+    sv kx, ky;
+    std::memcpy(&kx, &x, sizeof(v));
+    std::memcpy(&ky, &y, sizeof(v));
+    a |= tt - (kx & mm);
+    b |= tt - (ky & mm);
+  }
+  return any_negative(a | b);
+#else
+  add_into(e, g, scan_block);
+  return block_any_above(e, t);
+#endif
+}
+
+template <class T>
+struct read_source {
+  std::span<const T> g;
+
+  std::size_t size() const noexcept { return g.size(); }
+  T at(std::size_t i) const noexcept { return g[i]; }
+  const T* block(std::size_t b, std::size_t /*len*/) const noexcept { return g.data() + b; }
+  // The full block at b when it holds a key > t, else null.
+  const T* hot_block(std::size_t b, signed_key_t<T> t) const noexcept {
+    const T* p = g.data() + b;
+    return block_any_above(p, t) ? p : nullptr;
+  }
+  void finish(std::size_t /*b*/) const noexcept {}
+  std::span<const T> values() const noexcept { return g; }
+};
+
+template <class T>
+struct accumulate_source {
+  std::span<T> e;
+  std::span<const T> g;
+
+  std::size_t size() const noexcept { return g.size(); }
+  T at(std::size_t i) const noexcept { return e[i] + g[i]; }
+  const T* block(std::size_t b, std::size_t len) const noexcept {
+    add_into(e.data() + b, g.data() + b, len);
+    return e.data() + b;
+  }
+  const T* hot_block(std::size_t b, signed_key_t<T> t) const noexcept {
+    T* p = e.data() + b;
+    return add_block_any_above(p, g.data() + b, t) ? p : nullptr;
+  }
+  void finish(std::size_t b) const noexcept {
+    add_into(e.data() + b, g.data() + b, g.size() - b);
+  }
+  std::span<const T> values() const noexcept { return e; }
+};
+
+// Calls f(j, value) for the values at the positions floor(j n / s), j < s (1 <= s <= n). The
+// positions advance by quotient and remainder (no division per sample); the loads are
+// independent, so the out-of-order core overlaps their cache misses.
+template <class Source, class F>
+void for_each_strided(const Source& src, std::size_t s, F&& f) {
+  const std::size_t n = src.size();
+  const std::size_t q = n / s;
+  const std::size_t r = n % s;
+  std::size_t pos = 0;
+  std::size_t rem = 0;
+  for (std::size_t j = 0; j < s; ++j) {
+    f(j, src.at(pos));
+    pos += q;
+    rem += r;
+    if (rem >= s) {
+      rem -= s;
+      ++pos;
+    }
+  }
+}
+
+// The keys at those positions, into keys[0..s).
+template <class T, class Source>
+void strided_sample_keys(const Source& src, std::size_t s, abs_key_t<T>* keys) {
+  for_each_strided(src, s, [keys](std::size_t j, T x) { keys[j] = abs_key(x); });
+}
+
 // Indices i with key(g[i]) > t, ascending, into `out` (resized to the count).
 template <class T>
 std::size_t collect_above(std::span<const T> g, signed_key_t<T> t,
@@ -271,10 +511,8 @@ std::size_t collect_above(std::span<const T> g, signed_key_t<T> t,
   for_blocks_above(g, t, [&](std::size_t b, std::size_t e) {
     if (c + scan_block > out.size()) out.resize(std::max(out.size() * 2, c + scan_block));
     std::uint32_t* o = out.data();
-    for (std::size_t i = b; i < e; ++i) {
-      o[c] = static_cast<std::uint32_t>(i);  // written always, kept only if selected
-      c += signed_abs_key(p[i]) > t;
-    }
+    for_each_above(p + b, e - b, t,
+                   [&](std::size_t j, abs_key_t<T>) { o[c++] = static_cast<std::uint32_t>(b + j); });
   });
   out.resize(c);
   return c;
@@ -291,14 +529,11 @@ std::size_t count_collect_above(std::span<const T> g, signed_key_t<T> t, std::ui
   std::size_t c = 0;
   for_blocks_above(g, t, [&](std::size_t b, std::size_t e) {
     if (c <= cap) {
-      for (std::size_t i = b; i < e; ++i) {
-        out[c] = static_cast<std::uint32_t>(i);
-        c += signed_abs_key(p[i]) > t;
-      }
+      for_each_above(p + b, e - b, t, [&](std::size_t j, abs_key_t<T>) {
+        out[c++] = static_cast<std::uint32_t>(b + j);
+      });
     } else {
-      std::size_t local = 0;
-      for (std::size_t i = b; i < e; ++i) local += signed_abs_key(p[i]) > t;
-      c += local;
+      for_each_above(p + b, e - b, t, [&](std::size_t, abs_key_t<T>) { ++c; });
     }
   });
   return c;
@@ -332,6 +567,31 @@ abs_key_t<T> keep_top_of_list(std::span<const T> g, std::span<std::uint32_t> lis
       ties_left -= (k == kth);
       list[w++] = list[i];
     }
+  }
+  return kth;
+}
+
+// The same finish when the pass kept each candidate's key next to its index (keys[i] is the
+// key of list[i]): no access to g at all, which for a candidate list spread over a large
+// tensor saves a cache miss per candidate. `sorted` is scratch of at least list.size() keys.
+template <class Key>
+Key keep_top_by_keys(std::span<std::uint32_t> list, const Key* keys, std::size_t need,
+                     Key* sorted) {
+  const std::size_t m = list.size();
+  std::copy_n(keys, m, sorted);
+  std::nth_element(sorted, sorted + static_cast<std::ptrdiff_t>(need - 1),
+                   sorted + static_cast<std::ptrdiff_t>(m), std::greater<Key>{});
+  const Key kth = sorted[need - 1];
+  std::size_t greater = 0;
+  for (std::size_t i = 0; i + 1 < need; ++i) greater += sorted[i] > kth;
+  std::size_t ties_left = need - greater;
+  std::size_t w = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    const Key k = keys[i];
+    const bool tie = k == kth && ties_left > 0;
+    list[w] = list[i];  // w <= i: a stale copy is overwritten or cut off by the final count
+    w += (k > kth) | tie;
+    ties_left -= tie;
   }
   return kth;
 }

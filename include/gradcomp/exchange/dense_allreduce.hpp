@@ -1,24 +1,34 @@
 // gradcomp/exchange/dense_allreduce.hpp: S-SGD's exchange. Every rank's payload has the same
 // indices (dense, or Random-k with a shared seed) and summable values, so the payloads are
-// added on the wire without decoding by one allreduce, then decoded once.
+// added on the wire without decoding by one allreduce, then decoded once. A small header
+// exchanged first makes ranks that disagree on the tensor fail together instead of hanging.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/exchange/agreement.hpp>
 #include <gradcomp/sparse.hpp>
 
 namespace gradcomp {
 
 struct dense_allreduce {
+  // Before the allreduce the ranks allgather a small header (exchange/agreement.hpp) and check
+  // that they agree on the tensor size, the quantizer, the count and the indices (by hash), so
+  // that a mismatch throws communicator_error on every rank instead of hanging in the
+  // allreduce or adding unrelated coordinates. false skips it, saving one small allgather.
+  bool check_agreement = true;
+
   // out = mean over ranks of the decoded payloads. bytes_sent and bytes_received count this
-  // rank's reduced buffer (a ring allreduce moves 2 (P-1)/P of it in each direction).
+  // rank's reduced buffer (a ring allreduce moves 2 (P-1)/P of it in each direction) and the
+  // headers.
   template <class Compressor, communicator Comm>
   exchange_stats exchange(Comm& comm, const Compressor& /*c*/, const payload& p,
                           std::span<typename Compressor::value_type> out) const {
@@ -27,31 +37,48 @@ struct dense_allreduce {
                   "quantizer with the dense or randomk selector, or a sparse exchange such as "
                   "sparse_allgather.");
     if constexpr (Compressor::summable) {
-      return summed<Compressor>(comm, p, out);
+      detail::stopwatch clock;
+      exchange_stats st;
+      if (check_agreement) {
+        std::string local_error;
+        bool is_payload = false;
+        try {
+          check_local<Compressor>(p, out);
+        } catch (const invalid_argument& e) {
+          local_error = e.what();
+        } catch (const payload_error& e) {
+          local_error = e.what();
+          is_payload = true;
+        }
+        std::vector<std::byte> scratch;
+        const auto headers = agree_on_header(
+            comm, "dense_allreduce",
+            header_of(p, exchange_id::dense_allreduce, sizeof(out[0]), /*with_index_hash=*/true),
+            agree::dense_size | agree::quantizer | agree::count | agree::indices, scratch,
+            local_error, is_payload);
+        st = exchange_agreed<Compressor>(comm, p, out);
+        st.bytes_sent += exchange_header_bytes;
+        st.bytes_received += exchange_header_bytes * (headers.size() - 1);
+      } else {
+        check_local<Compressor>(p, out);
+        st = exchange_agreed<Compressor>(comm, p, out);
+      }
+      st.seconds = clock.lap();
+      return st;
     } else {
       return {};  // unreachable: the static_assert above already failed; no follow-on errors
     }
   }
 
- private:
+  // The allreduce itself, once the ranks agree (auto_exchange's entry).
   template <class Compressor, communicator Comm>
-  static exchange_stats summed(Comm& comm, const payload& p,
-                               std::span<typename Compressor::value_type> out) {
+  static exchange_stats exchange_agreed(Comm& comm, const payload& p,
+                                        std::span<typename Compressor::value_type> out) {
     using T = typename Compressor::value_type;
     using Q = typename Compressor::quantizer_type;
     // A summable quantizer's values are an array of sum_type; decoding is float(sum_type).
     using W = typename Q::sum_type;
 
-    detail::stopwatch clock;
-    if (p.dense_size != out.size()) {
-      detail::throw_invalid_argument("dense_allreduce::exchange", "out.size()", out.size(),
-                                     detail::concat("the payload's dense_size (", p.dense_size, ")"));
-    }
-    validate_indices("dense_allreduce::exchange", p);
-    if (p.values.size() != p.count * sizeof(W)) {
-      detail::throw_payload_error("dense_allreduce::exchange", "values hold ", p.values.size(),
-                                  " bytes, expected ", p.count * sizeof(W));
-    }
     const int ranks = comm.size();
     std::vector<W> sum(p.count);
     if (p.count) std::memcpy(sum.data(), p.values.data(), p.values.size());
@@ -68,10 +95,24 @@ struct dense_allreduce {
     }
 
     exchange_stats st;
+    st.name = "dense_allreduce";
     st.bytes_sent = p.values.size();
     st.bytes_received = p.values.size();
-    st.seconds = clock.lap();
     return st;
+  }
+
+  template <class Compressor>
+  static void check_local(const payload& p, std::span<const typename Compressor::value_type> out) {
+    using W = typename Compressor::quantizer_type::sum_type;
+    if (p.dense_size != out.size()) {
+      detail::throw_invalid_argument("dense_allreduce::exchange", "out.size()", out.size(),
+                                     detail::concat("the payload's dense_size (", p.dense_size, ")"));
+    }
+    validate_indices("dense_allreduce::exchange", p);
+    if (p.values.size() != p.count * sizeof(W)) {
+      detail::throw_payload_error("dense_allreduce::exchange", "values hold ", p.values.size(),
+                                  " bytes, expected ", p.count * sizeof(W));
+    }
   }
 };
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <exception>
 #include <span>
 #include <vector>
 
@@ -29,15 +30,32 @@ class sparse_allgather {
     using T = typename Compressor::value_type;
     detail::stopwatch clock;
     send_.clear();
-    encode_wire(p, send_);
+    // A malformed payload here still takes part with an empty block, which every other rank
+    // then rejects naming this rank: no rank is left waiting in the allgatherv.
+    std::exception_ptr own_error;
+    try {
+      encode_wire(p, send_);
+    } catch (const payload_error&) {
+      own_error = std::current_exception();
+      send_.clear();
+    }
     comm.allgatherv(std::span<const std::byte>(send_), recv_, counts_);
+    if (own_error) std::rethrow_exception(own_error);
 
     std::fill(out.begin(), out.end(), T(0));
     std::size_t offset = 0;
     for (std::size_t r = 0; r < counts_.size(); ++r) {
       const auto block = std::span<const std::byte>(recv_).subspan(offset, counts_[r]);
       offset += counts_[r];
-      if (decode_wire(block, received_) != block.size()) {
+      std::size_t used = 0;
+      try {
+        used = decode_wire(block, received_);
+      } catch (const payload_error& e) {
+        // Every rank decodes every block, so every rank throws this, naming the sender.
+        throw payload_error(detail::concat("gradcomp::sparse_allgather: the payload of rank ", r,
+                                           " is not one this build can read: ", e.what()));
+      }
+      if (used != block.size()) {
         throw payload_error(detail::concat("gradcomp::sparse_allgather: rank ", r, " sent ",
                                            block.size(), " bytes, more than one payload"));
       }
@@ -52,6 +70,7 @@ class sparse_allgather {
     for (T& x : out) x /= ranks;
 
     exchange_stats st;
+    st.name = "sparse_allgather";
     st.bytes_sent = send_.size();
     st.bytes_received = recv_.size() - send_.size();
     st.seconds = clock.lap();

@@ -35,6 +35,14 @@ struct residual {
     return st.e;
   }
 
+  // The buffer accumulate() adds g into and returns, for a selector that does e += g itself
+  // while it scans (select_accumulate): accumulate(st, g) is exactly e[i] += g[i] on it, so
+  // folding the addition into the selector's pass changes no value. compressor<> uses this.
+  template <gradient_value T>
+  std::span<T> in_place_accumulator(state<T>& st) const {
+    return st.e;
+  }
+
   // e = acc - decoded at the sent coordinates; unsent coordinates keep acc unchanged.
   template <gradient_value T>
   void update(state<T>& st, std::span<const std::uint32_t> idx,

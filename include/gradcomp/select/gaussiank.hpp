@@ -1,6 +1,7 @@
 // gradcomp/select/gaussiank.hpp: Gaussian-k, approximate Top-k that models g as normal: one
 // pass for mean and standard deviation, a threshold from the inverse normal CDF, and a few
-// multiplicative corrections until the count lies in [2k/3, 4k/3]. Usually two reads of g.
+// multiplicative corrections until the count lies in [2k/3, 4k/3]. Usually one read of g: a
+// sample predicts the threshold, and the statistics pass collects the values around it.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
@@ -34,27 +36,156 @@ namespace gradcomp {
 // the last one stands, possibly selecting all or nothing. The loop always terminates.
 // Statistics: chunk partial sums in T, totals in double (detail/moments.hpp).
 // NaN or Inf in g (mean or sd not finite) fall back to exact Top-k (stats.fallback = true).
+//
+// Cost. The threshold depends on statistics of all of g, so the textbook form reads g twice
+// (statistics, then count and write) and once more per correction. Here a strided sample of
+// predict_sample values (at most n/64; no sample below n = 65536, where it would not pay)
+// predicts the threshold and the corrections first, and the statistics pass also collects
+// every value above (1 - collect_margin) x the predicted final threshold, with its key; the
+// exact threshold and every later correction upwards are counted on that short list. When the
+// sample says the first thresholds are clearly too low (tails heavier than the normal model:
+// Laplace, Student-t), the pass also counts the values above (1 + collect_margin) x the last
+// of them, a lower bound that settles those corrections without collecting their values. So a
+// normal or heavier-tailed gradient is read once. A threshold the pass did not cover (the
+// prediction was off by more than the margin, or a correction halved it) costs a counting pass
+// over g as before; either way the result is the same set. predict_sample = 0 turns the
+// prediction off.
+//
+// select_accumulate(e, g, ctx, indices) is select() of e + g that also leaves e = e + g, with
+// the addition done inside the statistics pass (see topk).
 struct gaussiank {
   unsigned max_refinements = 3;
   bool cap_at_k = false;
+  std::size_t predict_sample = 16384;
+  double collect_margin = 0.05;
   topk exact{};                      // exact Top-k for cap_at_k and non-finite input
   detail::select_scratch scratch{};  // reused between calls; not copied
 
   template <gradient_value T>
   selection_stats select(std::span<const T> g, const select_context& ctx,
                          std::vector<std::uint32_t>& indices) {
-    const std::size_t n = g.size();
-    detail::check_index_range("gaussiank", n);
-    check_k("gaussiank", ctx.k, n);
+    detail::check_index_range("gaussiank", g.size());
+    check_k("gaussiank", ctx.k, g.size());
+    return select_from(detail::read_source<T>{g}, ctx, indices);
+  }
+
+  template <gradient_value T>
+  selection_stats select_accumulate(std::span<T> e, std::span<const T> g,
+                                    const select_context& ctx,
+                                    std::vector<std::uint32_t>& indices) {
+    if (e.size() != g.size()) {
+      detail::throw_invalid_argument("gaussiank::select_accumulate", "e.size()", e.size(),
+                                     detail::concat("g.size() (", g.size(), ")"));
+    }
+    detail::check_index_range("gaussiank", g.size());
+    check_k("gaussiank", ctx.k, g.size());
+    return select_from(detail::accumulate_source<T>{e, g}, ctx, indices);
+  }
+
+ private:
+  // What the sample predicts: collect the values above `collect` (room for `cap` of them), and
+  // count those above `bound` when > 0, a lower bound for the counts of the thresholds the
+  // sample says are clearly too low (each then moves up without an exact count).
+  struct plan {
+    double collect = 0.0;
+    std::size_t cap = 0;
+    double bound = 0.0;
+  };
+
+  // The plan from a strided sample, or false when the sample gives no usable prediction. The
+  // sample's statistics give the first threshold; its counts replay the upward corrections
+  // while they are clear (more than 4k/3 by three Poisson standard deviations, at a threshold
+  // collect_margin higher than predicted so that the exact statistics may differ that much):
+  // those need only a lower bound, and the list starts below the last threshold.
+  template <class T, class Source>
+  bool predict(const Source& src, std::size_t k, double tail, plan& out) {
+    using skey = detail::signed_key_t<T>;
+    const std::size_t n = src.size();
+    const std::size_t s = std::min(predict_sample, n / 64);
+    if (s < 1024) return false;
+    auto& keys = scratch.keys<T>();
+    detail::ensure_size(keys, s);
+    // Keys for the counts, and moments in double shifted by the first value like the full pass.
+    const double shift = static_cast<double>(src.at(0));
+    double s1 = 0.0;
+    double s2 = 0.0;
+    detail::for_each_strided(src, s, [&](std::size_t j, T x) {
+      keys[j] = detail::abs_key(x);
+      const double d = static_cast<double>(x) - shift;
+      s1 += d;
+      s2 += d * d;
+    });
+    const double ss = static_cast<double>(s);
+    const double mean = shift + s1 / ss;
+    const double sd = std::sqrt(std::max((s2 - s1 * s1 / ss) / ss, 0.0));
+    double v = std::fabs(mean) + sd * detail::inverse_normal_upper(tail);
+    if (!(sd > 0.0) || !std::isfinite(v)) return false;
+    auto in_sample = [&](double x) {
+      const skey t = detail::key_threshold_above<T>(x);
+      std::size_t c = 0;
+      for (std::size_t j = 0; j < s; ++j) c += static_cast<skey>(keys[j]) > t;
+      return static_cast<double>(c);
+    };
+    const double band_top = 4.0 / 3.0 * static_cast<double>(k) * ss / static_cast<double>(n);
+    out.bound = 0.0;
+    for (unsigned step = 0; step < max_refinements; ++step) {
+      const double c = in_sample((1.0 + collect_margin) * v);
+      if (c - 3.0 * std::sqrt(c) <= band_top) break;
+      out.bound = (1.0 + collect_margin) * v;
+      v *= 1.5;
+    }
+    out.collect = (1.0 - collect_margin) * v;
+    // Room for twice the predicted list (plus a few sample counts of noise), and never less
+    // than the band's upper end.
+    const double predicted = (in_sample(out.collect) + 8.0) * static_cast<double>(n) / ss;
+    const double want = std::max(2.0 * predicted, 2.0 * static_cast<double>(k) + 256.0);
+    if (want > static_cast<double>(n) / 4) return false;  // most blocks would be hot
+    out.cap = static_cast<std::size_t>(want);
+    return true;
+  }
+
+  template <class Source>
+  selection_stats select_from(const Source& src, const select_context& ctx,
+                              std::vector<std::uint32_t>& indices) {
+    using T = std::remove_cv_t<std::remove_reference_t<decltype(src.at(0))>>;
+    using key = detail::abs_key_t<T>;
+    using skey = detail::signed_key_t<T>;
+    const std::size_t n = src.size();
     const std::size_t k = ctx.k;
     selection_stats st;
     if (k == 0) {
+      src.finish(0);
       indices.clear();
       return st;
     }
 
-    const detail::mean_sd ms = detail::mean_and_sd(g);
     const double rho = static_cast<double>(k) / static_cast<double>(n);
+    plan pl;
+    const bool collect = predict<T>(src, k, rho / 2.0, pl);
+    detail::above_list<T> list;
+    skey t_list = detail::abs_key_traits<T>::mask;  // nothing collected
+    skey t_bound = -1;
+    std::size_t bound_count = 0;
+    detail::mean_sd ms;
+    if (collect) {
+      t_list = detail::key_threshold_above<T>(pl.collect);
+      auto& li = scratch.list_a;
+      auto& lk = scratch.keys_b<T>();
+      detail::ensure_size(li, pl.cap + detail::moments_chunk);
+      detail::ensure_size(lk, pl.cap + detail::moments_chunk);
+      list = {li.data(), lk.data(), pl.cap, 0, false};
+      if (pl.bound > 0.0) {
+        t_bound = detail::key_threshold_above<T>(pl.bound);
+        ms = detail::moments_pass<T, true, true>(src, t_list, &list, t_bound, &bound_count);
+      } else {
+        ms = detail::moments_pass<T, true, false>(src, t_list, &list, 0, nullptr);
+      }
+    } else {
+      ms = detail::moments_pass<T, false, false>(src, t_list, nullptr, 0, nullptr);
+    }
+    const std::span<const T> g = src.values();  // e + g once the pass is done
+    const bool list_ok = collect && !list.overflow;
+
     double thr =
         ms.sd > 0.0 ? std::fabs(ms.mean) + ms.sd * detail::inverse_normal_upper(rho / 2.0) : 0.0;
     if (!std::isfinite(ms.mean) || !std::isfinite(ms.sd) || !std::isfinite(thr)) {
@@ -63,14 +194,30 @@ struct gaussiank {
       return st;
     }
 
-    // Fused count-and-write: the buffer holds a count up to 2k (+ slack), so the pass that
-    // lands in the band has already written the selection.
+    // The count at v: from the list when v lies in its range; else, when the bound settles
+    // the only question the loop asks of it (more than 4k/3?), that bound; else by a fused
+    // count-and-write pass over g whose buffer holds a count up to 2k (+ slack), so that the
+    // pass landing in the band has already written the selection.
     const std::size_t cap = std::min(n, 2 * k + 256);
-    indices.resize(cap + detail::scan_block);
-    auto count = [&](double v) {
-      return detail::count_collect_above(g, detail::key_threshold_above<T>(v), indices.data(), cap);
+    bool from_list = false;
+    bool exact_count = true;
+    auto count = [&](double v, bool need_exact) {
+      const skey tv = detail::key_threshold_above<T>(v);
+      from_list = list_ok && tv >= t_list;
+      exact_count = true;
+      if (from_list) {
+        std::size_t c = 0;
+        for (std::size_t i = 0; i < list.count; ++i) c += static_cast<skey>(list.keys[i]) > tv;
+        return c;
+      }
+      if (!need_exact && tv <= t_bound && 3 * bound_count > 4 * k) {
+        exact_count = false;
+        return bound_count;  // count(v) >= bound_count > 4k/3
+      }
+      indices.resize(cap + detail::scan_block);
+      return detail::count_collect_above(g, tv, indices.data(), cap);
     };
-    std::size_t c = count(thr);
+    std::size_t c = count(thr, max_refinements == 0);
     if (ms.sd > 0.0) {
       while (st.iterations < max_refinements) {
         if (3 * c < 2 * k) {
@@ -81,11 +228,37 @@ struct gaussiank {
           break;
         }
         ++st.iterations;
-        c = count(thr);
+        c = count(thr, st.iterations == max_refinements);
         if (thr == 0.0 || !std::isfinite(thr)) break;  // no multiplicative move is left
       }
     }
+    if (!exact_count) c = count(thr, true);
     st.threshold = thr;
+    if (from_list) {
+      // The selection is the list entries above thr, already in index order; keys kept for
+      // cap_at_k.
+      const skey tv = detail::key_threshold_above<T>(thr);
+      std::size_t w = 0;
+      for (std::size_t i = 0; i < list.count; ++i) {
+        const key kk = list.keys[i];
+        list.indices[w] = list.indices[i];
+        list.keys[w] = kk;
+        w += static_cast<skey>(kk) > tv;
+      }
+      std::uint32_t* const sel = list.indices;
+      if (cap_at_k && c > k) {
+        auto& sorted = scratch.keys<T>();
+        detail::ensure_size(sorted, c);
+        const key kth = detail::keep_top_by_keys(std::span(sel, c), list.keys, k, sorted.data());
+        indices.assign(sel, sel + k);
+        st.threshold = static_cast<double>(detail::key_magnitude<T>(kth));
+        st.count = k;
+        return st;
+      }
+      indices.assign(sel, sel + c);
+      st.count = c;
+      return st;
+    }
 
     if (cap_at_k && c > k) {
       if (c <= cap) {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <numeric>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -25,41 +26,68 @@ namespace detail {
 // Below this size the exact finish on all of g is cheaper than sampling.
 inline constexpr std::size_t topk_direct_max = 2048;
 
-// The bracketed pass: indices with key > hi go to `sure`, lo <= key <= hi to `cand`, both in
-// index order. Blocks without any key >= lo cost one vectorised test; the rest use branchless
-// appends, so the buffers need cap + scan_block entries and are checked once per block.
-// Returns false as soon as sure exceeds sure_cap or cand exceeds cand_cap: the bracket
-// missed (or the input is dominated by ties) and the caller falls back.
+// The bracketed pass: indices with key > hi go to `sure`, lo <= key <= hi to `cand` with
+// their keys in `cand_keys` (the finish then never goes back to g), all in index order.
+// Blocks without any key >= lo cost one vectorised test; the buffers need cap + scan_block
+// entries, as they are checked once per block. Gives up as soon as sure exceeds sure_cap or
+// cand exceeds cand_cap (the bracket missed, or the input is dominated by ties) and returns
+// false; the source's side effects (e += g) are completed either way.
 template <class T>
-bool bracket_pass(std::span<const T> g, abs_key_t<T> lo, abs_key_t<T> hi, std::uint32_t* sure,
-                  std::size_t sure_cap, std::uint32_t* cand, std::size_t cand_cap,
-                  std::size_t& n_sure, std::size_t& n_cand) {
+struct bracket_lists {
+  std::uint32_t* sure;
+  std::size_t sure_cap;
+  std::uint32_t* cand;
+  abs_key_t<T>* cand_keys;
+  std::size_t cand_cap;
+  std::size_t n_sure = 0;
+  std::size_t n_cand = 0;
+};
+
+template <class T, class Source>
+bool bracket_pass(const Source& source, abs_key_t<T> lo, abs_key_t<T> hi, bracket_lists<T>& out) {
   using key = abs_key_t<T>;
-  const T* p = g.data();
-  const std::size_t n = g.size();
+  // A local copy: the stores to e cannot change it, so its pointers stay in registers.
+  const Source src = source;
+  const std::size_t n = src.size();
   const auto t = static_cast<signed_key_t<T>>(lo) - 1;
-  const key width = static_cast<key>(hi - lo);
+  std::uint32_t* const sure = out.sure;
+  std::uint32_t* const cand = out.cand;
+  key* const cand_keys = out.cand_keys;
   std::size_t ns = 0;
   std::size_t nc = 0;
-  auto hot = [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) {
-      const key kk = abs_key(p[i]);
-      sure[ns] = static_cast<std::uint32_t>(i);
-      ns += kk > hi;
-      cand[nc] = static_cast<std::uint32_t>(i);
-      nc += static_cast<key>(kk - lo) <= width;  // lo <= kk <= hi; below lo wraps around
-    }
+  auto hot = [&](const T* p, std::size_t b, std::size_t len) {
+    for_each_above(p, len, t, [&](std::size_t j, key kk) {
+      // Written to both lists, kept in one: whether a value is sure or a candidate is a coin
+      // flip to the branch predictor when the bracket holds many.
+      const auto i = static_cast<std::uint32_t>(b + j);
+      const bool is_sure = kk > hi;
+      sure[ns] = i;
+      cand[nc] = i;
+      cand_keys[nc] = kk;
+      ns += is_sure;
+      nc += !is_sure;
+    });
   };
   std::size_t i = 0;
   for (; i + scan_block <= n; i += scan_block) {
-    if (!block_any_above(p + i, t)) continue;
-    if (ns > sure_cap || nc > cand_cap) return false;
-    hot(i, i + scan_block);
+    const T* p = src.hot_block(i, t);
+    if (p == nullptr) continue;
+    if (ns > out.sure_cap || nc > out.cand_cap) {
+      src.finish(i + scan_block);
+      return false;
+    }
+    hot(p, i, scan_block);
   }
-  if (ns > sure_cap || nc > cand_cap) return false;
-  if (i < n) hot(i, i + std::min(scan_block, n - i));
-  n_sure = ns;
-  n_cand = nc;
+  if (ns > out.sure_cap || nc > out.cand_cap) {
+    src.finish(i);
+    return false;
+  }
+  if (i < n) {
+    const std::size_t len = std::min(scan_block, n - i);  // bounded, for the compiler
+    hot(src.block(i, len), i, len);
+  }
+  out.n_sure = ns;
+  out.n_cand = nc;
   return true;
 }
 
@@ -103,21 +131,31 @@ abs_key_t<T> topk_stream_heap(std::span<const T> g, std::size_t k, std::uint32_t
 }  // namespace detail
 
 // Exact Top-k. Tunables of the sampled bracket (the defaults suit densities 1e-5 .. 0.5):
-// the sample holds sample_factor / rho elements clamped to [min_sample, max_sample] and to at
-// most n/16 (the sample is a random access per element; beyond ~64K elements it costs more
-// than the candidates it saves, and for large rho a larger sample than sample_factor / rho
-// shrinks the candidate list, which dominates then); the bracket spans bracket_sigmas binomial
+// the sample holds sample_scale * (n * sqrt(rho (1 - rho)))^(2/3) elements, clamped to
+// [min_sample, max_sample] and to at most n/16; the bracket spans bracket_sigmas binomial
 // standard deviations of the sample rank plus bracket_margin ranks on each side; the candidate
 // list may grow to candidate_budget_factor times its expected size (at least
 // min_candidate_budget) before the pass gives up on the bracket.
+// Why that sample size: each sampled element is a cache miss plus its share of an
+// nth_element (~20 ns), each candidate costs a few stores in the pass and its share of the
+// final nth_element (~10 ns), and a sample of s leaves about 10 sqrt(s rho) n / s candidates
+// beyond the k selected; the sum is smallest near s = (2 n sqrt(rho))^(2/3), about 14K at
+// n = 25.6M, rho = 0.001 (~0.3 ms of sampling, ~65K candidates).
 //
 // Paths: n <= 2048 exact finish on everything; k <= heap_max_k a streaming heap (one pass;
 // O(n log k) on adversarial orders); otherwise the bracket, with radix select as the fallback
 // (stats.fallback = true, stats.iterations = radix passes; 0 on the other paths).
 // stats.threshold is |g| of the k-th largest element.
+//
+// select_accumulate(e, g, ctx, indices) is select() of e + g that also leaves e = e + g: the
+// bracket pass adds g into e block by block as it scans (the sample reads e + g without
+// writing), so residual error feedback and the selection cost one read of g and e and one
+// write of e. The selection is the one select(e + g) makes, bit for bit; the small-n, heap and
+// fallback paths first finish e += g and then select from e. compressor<> uses it when the
+// feedback offers in_place_accumulator() (residual).
 struct topk {
-  double sample_factor = 64.0;
-  std::size_t min_sample = 16384;
+  double sample_scale = 1.6;
+  std::size_t min_sample = 4096;
   std::size_t max_sample = 65536;
   double bracket_sigmas = 5.0;
   std::size_t bracket_margin = 2;
@@ -129,59 +167,59 @@ struct topk {
   template <gradient_value T>
   selection_stats select(std::span<const T> g, const select_context& ctx,
                          std::vector<std::uint32_t>& indices) {
+    detail::check_index_range("topk", g.size());
+    check_k("topk", ctx.k, g.size());
+    return select_from(detail::read_source<T>{g}, ctx.k, indices);
+  }
+
+  template <gradient_value T>
+  selection_stats select_accumulate(std::span<T> e, std::span<const T> g,
+                                    const select_context& ctx,
+                                    std::vector<std::uint32_t>& indices) {
+    if (e.size() != g.size()) {
+      detail::throw_invalid_argument("topk::select_accumulate", "e.size()", e.size(),
+                                     detail::concat("g.size() (", g.size(), ")"));
+    }
+    detail::check_index_range("topk", g.size());
+    check_k("topk", ctx.k, g.size());
+    return select_from(detail::accumulate_source<T>{e, g}, ctx.k, indices);
+  }
+
+ private:
+  template <class Source>
+  selection_stats select_from(const Source& src, std::size_t k,
+                              std::vector<std::uint32_t>& indices) {
+    using T = std::remove_cv_t<std::remove_reference_t<decltype(src.at(0))>>;
     using key = detail::abs_key_t<T>;
-    const std::size_t n = g.size();
-    detail::check_index_range("topk", n);
-    check_k("topk", ctx.k, n);
-    const std::size_t k = ctx.k;
+    const std::size_t n = src.size();
     selection_stats st;
     if (k == 0) {
+      src.finish(0);
       indices.clear();
       return st;
     }
     indices.resize(k);
     st.count = k;
 
-    if (k == n) {
-      std::iota(indices.begin(), indices.end(), std::uint32_t{0});
-      key lowest = detail::abs_key_traits<T>::mask;
-      for (const T x : g) lowest = std::min(lowest, detail::abs_key(x));
-      st.threshold = static_cast<double>(detail::key_magnitude<T>(lowest));
-      return st;
-    }
-
-    auto& keys = scratch.keys<T>();
-    if (n <= detail::topk_direct_max) {
-      auto& list = scratch.list_b;
-      detail::ensure_size(list, n);
-      std::iota(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(n), std::uint32_t{0});
-      const key kth = detail::keep_top_of_list(g, std::span(list.data(), n), k, keys);
-      std::copy_n(list.begin(), k, indices.begin());
-      st.threshold = static_cast<double>(detail::key_magnitude<T>(kth));
-      return st;
-    }
-
-    if (k <= heap_max_k) {
-      const key kth = detail::topk_stream_heap(g, k, indices.data());
-      st.threshold = static_cast<double>(detail::key_magnitude<T>(kth));
-      return st;
+    if (k == n || n <= detail::topk_direct_max || k <= heap_max_k) {
+      src.finish(0);
+      return select_small(src.values(), k, indices, st);
     }
 
     const double nd = static_cast<double>(n);
     const double kd = static_cast<double>(k);
-    const double s_real = std::ceil(sample_factor * nd / kd);
+    const double rho = kd / nd;
+    const double spread_n = nd * std::sqrt(rho * (1.0 - rho));
+    const double s_real = std::ceil(sample_scale * std::cbrt(spread_n * spread_n));
     std::size_t s = s_real >= nd ? n : static_cast<std::size_t>(std::max(s_real, 1.0));
     s = std::min(std::max(s, min_sample), max_sample);
     s = std::max<std::size_t>(std::min(s, n / 16), 1);
 
     // Sample bracket. The number of sampled keys above the true k-th key is about
     // Binomial(s, rho): its standard deviation sets the bracket width in sample ranks.
+    auto& keys = scratch.keys<T>();
     detail::ensure_size(keys, s);
-    for (std::size_t j = 0; j < s; ++j) {
-      keys[j] = detail::abs_key(g[static_cast<std::size_t>(static_cast<std::uint64_t>(j) *
-                                                           static_cast<std::uint64_t>(n) / s)]);
-    }
-    const double rho = kd / nd;
+    detail::strided_sample_keys<T>(src, s, keys.data());
     const double sd = static_cast<double>(s);
     const double r = rho * sd;
     const double spread =
@@ -217,20 +255,25 @@ struct topk {
 
     auto& sure = scratch.list_a;
     auto& cand = scratch.list_b;
+    auto& cand_keys = scratch.keys_b<T>();
     detail::ensure_size(sure, k + detail::scan_block);
     detail::ensure_size(cand, budget + detail::scan_block);
-    std::size_t ns = 0;
-    std::size_t nc = 0;
-    const bool pass_ok =
-        detail::bracket_pass(g, lo, hi, sure.data(), k, cand.data(), budget, ns, nc);
+    detail::ensure_size(cand_keys, budget + detail::scan_block);
+    detail::bracket_lists<T> lists{sure.data(), k, cand.data(), cand_keys.data(), budget};
+    const bool pass_ok = detail::bracket_pass<T>(src, lo, hi, lists);
+    const std::size_t ns = lists.n_sure;
+    const std::size_t nc = lists.n_cand;
+    const std::span<const T> values = src.values();  // e + g once the pass is done
     if (pass_ok && ns <= k && ns + nc >= k) {
       const std::size_t need = k - ns;
       key kth;
       if (need > 0) {
-        kth = detail::keep_top_of_list(g, std::span(cand.data(), nc), need, keys);
+        detail::ensure_size(keys, nc);
+        kth = detail::keep_top_by_keys(std::span(cand.data(), nc), cand_keys.data(), need,
+                                       keys.data());
       } else {
         kth = detail::abs_key_traits<T>::mask;
-        for (std::size_t i = 0; i < ns; ++i) kth = std::min(kth, detail::abs_key(g[sure[i]]));
+        for (std::size_t i = 0; i < ns; ++i) kth = std::min(kth, detail::abs_key(values[sure[i]]));
       }
       std::merge(sure.begin(), sure.begin() + static_cast<std::ptrdiff_t>(ns), cand.begin(),
                  cand.begin() + static_cast<std::ptrdiff_t>(need), indices.begin());
@@ -238,11 +281,38 @@ struct topk {
       return st;
     }
 
-    const auto res = detail::radix_kth_largest(g, k, keys);
-    detail::take_top_by_kth(g, res.kth, res.above, k, indices.data());
+    const auto res = detail::radix_kth_largest(values, k, keys);
+    detail::take_top_by_kth(values, res.kth, res.above, k, indices.data());
     st.threshold = static_cast<double>(detail::key_magnitude<T>(res.kth));
     st.iterations = res.passes;
     st.fallback = true;
+    return st;
+  }
+
+  // k == n, tiny n and tiny k (indices already holds k entries).
+  template <class T>
+  selection_stats select_small(std::span<const T> g, std::size_t k,
+                               std::vector<std::uint32_t>& indices, selection_stats st) {
+    using key = detail::abs_key_t<T>;
+    const std::size_t n = g.size();
+    if (k == n) {
+      std::iota(indices.begin(), indices.end(), std::uint32_t{0});
+      key lowest = detail::abs_key_traits<T>::mask;
+      for (const T x : g) lowest = std::min(lowest, detail::abs_key(x));
+      st.threshold = static_cast<double>(detail::key_magnitude<T>(lowest));
+      return st;
+    }
+    if (n <= detail::topk_direct_max) {
+      auto& list = scratch.list_b;
+      detail::ensure_size(list, n);
+      std::iota(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(n), std::uint32_t{0});
+      const key kth = detail::keep_top_of_list(g, std::span(list.data(), n), k, scratch.keys<T>());
+      std::copy_n(list.begin(), k, indices.begin());
+      st.threshold = static_cast<double>(detail::key_magnitude<T>(kth));
+      return st;
+    }
+    const key kth = detail::topk_stream_heap(g, k, indices.data());
+    st.threshold = static_cast<double>(detail::key_magnitude<T>(kth));
     return st;
   }
 };

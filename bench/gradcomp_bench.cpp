@@ -1,0 +1,313 @@
+// gradcomp_bench: how fast each selector, quantizer and compression step is, against the
+// baselines that bound it (a streaming read, a copy, std::nth_element, std::partial_sort).
+//
+// Names (Google Benchmark arguments, see bench/README.md):
+//   select/<selector>[_<dist>]/n:<n>/ppm:<density in parts per million>
+//   step/<compressor>[_<dist>]/n:<n>/ppm:<ppm>      one rank's accumulate + select + encode
+//   quantize/<quantizer>_encode/n:<n>, quantize/<quantizer>_decode/n:<n>
+//   baseline/{stream_read,copy,memcpy}/n:<n>, baseline/{nth_element,partial_sort}/n:<n>/ppm:<ppm>
+// <dist> is absent for normal input, `_laplace` or `_t3` (Student-t, 3 degrees of freedom) for
+// the heavy-tailed ones. Every benchmark reports bytes_per_second for n * 4 bytes (the
+// gradient it looks at), so GB/s compare across families like inverse times.
+// Everything is single-threaded.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/gradcomp.hpp>
+
+#include "baselines.hpp"
+#include "inputs.hpp"
+
+namespace {
+
+namespace gb = gradcomp_bench;
+using gradcomp::payload;
+using gradcomp::select_context;
+using gradcomp::selection_stats;
+
+constexpr std::int64_t sizes[] = {std::int64_t{1} << 20, 25557032, std::int64_t{1} << 27};
+constexpr std::int64_t ppms[] = {100, 1000, 10000};
+
+std::size_t k_of(std::int64_t n, std::int64_t ppm) {
+  return gradcomp::k_for_density(static_cast<std::size_t>(n), static_cast<double>(ppm) * 1e-6);
+}
+
+double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+
+std::span<const float> view(const std::vector<float>& v) { return v; }
+
+// What every benchmark reports besides time: the bytes of g it looked at per call, and per call
+// on average the count it selected, how often it fell back (for topk: a bracket miss that
+// radix select finished) and its refinement rounds.
+struct tally {
+  double selected = 0;
+  double fallbacks = 0;
+  double rounds = 0;
+
+  void add(const selection_stats& st) {
+    selected += static_cast<double>(st.count);
+    fallbacks += st.fallback ? 1.0 : 0.0;
+    rounds += st.iterations;
+  }
+
+  void report(benchmark::State& state, std::int64_t n, bool with_selection = true) const {
+    state.SetBytesProcessed(state.iterations() * n * static_cast<std::int64_t>(sizeof(float)));
+    if (!with_selection) return;
+    using C = benchmark::Counter;
+    state.counters["selected"] = C(selected, C::kAvgIterations);
+    state.counters["misses"] = C(fallbacks, C::kAvgIterations);
+    state.counters["rounds"] = C(rounds, C::kAvgIterations);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Selectors
+
+// The fixed-threshold selector gets the k-th largest |g| of the first buffer as tau, so that
+// it selects about k like the others; every other selector is used as constructed.
+template <class Selector>
+void prepare(Selector&, const gb::input_set&, std::size_t) {}
+
+void prepare(gradcomp::threshold& sel, const gb::input_set& in, std::size_t k) {
+  gradcomp::topk exact;
+  std::vector<std::uint32_t> idx;
+  sel.tau = exact.select(view(in[0]), select_context{k, 0.0, {}}, idx).threshold;
+}
+
+template <class Selector>
+void bench_select(benchmark::State& state, gb::dist d) {
+  const std::int64_t n = state.range(0);
+  const std::int64_t ppm = state.range(1);
+  const auto& in = gb::inputs(static_cast<std::size_t>(n), d);
+  Selector sel{};
+  select_context ctx{k_of(n, ppm), static_cast<double>(ppm) * 1e-6, {.seed = 7}};
+  prepare(sel, in, ctx.k);
+  std::vector<std::uint32_t> idx;
+  sel.select(view(in[0]), ctx, idx);  // scratch grows here, not in the timed loop
+  tally t;
+  std::size_t it = 1;
+  for (auto _ : state) {
+    ctx.id.step = it;  // random policies draw afresh each call, as in training
+    t.add(sel.select(view(in[it++]), ctx, idx));
+    benchmark::DoNotOptimize(idx.data());
+    benchmark::ClobberMemory();
+  }
+  t.report(state, n);
+}
+
+// ---------------------------------------------------------------------------------------
+// Compression steps: compressor<>::compress on one tensor, feedback state carried from call
+// to call as in training (so the residual is that of a running job, not zero).
+
+template <class Compressor>
+void bench_step(benchmark::State& state, gb::dist d, Compressor proto) {
+  const std::int64_t n = state.range(0);
+  const std::int64_t ppm = state.range(1);
+  const auto& in = gb::inputs(static_cast<std::size_t>(n), d);
+  Compressor c = std::move(proto);
+  auto st = c.make_state(static_cast<std::size_t>(n));
+  payload p;
+  gradcomp::compress_context ctx{static_cast<double>(ppm) * 1e-6, {.seed = 7}};
+  c.compress(view(in[0]), st, ctx, p);
+  tally t;
+  std::size_t it = 1;
+  for (auto _ : state) {
+    ctx.id.step = it;
+    t.add(c.compress(view(in[it++]), st, ctx, p).selection);
+    benchmark::DoNotOptimize(p.values.data());
+    benchmark::ClobberMemory();
+  }
+  t.report(state, n);
+}
+
+// ---------------------------------------------------------------------------------------
+// Quantizers on n dense values.
+
+void prepare_payload(payload& p, std::size_t n) {
+  p.clear();
+  p.layout = gradcomp::index_layout::dense;
+  p.dense_size = n;
+  p.count = static_cast<std::uint32_t>(n);
+}
+
+template <class Quantizer>
+void bench_encode(benchmark::State& state, Quantizer q) {
+  const std::int64_t n = state.range(0);
+  const auto& in = gb::inputs(static_cast<std::size_t>(n), gb::dist::normal);
+  payload p;
+  prepare_payload(p, static_cast<std::size_t>(n));
+  q.encode(view(in[0]), {.seed = 7}, p);
+  std::size_t it = 1;
+  for (auto _ : state) {
+    q.encode(view(in[it]), {.seed = 7, .step = it}, p);
+    ++it;
+    benchmark::DoNotOptimize(p.values.data());
+    benchmark::ClobberMemory();
+  }
+  tally{}.report(state, n, false);
+}
+
+template <class Quantizer>
+void bench_decode(benchmark::State& state, Quantizer q) {
+  const std::int64_t n = state.range(0);
+  const auto& in = gb::inputs(static_cast<std::size_t>(n), gb::dist::normal);
+  // One payload per input buffer, so that decoding also rotates through memory.
+  std::vector<payload> ps(in.size());
+  for (std::size_t b = 0; b < in.size(); ++b) {
+    prepare_payload(ps[b], static_cast<std::size_t>(n));
+    q.encode(view(in[b]), {.seed = 7, .step = b}, ps[b]);
+  }
+  std::vector<float> out(static_cast<std::size_t>(n), 0.0f);
+  std::size_t it = 0;
+  for (auto _ : state) {
+    q.decode(ps[it++ % ps.size()], out);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  tally{}.report(state, n, false);
+}
+
+// ---------------------------------------------------------------------------------------
+// Baselines (normal input only: their cost does not depend on the distribution).
+
+void bench_stream_read(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  const auto& in = gb::inputs(static_cast<std::size_t>(n), gb::dist::normal);
+  std::size_t it = 0;
+  for (auto _ : state) benchmark::DoNotOptimize(gb::sum_abs(view(in[it++])));
+  tally{}.report(state, n, false);
+}
+
+template <bool Libc>
+void bench_copy(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  const auto& in = gb::inputs(static_cast<std::size_t>(n), gb::dist::normal);
+  std::vector<float> dst(static_cast<std::size_t>(n), 1.0f);
+  std::size_t it = 0;
+  for (auto _ : state) {
+    const auto& src = in[it++];
+    if constexpr (Libc) {
+      std::memcpy(dst.data(), src.data(), src.size() * sizeof(float));
+    } else {
+      gb::copy_floats(src, dst);
+    }
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  tally{}.report(state, n, false);
+}
+
+template <bool PartialSort>
+void bench_textbook_topk(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  const std::size_t k = k_of(n, state.range(1));
+  const auto& in = gb::inputs(static_cast<std::size_t>(n), gb::dist::normal);
+  std::vector<float> scratch(static_cast<std::size_t>(n), 0.0f);
+  std::vector<std::uint32_t> idx(k);
+  std::size_t it = 0;
+  tally t;
+  for (auto _ : state) {
+    if constexpr (PartialSort) {
+      gb::topk_partial_sort(view(in[it++]), k, scratch, idx);
+    } else {
+      gb::topk_nth_element(view(in[it++]), k, scratch, idx);
+    }
+    benchmark::DoNotOptimize(idx.data());
+    benchmark::ClobberMemory();
+    t.selected += static_cast<double>(idx.size());
+  }
+  t.report(state, n);
+}
+
+// ---------------------------------------------------------------------------------------
+// Registration: n outermost, then the distribution, so that each input set is built once
+// (see gb::inputs).
+
+template <class F>
+benchmark::internal::Benchmark* add(const std::string& name, F&& f, std::int64_t n) {
+  auto* b = benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(f));
+  b->ArgNames({"n"})->Arg(n)->Unit(benchmark::kMillisecond)->ComputeStatistics("min", min_of);
+  return b;
+}
+
+template <class F>
+void add_ppm(const std::string& name, F f, std::int64_t n) {
+  for (const std::int64_t ppm : ppms) {
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), f);
+    b->ArgNames({"n", "ppm"})->Args({n, ppm})->Unit(benchmark::kMillisecond);
+    b->ComputeStatistics("min", min_of);
+  }
+}
+
+template <class Selector>
+void add_selector(const std::string& name, std::int64_t n, gb::dist d) {
+  add_ppm("select/" + name + gb::suffix(d),
+          [d](benchmark::State& s) { bench_select<Selector>(s, d); }, n);
+}
+
+template <class Compressor>
+void add_step(const std::string& name, std::int64_t n, gb::dist d, Compressor c) {
+  add_ppm("step/" + name + gb::suffix(d),
+          [d, c](benchmark::State& s) { bench_step(s, d, c); }, n);
+}
+
+template <class Quantizer>
+void add_quantizer(const std::string& name, std::int64_t n, Quantizer q) {
+  add("quantize/" + name + "_encode", [q](benchmark::State& s) { bench_encode(s, q); }, n);
+  add("quantize/" + name + "_decode", [q](benchmark::State& s) { bench_decode(s, q); }, n);
+}
+
+void register_all() {
+  using namespace gradcomp;
+  for (const std::int64_t n : sizes) {
+    for (const gb::dist d : gb::all_dists) {
+      if (d == gb::dist::normal) {
+        add("baseline/stream_read", bench_stream_read, n);
+        add("baseline/copy", bench_copy<false>, n);
+        add("baseline/memcpy", bench_copy<true>, n);
+        add_ppm("baseline/nth_element", bench_textbook_topk<false>, n);
+        add_ppm("baseline/partial_sort", bench_textbook_topk<true>, n);
+      }
+      add_selector<topk>("topk", n, d);
+      add_selector<gaussiank>("gaussiank", n, d);
+      add_selector<randomk>("randomk", n, d);
+      add_selector<threshold>("threshold", n, d);
+      add_selector<dgc_sampling>("dgc_sampling", n, d);
+      add_selector<redsync>("redsync", n, d);
+      add_selector<dense>("dense", n, d);
+
+      add_step("topk_residual", n, d, compressor<topk, identity, residual>{});
+      add_step("gaussiank_residual", n, d, compressor<gaussiank, identity, residual>{});
+      add_step("randomk_residual", n, d, compressor<randomk, identity, residual>{});
+      add_step("topk_qsgd_residual", n, d,
+               compressor<topk, qsgd, residual>(topk{}, qsgd::with_bits(4)));
+
+      if (d == gb::dist::normal) {
+        add_quantizer("identity", n, identity{});
+        add_quantizer("fp16", n, fp16{});
+        add_quantizer("bf16", n, bf16{});
+        add_quantizer("qsgd4", n, qsgd::with_bits(4));
+        add_quantizer("terngrad", n, terngrad{});
+        add_quantizer("scaled_sign", n, scaled_sign{});
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  register_all();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Turns gradcomp_bench JSON output into the README's tables and the plot's data.
+
+usage: bench/report.py RESULT.json            markdown tables and the targets, to stdout
+       bench/report.py RESULT.json --dat DIR  also one gnuplot data file per series in DIR
+
+Times are the best (minimum) of the repetitions when the run has a `min` aggregate (the
+suite registers one), else the median, else the single run. GB/s = n * 4 bytes / time, 1 GB
+= 1e9 bytes: the gradient's size over the time, so GB/s compare like inverse times.
+"""
+import json
+import math
+import os
+import re
+import sys
+
+NAME = re.compile(r"^(?P<family>[^/]+/[^/]+)/n:(?P<n>\d+)(?:/ppm:(?P<ppm>\d+))?$")
+PPMS = (100, 1000, 10000)
+HEAVY = ("_laplace", "_t3")
+
+
+def load(path):
+    with open(path) as f:
+        doc = json.load(f)
+    runs = {}
+    for b in doc["benchmarks"]:
+        if b.get("error_occurred"):
+            continue
+        m = NAME.match(b["run_name"])
+        if not m:
+            continue
+        agg = b.get("aggregate_name", "")
+        if b.get("run_type") == "aggregate" and agg not in ("min", "median"):
+            continue
+        scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b["time_unit"]]
+        key = (m["family"], int(m["n"]), int(m["ppm"]) if m["ppm"] else None)
+        rank = {"min": 0, "median": 1}.get(agg, 2)
+        if key not in runs or rank < runs[key][0]:
+            runs[key] = (rank, b["real_time"] * scale)
+    return doc.get("context", {}), {k: v[1] for k, v in runs.items()}
+
+
+def seconds(runs, family, n, ppm):
+    return runs.get((family, n, ppm), runs.get((family, n, None)))
+
+
+def cell(t, n):
+    if t is None:
+        return "-"
+    return f"{t * 1e3:.2f} ms ({n * 4 / t / 1e9:.1f} GB/s)"
+
+
+def main():
+    args = sys.argv[1:]
+    if not args:
+        sys.exit(__doc__)
+    context, runs = load(args[0])
+    dat_dir = args[args.index("--dat") + 1] if "--dat" in args else None
+    sizes = sorted({n for (_, n, _) in runs})
+    n = 25557032 if 25557032 in sizes else sizes[-1]
+    families = []
+    for (fam, nn, _) in runs:
+        if nn == n and fam not in families:
+            families.append(fam)
+    order = {"baseline": 0, "select": 1, "step": 2, "quantize": 3}
+    normal = [f for f in families if not f.endswith(HEAVY)]
+    normal.sort(key=lambda f: (order.get(f.split("/")[0], 9), families.index(f)))
+
+    print(f"n = {n}, normal input; best of the repetitions, time (GB/s of the {n * 4 / 1e6:.0f} MB gradient)\n")
+    print("| benchmark | ppm 100 | ppm 1000 | ppm 10000 |")
+    print("|---|---|---|---|")
+    for fam in normal:
+        if fam.startswith("quantize/"):
+            continue
+        if (fam, n, None) in runs:
+            t = runs[(fam, n, None)]
+            print(f"| `{fam}` | {cell(t, n)} | (same) | (same) |")
+        else:
+            print(f"| `{fam}` | " + " | ".join(cell(runs.get((fam, n, p)), n) for p in PPMS) + " |")
+
+    quant = [f for f in normal if f.startswith("quantize/")]
+    if quant:
+        print(f"\nQuantizers on all n = {n} values (encode and decode)\n")
+        print("| quantizer | encode | decode |")
+        print("|---|---|---|")
+        names = sorted({f.rsplit("_", 1)[0] for f in quant}, key=lambda f: families.index(f + "_encode"))
+        for q in names:
+            print(f"| `{q.split('/')[1]}` | {cell(runs.get((q + '_encode', n, None)), n)} | "
+                  f"{cell(runs.get((q + '_decode', n, None)), n)} |")
+
+    heavy_rows = [f for f in normal if (f + HEAVY[0], n, 1000) in runs or (f + HEAVY[1], n, 1000) in runs]
+    if heavy_rows:
+        print(f"\nHeavy-tailed inputs, n = {n}, ppm = 1000: time and ratio to the normal input\n")
+        print("| benchmark | normal | Laplace | Student-t (3) |")
+        print("|---|---|---|---|")
+        for fam in heavy_rows:
+            t0 = runs.get((fam, n, 1000))
+            cells = []
+            for suf in HEAVY:
+                t = runs.get((fam + suf, n, 1000))
+                cells.append("-" if t is None or t0 is None else f"{t * 1e3:.2f} ms ({t / t0:.2f}x)")
+            print(f"| `{fam}` | {t0 * 1e3:.2f} ms | " + " | ".join(cells) + " |")
+
+    def ratio(a, b, ppm=1000):
+        ta, tb = seconds(runs, a, n, ppm), seconds(runs, b, n, ppm)
+        return None if ta is None or tb is None else ta / tb
+
+    targets = [
+        ("`select/topk` at least 20x faster than `baseline/nth_element`",
+         ratio("baseline/nth_element", "select/topk"), lambda r: r >= 20, "{:.1f}x faster"),
+        ("`select/topk` within 2x of `baseline/stream_read`",
+         ratio("select/topk", "baseline/stream_read"), lambda r: r <= 2, "{:.2f}x"),
+        ("`select/gaussiank` within 2.5x of `baseline/stream_read`",
+         ratio("select/gaussiank", "baseline/stream_read"), lambda r: r <= 2.5, "{:.2f}x"),
+        ("`step/topk_residual` within 2x of `baseline/copy`",
+         ratio("step/topk_residual", "baseline/copy"), lambda r: r <= 2, "{:.2f}x"),
+    ]
+    for fam in ("select/topk", "select/gaussiank", "step/topk_residual"):
+        for suf, label in zip(HEAVY, ("Laplace", "Student-t (3)")):
+            targets.append((f"`{fam}` on {label} input within 1.5x of normal",
+                            ratio(fam + suf, fam), lambda r: r <= 1.5, "{:.2f}x"))
+    print(f"\nTargets (n = {n}, ppm = 1000, normal input unless stated)\n")
+    print("| target | measured | met |")
+    print("|---|---|---|")
+    for text, r, ok, fmt in targets:
+        if r is None:
+            print(f"| {text} | not run | - |")
+        else:
+            print(f"| {text} | {fmt.format(r)} | {'yes' if ok(r) else '**no**'} |")
+
+    if dat_dir:
+        os.makedirs(dat_dir, exist_ok=True)
+        for fam in normal:
+            if fam.startswith("quantize/"):
+                continue
+            path = os.path.join(dat_dir, fam.replace("/", "__") + ".dat")
+            with open(path, "w") as f:
+                for p in PPMS:
+                    t = seconds(runs, fam, n, p)
+                    if t is not None:
+                        f.write(f"{p} {n * 4 / t / 1e9:.4f}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,630 @@
+// Data-parallel training of an MLP 784-256-128-10 on Fashion-MNIST with gradcomp's compressors
+// and schedules. N workers are threads of this process (in_process_comm), or MPI processes when
+// the program is built with MPI and started by mpirun. Rank 0 prints one progress line per
+// epoch and, last, one JSON object with the result.
+//
+//   train_fashion_mnist --compressor topk --density 0.01 --workers 4 --epochs 3
+//   mpirun -np 4 train_fashion_mnist --compressor dgc --density 0.001
+//
+// The data come from Debian's dataset-fashion-mnist package (gzip IDX files).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <numeric>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gradcomp/gradcomp.hpp>  // policies, exchanges, schedules, in-process communicator
+
+#include "mnist/fashion_mnist.hpp"
+#include "mnist/mlp.hpp"
+
+#if defined(GRADCOMP_EXAMPLE_WITH_MPI)
+#include <gradcomp/comm/mpi.hpp>
+#include <gradcomp/comm/mpi_guard.hpp>
+#endif
+
+namespace {
+
+using namespace gradcomp;
+
+struct options {
+  std::string compressor = "dense";
+  double density = 0.01;
+  std::string exchange = "default";
+  std::string schedule = "none";
+  std::string tensors = "model";  // none: compress the model as one tensor, or each layer
+  unsigned period = 4;
+  unsigned epochs = 3;
+  int workers = 4;
+  std::size_t batch = 32;
+  double lr = 0.05;
+  double momentum = 0.9;
+  std::uint64_t seed = 1;
+  unsigned bits = 4;             // qsgd bits
+  unsigned bucket = 512;         // qsgd, terngrad, sign: values per scale
+  // pqasgd: error feedback on the model difference. auto: on, except for qsgd, whose error at
+  // 2 bits exceeds its input, so that the residual grows until training diverges (README).
+  std::string feedback = "auto";
+  bool error_feedback = true;
+  double warmup_epochs = 1.0;    // dgc: DGC's 4-stage density warm-up spread over this many epochs
+  double clip = 0.0;             // dgc: local gradient clipping by L2 norm, 0 = off
+  unsigned subsets = 1;          // pqasgd: rotating slices (sparse parameter averaging)
+  double link_gbit = 0.0;        // lags/merged: model this link instead of the measured one
+  double link_latency_us = 0.0;
+  std::size_t train_limit = 0;   // use only the first N training / test images (0: all)
+  std::size_t test_limit = 0;
+  std::string data_dir = fmnist::default_dir();
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "%s%s"
+               "usage: train_fashion_mnist [options]\n"
+               "  --compressor dense|topk|gaussiank|randomk|dgc|qsgd|terngrad|sign  (dense)\n"
+               "  --density R      target density of the sparsifiers; LAGS: the least one (0.01)\n"
+               "  --exchange allreduce|allgather|gtopk|a2a|auto\n"
+               "                   (default: allreduce for dense and randomk, else allgather)\n"
+               "  --schedule none|lags|merged|pqasgd   (none)\n"
+               "  --tensors model|layer   none: one selection over all parameters (model), or\n"
+               "                   one per layer; lags and merged always work per layer\n"
+               "  --period P       pqasgd: average every P local steps (4)\n"
+               "  --bits B         qsgd bits per value (4)\n"
+               "  --bucket N       qsgd, terngrad, sign: values sharing one scale (512)\n"
+               "  --feedback auto|0|1  pqasgd: error feedback on the model difference\n"
+               "                   (auto: off for qsgd, on otherwise)\n"
+               "  --subsets R      pqasgd: average one of R rotating slices per round (1)\n"
+               "  --warmup E       dgc: density warm-up over E epochs (1)\n"
+               "  --clip C         dgc: clip each local gradient to L2 norm C (0: off)\n"
+               "  --link-gbit G --link-latency-us L   lags/merged: plan for this link\n"
+               "  --epochs E (3)  --workers N (4)  --batch B per worker (32)\n"
+               "  --lr (0.05)  --momentum (0.9)  --seed S (1)\n"
+               "  --train-limit N --test-limit N   use the first N images only\n"
+               "  --data DIR       (%s)\n",
+               why ? why : "", why ? "\n" : "", fmnist::default_dir().c_str());
+  std::exit(why ? 2 : 0);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") usage(nullptr);
+    if (i + 1 >= argc) usage(("missing value for " + a).c_str());
+    const std::string v = argv[++i];
+    try {
+      if (a == "--compressor") o.compressor = v;
+      else if (a == "--density") o.density = std::stod(v);
+      else if (a == "--exchange") o.exchange = v;
+      else if (a == "--schedule") o.schedule = v;
+      else if (a == "--tensors") o.tensors = v;
+      else if (a == "--period") o.period = static_cast<unsigned>(std::stoul(v));
+      else if (a == "--epochs") o.epochs = static_cast<unsigned>(std::stoul(v));
+      else if (a == "--workers") o.workers = std::stoi(v);
+      else if (a == "--batch") o.batch = std::stoul(v);
+      else if (a == "--lr") o.lr = std::stod(v);
+      else if (a == "--momentum") o.momentum = std::stod(v);
+      else if (a == "--seed") o.seed = std::stoull(v);
+      else if (a == "--bits") o.bits = static_cast<unsigned>(std::stoul(v));
+      else if (a == "--bucket") o.bucket = static_cast<unsigned>(std::stoul(v));
+      else if (a == "--feedback") o.feedback = v;
+      else if (a == "--subsets") o.subsets = static_cast<unsigned>(std::stoul(v));
+      else if (a == "--warmup") o.warmup_epochs = std::stod(v);
+      else if (a == "--clip") o.clip = std::stod(v);
+      else if (a == "--link-gbit") o.link_gbit = std::stod(v);
+      else if (a == "--link-latency-us") o.link_latency_us = std::stod(v);
+      else if (a == "--train-limit") o.train_limit = std::stoul(v);
+      else if (a == "--test-limit") o.test_limit = std::stoul(v);
+      else if (a == "--data") o.data_dir = v;
+      else usage(("unknown option " + a).c_str());
+    } catch (const std::logic_error&) {
+      usage(("bad value for " + a + ": " + v).c_str());
+    }
+  }
+  if (!(o.density > 0.0 && o.density <= 1.0)) usage("--density must be in (0, 1]");
+  if (o.epochs < 1 || o.workers < 1 || o.batch < 1 || o.period < 1 || o.subsets < 1) {
+    usage("--epochs, --workers, --batch, --period and --subsets must be >= 1");
+  }
+  if (!(o.warmup_epochs >= 0.0)) usage("--warmup must be >= 0");
+  if (o.tensors != "model" && o.tensors != "layer") usage("--tensors must be model or layer");
+  if (o.feedback != "auto" && o.feedback != "0" && o.feedback != "1") usage("--feedback must be auto, 0 or 1");
+  o.error_feedback = o.feedback == "auto" ? o.compressor != "qsgd" : o.feedback == "1";
+  if (o.exchange == "default") {
+    o.exchange = o.compressor == "dense" || o.compressor == "randomk" ? "allreduce" : "allgather";
+  }
+  return o;
+}
+
+// What every rank knows at the end; rank 0 prints it.
+struct outcome {
+  double test_accuracy = 0.0;
+  double train_accuracy = 0.0;
+  double loss = 0.0;
+  double bytes_sent = 0.0;  // per worker, mean over workers
+  double dense_bytes = 0.0;
+  double seconds = 0.0;
+  std::uint64_t steps = 0;
+  double overlap = -1.0;    // lags/merged: overlapped / communication time over the run
+};
+
+// ---------------------------------------------------------------------------------------
+// Schedules behind one interface: train_step() runs the forward and backward pass on one batch
+// and everything the schedule does with the gradient; bytes_sent() counts gradcomp's own
+// statistics (this rank's encoded payloads).
+
+// none: sparsified_sgd after the whole backward pass, over the whole model as one tensor
+// (--tensors model: one top-k over all parameters) or layer by layer (--tensors layer).
+template <class Comm, class Compressor, class Exchange>
+class sync_schedule {
+ public:
+  sync_schedule(Comm& comm, const std::vector<std::size_t>& sizes, Compressor c, Exchange x,
+                sgd_options opt, density_schedule ds)
+      : sgd_(comm, sizes, std::move(c), std::move(x), opt, ds) {}
+
+  fmnist::batch_result train_step(fmnist::mlp& net, std::span<float> params, std::span<float> grads,
+                                  const float* x, const std::uint8_t* y, std::size_t b) {
+    const auto r = net.train_batch(params, x, y, b, grads, [](std::size_t) {});
+    sgd_.step(params, grads);
+    return r;
+  }
+  void epoch_end(std::span<float>) {}
+  [[nodiscard]] std::size_t bytes_sent() const { return sgd_.total_bytes_sent(); }
+  [[nodiscard]] double overlap() const { return -1.0; }
+
+ private:
+  sparsified_sgd<Compressor, Exchange, Comm> sgd_;
+};
+
+// lags and merged: layerwise_sgd; `layer_to_tensor[l]` is the tensor that layer l completes
+// (or -1 while its group waits for earlier layers).
+template <class Comm, class Compressor, class Exchange>
+class pipelined_schedule {
+ public:
+  pipelined_schedule(Comm& comm, std::span<const tensor_spec> tensors, std::span<const double> densities,
+                     std::vector<long> layer_to_tensor, Compressor c, Exchange x, sgd_options opt)
+      : sgd_(comm, tensors, densities, std::move(c), std::move(x), opt),
+        layer_to_tensor_(std::move(layer_to_tensor)) {}
+
+  fmnist::batch_result train_step(fmnist::mlp& net, std::span<float> params, std::span<float> grads,
+                                  const float* x, const std::uint8_t* y, std::size_t b) {
+    sgd_.begin_step(params, grads);
+    const auto r = net.train_batch(params, x, y, b, grads, [this](std::size_t l) {
+      if (layer_to_tensor_[l] >= 0) sgd_.ready(static_cast<std::size_t>(layer_to_tensor_[l]));
+    });
+    const layerwise_stats& s = sgd_.finish_step();
+    comm_seconds_ += s.communication_seconds;
+    overlapped_seconds_ += s.overlapped_seconds;
+    return r;
+  }
+  void epoch_end(std::span<float>) {}
+  [[nodiscard]] std::size_t bytes_sent() const { return sgd_.total_bytes_sent(); }
+  [[nodiscard]] double overlap() const {
+    return comm_seconds_ > 0.0 ? overlapped_seconds_ / comm_seconds_ : 0.0;
+  }
+
+ private:
+  layerwise_sgd<Compressor, Exchange, Comm> sgd_;
+  std::vector<long> layer_to_tensor_;
+  double comm_seconds_ = 0.0;
+  double overlapped_seconds_ = 0.0;
+};
+
+template <class Comm, class Quantizer>
+class pqasgd_schedule {
+ public:
+  pqasgd_schedule(Comm& comm, std::span<const tensor_spec> tensors, Quantizer q, sgd_options opt,
+                  averaging_options avg)
+      : avg_(comm, tensors, std::move(q), sparse_allgather{}, opt, avg) {}
+
+  fmnist::batch_result train_step(fmnist::mlp& net, std::span<float> params, std::span<float> grads,
+                                  const float* x, const std::uint8_t* y, std::size_t b) {
+    const auto r = net.train_batch(params, x, y, b, grads, [](std::size_t) {});
+    avg_.step(params, grads);
+    return r;
+  }
+  // Evaluate the averaged model: one more round unless the epoch ended on one (it does when p
+  // divides the steps per epoch). With subsets > 1 the other slices still hold local
+  // progress, so each rank evaluates its own model.
+  void epoch_end(std::span<float> params) {
+    if (!avg_.just_averaged()) avg_.average(params);
+  }
+  [[nodiscard]] std::size_t bytes_sent() const { return avg_.total_bytes_sent(); }
+  [[nodiscard]] double overlap() const { return -1.0; }
+
+ private:
+  periodic_averaging<Quantizer, sparse_allgather, Comm> avg_;
+};
+
+// ---------------------------------------------------------------------------------------
+// One rank's training.
+
+template <class Comm>
+class trainer {
+ public:
+  trainer(Comm& comm, const options& o, const fmnist::fashion_mnist& data)
+      : comm_(comm), o_(o), data_(data), net_({fmnist::pixels, 256, 128, fmnist::classes}),
+        params_(net_.param_count()), grads_(net_.param_count()) {
+    const std::size_t p = static_cast<std::size_t>(comm.size());
+    shard_ = data_.train.count / p;
+    steps_per_epoch_ = shard_ / o_.batch;
+    if (steps_per_epoch_ == 0) {
+      throw std::runtime_error("fewer training images per worker than --batch");
+    }
+    net_.init(params_, o_.seed);
+    // Every rank initialises from the same seed; the broadcast makes equal parameters a
+    // guarantee rather than a consequence of identical builds.
+    comm_.broadcast(std::span<float>(params_), 0);
+    for (std::size_t l = 0; l < net_.layers(); ++l) {
+      layers_.push_back(tensor_spec{static_cast<std::uint32_t>(l), net_.layer_size(l)});
+    }
+  }
+
+  [[nodiscard]] std::size_t steps_per_epoch() const { return steps_per_epoch_; }
+  [[nodiscard]] const fmnist::mlp& net() const { return net_; }
+  [[nodiscard]] const std::vector<tensor_spec>& layers() const { return layers_; }
+
+  // Median over a few batches of each layer's backward time, maximum over ranks (the slowest
+  // rank sets the pace, and every rank must plan alike). Collective.
+  std::vector<double> measure_backward(unsigned batches = 12) {
+    const std::size_t layers = net_.layers();
+    std::vector<std::vector<double>> samples(layers);
+    std::vector<float> scratch(params_.size());
+    std::vector<std::uint32_t> first(o_.batch);
+    std::iota(first.begin(), first.end(), 0u);
+    gather_batch_from(first, 0);
+    for (unsigned b = 0; b < batches; ++b) {
+      net_.train_batch(params_, x_.data(), y_.data(), o_.batch, scratch, [](std::size_t) {});
+      for (std::size_t l = 0; l < layers; ++l) samples[l].push_back(net_.last_backward_seconds()[l]);
+    }
+    std::vector<double> t(layers);
+    for (std::size_t l = 0; l < layers; ++l) {
+      auto& s = samples[l];
+      std::nth_element(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(s.size() / 2), s.end());
+      t[l] = s[s.size() / 2];
+    }
+    comm_.allreduce(std::span<double>(t), reduce_op::max);
+    return t;
+  }
+
+  template <class Schedule>
+  outcome run(Schedule& schedule) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::size_t rank = static_cast<std::size_t>(comm_.rank());
+    outcome out;
+    std::vector<std::uint32_t> order(data_.train.count);
+    for (unsigned epoch = 0; epoch < o_.epochs; ++epoch) {
+      // One permutation per epoch, the same on every rank; rank r takes the r-th shard.
+      std::iota(order.begin(), order.end(), 0u);
+      std::shuffle(order.begin(), order.end(), std::mt19937_64(o_.seed * 1000003u + epoch));
+      double sums[3] = {0.0, 0.0, 0.0};  // loss, correct, examples
+      for (std::size_t s = 0; s < steps_per_epoch_; ++s) {
+        gather_batch_from(order, rank * shard_ + s * o_.batch);
+        const auto r = schedule.train_step(net_, params_, grads_, x_.data(), y_.data(), o_.batch);
+        sums[0] += r.loss_sum;
+        sums[1] += static_cast<double>(r.correct);
+        sums[2] += static_cast<double>(o_.batch);
+      }
+      schedule.epoch_end(params_);
+      comm_.allreduce(std::span<double>(sums), reduce_op::sum);
+      out.loss = sums[0] / sums[2];
+      out.train_accuracy = sums[1] / sums[2];
+      out.test_accuracy = test_accuracy();
+      out.steps = (epoch + 1) * steps_per_epoch_;
+      double bytes = static_cast<double>(schedule.bytes_sent());
+      comm_.allreduce(std::span<double>(&bytes, 1), reduce_op::sum);
+      out.bytes_sent = bytes / static_cast<double>(comm_.size());
+      out.dense_bytes = 4.0 * static_cast<double>(net_.param_count()) * static_cast<double>(out.steps);
+      out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (comm_.rank() == 0) {
+        std::printf("epoch %u/%u  loss %.4f  train_acc %.4f  test_acc %.4f  bytes_sent %.0f (%.3f%% of dense)  elapsed %.1f s\n",
+                    epoch + 1, o_.epochs, out.loss, out.train_accuracy, out.test_accuracy,
+                    out.bytes_sent, 100.0 * out.bytes_sent / out.dense_bytes, out.seconds);
+        std::fflush(stdout);
+      }
+    }
+    out.overlap = schedule.overlap();
+    if (out.overlap >= 0.0) {
+      comm_.allreduce(std::span<double>(&out.overlap, 1), reduce_op::sum);
+      out.overlap /= comm_.size();
+    }
+    return out;
+  }
+
+ private:
+  void gather_batch_from(const std::vector<std::uint32_t>& order, std::size_t at) {
+    x_.resize(o_.batch * fmnist::pixels);
+    y_.resize(o_.batch);
+    for (std::size_t b = 0; b < o_.batch; ++b) {
+      const std::size_t i = order[at + b];
+      std::copy_n(data_.train.images.data() + i * fmnist::pixels, fmnist::pixels,
+                  x_.data() + b * fmnist::pixels);
+      y_[b] = data_.train.labels[i];
+    }
+  }
+
+  // Each rank scores its share of the test set with its own parameters.
+  double test_accuracy() {
+    const std::size_t p = static_cast<std::size_t>(comm_.size());
+    const std::size_t r = static_cast<std::size_t>(comm_.rank());
+    const std::size_t n = data_.test.count;
+    const std::size_t begin = n * r / p, end = n * (r + 1) / p;
+    double correct[1] = {0.0};
+    constexpr std::size_t chunk = 250;
+    for (std::size_t i = begin; i < end; i += chunk) {
+      const std::size_t m = std::min(chunk, end - i);
+      correct[0] += static_cast<double>(
+          net_.evaluate(params_, data_.test.images.data() + i * fmnist::pixels,
+                        data_.test.labels.data() + i, m)
+              .correct);
+    }
+    comm_.allreduce(std::span<double>(correct), reduce_op::sum);
+    return correct[0] / static_cast<double>(n);
+  }
+
+  Comm& comm_;
+  const options& o_;
+  const fmnist::fashion_mnist& data_;
+  fmnist::mlp net_;
+  std::vector<float> params_;
+  std::vector<float> grads_;
+  std::vector<tensor_spec> layers_;
+  std::size_t shard_ = 0;
+  std::size_t steps_per_epoch_ = 0;
+  std::vector<float> x_;
+  std::vector<std::uint8_t> y_;
+};
+
+// ---------------------------------------------------------------------------------------
+// From the command line to types.
+
+template <class Comm, class Compressor, class Exchange>
+outcome run_with(Comm& comm, const options& o, const fmnist::fashion_mnist& data, Compressor c,
+                 Exchange x) {
+  trainer<Comm> t(comm, o, data);
+  sgd_options opt{.lr = o.lr, .momentum = o.momentum, .seed = o.seed};
+  if constexpr (requires { requires Compressor::feedback_type::applies_momentum; }) {
+    opt.momentum = 0.0;  // dgc_momentum applies it before compression
+  }
+  if constexpr (!shared_indices_v<typename Compressor::selector_type> ||
+                selects_all_v<typename Compressor::selector_type>) {
+    // The seed draws only the quantizer's rounding here (the selection does not depend on it):
+    // a seed per rank makes the ranks' rounding errors independent, so they average out.
+    opt.seed = o.seed + 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(comm.rank());
+  }
+
+  if (o.schedule == "none") {
+    density_schedule ds = density_schedule::constant(o.density);
+    if constexpr (requires { requires Compressor::feedback_type::applies_momentum; }) {
+      // DGC's warm-up, 0.25, 0.063, 0.016, 0.004 then rho (for rho = 0.001): its four stages
+      // over --warmup epochs instead of DGC's four epochs, which would be most of a short run.
+      const auto stage = static_cast<std::uint64_t>(
+          std::llround(o.warmup_epochs * static_cast<double>(t.steps_per_epoch()) / 4.0));
+      if (stage > 0) ds = density_schedule::warmup(o.density, 4, stage);
+    }
+    const std::vector<std::size_t> sizes =
+        o.tensors == "layer" ? t.net().layer_sizes() : std::vector<std::size_t>{t.net().param_count()};
+    sync_schedule<Comm, Compressor, Exchange> s(comm, sizes, std::move(c), std::move(x), opt, ds);
+    return t.run(s);
+  }
+
+  // lags / merged: per-layer times and the link decide the densities or the groups.
+  const std::vector<double> backward = t.measure_backward();
+  link_model link = measure_link(comm);
+  if (o.link_gbit > 0.0) link = link_model::from_gbit(o.link_gbit, o.link_latency_us * 1e-6);
+  const std::vector<std::size_t> sizes = t.net().layer_sizes();
+  std::vector<tensor_spec> tensors = t.layers();
+  std::vector<double> densities;
+  std::vector<long> layer_to_tensor(sizes.size());
+  if (o.schedule == "lags") {
+    densities = lags_densities(sizes, backward, link, comm.size(), o.density);
+    std::iota(layer_to_tensor.begin(), layer_to_tensor.end(), 0L);
+  } else {
+    // The selection cost per element, from one compression of a layer-0-sized gradient.
+    Compressor probe = c;
+    std::vector<float> g(sizes[0]);
+    std::mt19937 gen(7);
+    std::normal_distribution<float> normal;
+    for (float& v : g) v = normal(gen);
+    auto st = probe.make_state(g.size());
+    payload p;
+    const compress_stats cs = probe.compress(g, st, {o.density, {}}, p);
+    double per_element = (cs.seconds_accumulate + cs.seconds_select + cs.seconds_encode) /
+                         static_cast<double>(g.size());
+    comm.allreduce(std::span<double>(&per_element, 1), reduce_op::max);
+    const merge_plan plan =
+        plan_merged_groups(sizes, backward, merge_cost{link, comm.size(), o.density, per_element});
+    tensors = merged_tensors(plan, t.layers());
+    densities.assign(tensors.size(), o.density);
+    std::fill(layer_to_tensor.begin(), layer_to_tensor.end(), -1L);
+    for (std::size_t l = 0; l < sizes.size(); ++l) {
+      if (const auto g = plan.completes(l)) layer_to_tensor[l] = static_cast<long>(*g);
+    }
+    if (comm.rank() == 0) {
+      std::printf("merged: %zu groups (modelled %.3g ms, %.3g ms unmerged):", plan.groups.size(),
+                  1e3 * plan.predicted_seconds, 1e3 * plan.unmerged_seconds);
+      for (const auto& g : plan.groups) std::printf(" [%zu..%zu]", g.first, g.first + g.count - 1);
+      std::printf("\n");
+    }
+  }
+  if (comm.rank() == 0) {
+    std::printf("%s: link alpha %.3g us, beta %.3g ns/byte (%s); backward ms per layer:", o.schedule.c_str(),
+                1e6 * link.alpha, 1e9 * link.beta, o.link_gbit > 0.0 ? "given" : "measured");
+    for (const double b : backward) std::printf(" %.3f", 1e3 * b);
+    std::printf("; densities:");
+    for (const double d : densities) std::printf(" %.4g", d);
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  pipelined_schedule<Comm, Compressor, Exchange> s(comm, tensors, densities, std::move(layer_to_tensor),
+                                                   std::move(c), std::move(x), opt);
+  return t.run(s);
+}
+
+[[noreturn]] void unsupported(const options& o) {
+  throw std::runtime_error("--compressor " + o.compressor + " with --exchange " + o.exchange +
+                           " and --schedule " + o.schedule + " is not supported");
+}
+
+template <class Comm, class Compressor>
+outcome with_exchange(Comm& comm, const options& o, const fmnist::fashion_mnist& data, Compressor c) {
+  using S = typename Compressor::selector_type;
+  constexpr bool sparse = !selects_all_v<S>;
+  const bool pipelined = o.schedule != "none";
+  if (o.exchange == "allreduce") {
+    if constexpr (Compressor::summable) return run_with(comm, o, data, std::move(c), dense_allreduce{});
+  } else if (o.exchange == "allgather") {
+    return run_with(comm, o, data, std::move(c), sparse_allgather{});
+  } else if (pipelined) {
+    unsupported(o);  // the pipelined schedules exchange layer by layer: allreduce or allgather
+  } else if (o.exchange == "gtopk") {
+    if constexpr (sparse) return run_with(comm, o, data, std::move(c), gtopk{});
+  } else if (o.exchange == "a2a") {
+    if constexpr (sparse) return run_with(comm, o, data, std::move(c), topk_a2a{});
+  } else if (o.exchange == "auto") {
+    return run_with(comm, o, data, std::move(c), auto_exchange{});
+  }
+  unsupported(o);
+}
+
+template <class Comm, class Quantizer>
+outcome run_pqasgd(Comm& comm, const options& o, const fmnist::fashion_mnist& data, Quantizer q) {
+  trainer<Comm> t(comm, o, data);
+  const sgd_options opt{.lr = o.lr, .momentum = o.momentum, .seed = o.seed};
+  pqasgd_schedule<Comm, Quantizer> s(comm, t.layers(), std::move(q), opt,
+                                     averaging_options{.period = o.period, .subsets = o.subsets,
+                                                       .error_feedback = o.error_feedback});
+  return t.run(s);
+}
+
+template <class Comm>
+outcome run_rank(Comm& comm, const options& o, const fmnist::fashion_mnist& data) {
+  if (o.schedule == "pqasgd") {
+    if (o.exchange != "allgather" && o.exchange != "allreduce") unsupported(o);
+    if (o.compressor == "qsgd") return run_pqasgd(comm, o, data, qsgd::with_bits(o.bits, o.bucket));
+    if (o.compressor == "terngrad") return run_pqasgd(comm, o, data, terngrad(o.bucket));
+    if (o.compressor == "sign") return run_pqasgd(comm, o, data, scaled_sign(o.bucket));
+    if (o.compressor == "dense") return run_pqasgd(comm, o, data, identity{});
+    unsupported(o);
+  }
+  if (o.schedule != "none" && o.schedule != "lags" && o.schedule != "merged") {
+    throw std::runtime_error("unknown --schedule " + o.schedule);
+  }
+  if (o.compressor == "dense") {
+    return with_exchange(comm, o, data, compressor<dense, identity, no_feedback>{});
+  }
+  if (o.compressor == "topk") return with_exchange(comm, o, data, compressor<topk, identity, residual>{});
+  if (o.compressor == "gaussiank") {
+    return with_exchange(comm, o, data, compressor<gaussiank, identity, residual>{});
+  }
+  if (o.compressor == "randomk") {
+    return with_exchange(comm, o, data, compressor<randomk, identity, residual>{});
+  }
+  if (o.compressor == "dgc") {
+    return with_exchange(comm, o, data,
+                         compressor<topk, identity, dgc_momentum>(
+                             topk{}, identity{}, dgc_momentum{.momentum = o.momentum, .clip_norm = o.clip}));
+  }
+  if (o.compressor == "qsgd") {
+    return with_exchange(comm, o, data,
+                         compressor<dense, qsgd, no_feedback>(dense{}, qsgd::with_bits(o.bits, o.bucket)));
+  }
+  if (o.compressor == "terngrad") {
+    return with_exchange(comm, o, data,
+                         compressor<dense, terngrad, no_feedback>(dense{}, terngrad(o.bucket)));
+  }
+  if (o.compressor == "sign") {
+    return with_exchange(comm, o, data,
+                         compressor<dense, scaled_sign, residual>(dense{}, scaled_sign(o.bucket)));
+  }
+  throw std::runtime_error("unknown --compressor " + o.compressor);
+}
+
+// The last line of output. density is the one in effect (1 for the quantizers, which send
+// every coordinate; 1/subsets for pqasgd), bits the bits per value sent; the fields after
+// dense_bytes_per_worker are extras.
+void print_json(const options& o, int workers, const outcome& r) {
+  const bool sparsifier = o.compressor == "topk" || o.compressor == "gaussiank" ||
+                          o.compressor == "randomk" || o.compressor == "dgc";
+  const double density = o.schedule == "pqasgd" ? 1.0 / o.subsets : sparsifier ? o.density : 1.0;
+  const unsigned bits = o.compressor == "qsgd" ? o.bits
+                        : o.compressor == "terngrad" ? 2u
+                        : o.compressor == "sign"     ? 1u
+                                                     : 32u;
+  std::printf("{\"compressor\": \"%s\", \"density\": %g, \"exchange\": \"%s\", \"schedule\": \"%s\", "
+              "\"epochs\": %u, \"workers\": %d, \"test_accuracy\": %.4f, "
+              "\"bytes_sent_per_worker\": %.0f, \"dense_bytes_per_worker\": %.0f",
+              o.compressor.c_str(), density, o.exchange.c_str(), o.schedule.c_str(), o.epochs, workers,
+              r.test_accuracy, r.bytes_sent, r.dense_bytes);
+  std::printf(", \"bits\": %u, \"tensors\": \"%s\", \"batch\": %zu, \"lr\": %g, \"momentum\": %g, "
+              "\"seed\": %llu, \"train_accuracy\": %.4f, \"loss\": %.4f, \"steps\": %llu, \"seconds\": %.1f",
+              bits, o.schedule == "none" ? o.tensors.c_str() : "layer", o.batch, o.lr, o.momentum,
+              static_cast<unsigned long long>(o.seed), r.train_accuracy, r.loss,
+              static_cast<unsigned long long>(r.steps), r.seconds);
+  if (r.overlap >= 0.0) std::printf(", \"overlap\": %.3f", r.overlap);
+  if (o.schedule == "pqasgd") {
+    std::printf(", \"period\": %u, \"subsets\": %u, \"feedback\": %s", o.period, o.subsets,
+                o.error_feedback ? "true" : "false");
+  }
+  std::printf("}\n");
+  std::fflush(stdout);
+}
+
+#if defined(GRADCOMP_EXAMPLE_WITH_MPI)
+// Started by mpirun / mpiexec (Open MPI, MPICH, or a PMIx launcher)?
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(v)) return true;
+  }
+  return false;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+#if defined(GRADCOMP_EXAMPLE_WITH_MPI)
+  if (launched_by_mpi()) {
+    // lags and merged call MPI from their communication thread, never at the same time as the
+    // main thread: MPI_THREAD_SERIALIZED.
+    gradcomp::mpi_environment env(argc, argv, MPI_THREAD_SERIALIZED);
+    return gradcomp::mpi_run(MPI_COMM_WORLD, [&] {
+      if (env.provided() < MPI_THREAD_SERIALIZED && o.schedule != "none" && o.schedule != "pqasgd") {
+        throw std::runtime_error("--schedule " + o.schedule + " needs MPI_THREAD_SERIALIZED");
+      }
+      gradcomp::mpi_comm comm;
+      const auto data = fmnist::load(o.data_dir, o.train_limit, o.test_limit);
+      const outcome r = run_rank(comm, o, data);
+      if (comm.rank() == 0) print_json(o, comm.size(), r);
+      return 0;
+    });
+  }
+#endif
+  try {
+    const auto data = fmnist::load(o.data_dir, o.train_limit, o.test_limit);
+    outcome result;
+    gradcomp::run_in_process(o.workers, [&](gradcomp::in_process_comm& comm) {
+      const outcome r = run_rank(comm, o, data);
+      if (comm.rank() == 0) result = r;
+    });
+    print_json(o, o.workers, result);
+  } catch (const gradcomp::nonfinite_error& e) {
+    std::fprintf(stderr, "train_fashion_mnist: training diverged: %s\n%s", e.what(),
+                 o.schedule == "pqasgd" && o.error_feedback
+                     ? "(error feedback with a quantizer whose error exceeds its input makes the "
+                       "residual grow: try --feedback 0)\n"
+                     : "(try a smaller --lr)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,79 @@
+// gradcomp/detail/exchange_common.hpp: what the sparse exchanges share: (index, value) pairs,
+// a payload decoded into them, and a pairwise send/receive over any communicator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/sparse.hpp>
+
+namespace gradcomp {
+
+// One coordinate on the wire of gtopk and topk_a2a: 8 bytes, the unit of their cost models.
+struct index_value {
+  std::uint32_t index;
+  float value;
+  friend bool operator==(const index_value&, const index_value&) = default;
+};
+static_assert(sizeof(index_value) == 8);
+
+namespace detail {
+
+// The payload's coordinates with their decoded values, in payload (index) order. The indices
+// are validated first, so a malformed payload cannot make a later scatter write out of bounds.
+template <class Compressor>
+void decode_pairs(std::string_view where, const Compressor& c, const payload& p,
+                  std::vector<float>& scratch, std::vector<index_value>& out) {
+  validate_indices(where, p);
+  scratch.resize(p.count);
+  c.decode_values(p, scratch);
+  out.resize(p.count);
+  for (std::size_t j = 0; j < p.count; ++j) out[j] = index_value{p.index(j), scratch[j]};
+}
+
+// Communicators with point-to-point messages (mpi_comm) declare sendrecv(); the others reach
+// a single peer through alltoallv.
+template <class Comm, class T>
+concept has_sendrecv = requires(Comm& c, std::span<const T> s, std::vector<T>& r) {
+  c.sendrecv(s, 0, r, 0);
+};
+
+// Sends `send` to rank dest and receives from rank source (-1: none). Every rank must call it,
+// with matching pairs, since without sendrecv() it is one collective alltoallv.
+template <class T, class Comm>
+void pairwise(Comm& comm, std::span<const T> send, int dest, std::vector<T>& recv, int source) {
+  if constexpr (has_sendrecv<Comm, T>) {
+    comm.sendrecv(send, dest, recv, source);
+  } else {
+    const auto p = static_cast<std::size_t>(comm.size());
+    std::vector<std::size_t> send_counts(p, 0);
+    if (dest >= 0) send_counts[static_cast<std::size_t>(dest)] = send.size();
+    std::vector<T> all;
+    std::vector<std::size_t> counts;
+    comm.alltoallv(dest >= 0 ? send : std::span<const T>(), std::span<const std::size_t>(send_counts),
+                   all, counts);
+    recv.clear();
+    if (source >= 0) {
+      std::size_t at = 0;
+      for (int s = 0; s < source; ++s) at += counts[static_cast<std::size_t>(s)];
+      const auto len = counts[static_cast<std::size_t>(source)];
+      recv.assign(all.begin() + static_cast<std::ptrdiff_t>(at),
+                  all.begin() + static_cast<std::ptrdiff_t>(at + len));
+    }
+  }
+}
+
+// ceil(log2(p)) for p >= 1: the rounds of a binomial tree.
+inline unsigned ceil_log2(std::size_t p) noexcept {
+  unsigned r = 0;
+  while ((std::size_t{1} << r) < p) ++r;
+  return r;
+}
+
+}  // namespace detail
+}  // namespace gradcomp

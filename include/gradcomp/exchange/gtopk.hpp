@@ -1,0 +1,225 @@
+// gradcomp/exchange/gtopk.hpp: gTop-k (Shi et al., global top-k sparsification). The ranks'
+// picks move up a binomial tree in ceil(log2 P) rounds of pairwise merges (equal indices
+// added, the top-k of the union kept); the root broadcasts the global top-k. Local picks that
+// are not in the global set are handed back to the feedback. Any P, not only powers of two.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/exchange_common.hpp>
+#include <gradcomp/detail/timer.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/exchange/agreement.hpp>
+#include <gradcomp/sparse.hpp>
+
+namespace gradcomp {
+
+// What gtopk writes at the global indices.
+enum class gtopk_values {
+  // The published algorithm: the sums the merge tree carried to the root. A rank's value at a
+  // global index is missing from it when a merge below the root dropped that index and a
+  // rank in another subtree brought it back; such a value is neither applied nor restored.
+  tree,
+  // After the tree, one allreduce of the k values at the global indices: each global value
+  // is the sum of all P ranks' values there, so every pick is either applied or restored to
+  // the feedback and nothing is lost. Costs one more allreduce of k values.
+  exact,
+};
+
+namespace detail {
+
+// |value| order with NaN above every number, ties to the lower index: a strict total order on
+// pairs with distinct indices, so the kept set never depends on the sort algorithm.
+inline bool gtopk_before(const index_value& a, const index_value& b) noexcept {
+  const bool an = std::isnan(a.value), bn = std::isnan(b.value);
+  if (an != bn) return an;
+  if (!an) {
+    const float ma = std::fabs(a.value), mb = std::fabs(b.value);
+    if (ma != mb) return ma > mb;
+  }
+  return a.index < b.index;
+}
+
+// out = the top k of the union of a and b (both sorted by index, distinct indices each), equal
+// indices added as a.value + b.value; out is sorted by index. out must not alias a or b.
+inline void gtopk_merge(std::span<const index_value> a, std::span<const index_value> b,
+                        std::size_t k, std::vector<index_value>& out) {
+  out.clear();
+  out.reserve(a.size() + b.size());
+  std::size_t i = 0, j = 0;
+  while (i < a.size() || j < b.size()) {
+    if (j == b.size() || (i < a.size() && a[i].index < b[j].index)) {
+      out.push_back(a[i++]);
+    } else if (i == a.size() || b[j].index < a[i].index) {
+      out.push_back(b[j++]);
+    } else {
+      out.push_back(index_value{a[i].index, a[i].value + b[j].value});
+      ++i;
+      ++j;
+    }
+  }
+  if (out.size() <= k) return;
+  std::nth_element(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(k), out.end(),
+                   gtopk_before);
+  out.resize(k);
+  std::sort(out.begin(), out.end(),
+            [](const index_value& x, const index_value& y) { return x.index < y.index; });
+}
+
+}  // namespace detail
+
+class gtopk {
+ public:
+  gtopk() = default;
+  explicit gtopk(gtopk_values values) : values_(values) {}
+
+  [[nodiscard]] gtopk_values values() const noexcept { return values_; }
+  // Size of the last global set (<= k).
+  [[nodiscard]] std::size_t last_global_count() const noexcept { return global_.size(); }
+
+  // As the five-argument form; the picks left out are dropped (the four-argument exchange
+  // concept has nowhere to return them). sparsified_sgd calls the five-argument form.
+  template <class Compressor, communicator Comm>
+  exchange_stats exchange(Comm& comm, const Compressor& c, const payload& p,
+                          std::span<typename Compressor::value_type> out) {
+    unused_picks dropped;
+    return exchange(comm, c, p, out, dropped);
+  }
+
+  // k is the largest count any rank sent (the target k for exact top-k). On return, out
+  // (dense, overwritten) holds at each global index g the value sum at g divided by P (see
+  // gtopk_values for which sum), zero elsewhere; every rank gets bit-identical out. `unused`
+  // receives this rank's picks whose index is not global, with their decoded values.
+  // bytes_sent / bytes_received count the header, the pairs this rank sent / received in the
+  // tree, the broadcast of the global set (sent by the root, received by the others) and, for
+  // gtopk_values::exact, the allreduced values.
+  template <class Compressor, communicator Comm>
+  exchange_stats exchange(Comm& comm, const Compressor& c, const payload& p,
+                          std::span<typename Compressor::value_type> out, unused_picks& unused) {
+    detail::stopwatch clock;
+    std::string local_error;
+    bool is_payload = false;
+    try {
+      if (p.dense_size != out.size()) {
+        detail::throw_invalid_argument("gtopk::exchange", "out.size()", out.size(),
+                                       detail::concat("the payload's dense_size (", p.dense_size, ")"));
+      }
+      detail::decode_pairs("gtopk::exchange", c, p, decoded_, mine_);
+    } catch (const invalid_argument& e) {
+      local_error = e.what();
+    } catch (const payload_error& e) {
+      local_error = e.what();
+      is_payload = true;
+    }
+    const auto headers =
+        agree_on_header(comm, "gtopk", header_of(p, exchange_id::gtopk, sizeof(out[0])),
+                        agree::dense_size, header_scratch_, local_error, is_payload);
+    exchange_stats st = exchange_agreed(comm, headers, out, unused);
+    st.bytes_sent += exchange_header_bytes;
+    st.bytes_received += exchange_header_bytes * (headers.size() - 1);
+    st.seconds = clock.lap();
+    return st;
+  }
+
+  // The exchange after the ranks agreed on `headers` (auto_exchange's entry): this rank's
+  // decoded picks must be in place (prepare()).
+  template <class Compressor>
+  void prepare(const Compressor& c, const payload& p) {
+    detail::decode_pairs("gtopk::exchange", c, p, decoded_, mine_);
+  }
+
+  template <class T, communicator Comm>
+  exchange_stats exchange_agreed(Comm& comm, const std::vector<exchange_header>& headers,
+                                 std::span<T> out, unused_picks& unused) {
+    const int ranks = comm.size();
+    const int r = comm.rank();
+    std::size_t k = 0;
+    for (const auto& h : headers) k = std::max<std::size_t>(k, h.count);
+    exchange_stats st;
+    st.name = "gtopk";
+
+    // Up the tree: in round j (step 2^j) rank r sends to r - step when r % 2step == step, and
+    // receives from r + step when r % 2step == 0. Every rank calls pairwise() every round,
+    // which a communicator without point-to-point turns into one alltoallv.
+    current_ = mine_;
+    for (int step = 1; step < ranks; step *= 2) {
+      const int dest = r % (2 * step) == step ? r - step : -1;
+      const int source = r % (2 * step) == 0 && r + step < ranks ? r + step : -1;
+      const std::span<const index_value> send =
+          dest >= 0 ? std::span<const index_value>(current_) : std::span<const index_value>();
+      detail::pairwise(comm, send, dest, received_, source);
+      st.bytes_sent += send.size_bytes();
+      st.bytes_received += received_.size() * sizeof(index_value);
+      if (source >= 0) {
+        detail::gtopk_merge(current_, received_, k, merged_);
+        current_.swap(merged_);
+      }
+    }
+
+    // Down: one broadcast of k + 1 pairs, the first holding the count, so that its size is
+    // known to every rank beforehand.
+    global_.assign(k + 1, index_value{0, 0.0f});
+    if (r == 0) {
+      detail::check_invariant(current_.size() <= k, "gtopk: the root holds more than k pairs");
+      global_[0].index = static_cast<std::uint32_t>(current_.size());
+      std::copy(current_.begin(), current_.end(), global_.begin() + 1);
+    }
+    comm.broadcast(std::span<index_value>(global_), 0);
+    const std::size_t bcast_bytes = global_.size() * sizeof(index_value);
+    (r == 0 ? st.bytes_sent : st.bytes_received) += ranks > 1 ? bcast_bytes : 0;
+    const std::size_t g = global_[0].index;
+    detail::check_invariant(g <= k, "gtopk: the broadcast global set is larger than k");
+    global_.erase(global_.begin());
+    global_.resize(g);
+
+    std::fill(out.begin(), out.end(), T(0));
+    const T divisor = static_cast<T>(ranks);
+    if (values_ == gtopk_values::tree) {
+      for (const auto& e : global_) out[e.index] = static_cast<T>(e.value) / divisor;
+    } else {
+      // This rank's value at each global index, or zero; summed over ranks in rank order.
+      std::vector<T> sums(g, T(0));
+      std::size_t j = 0;
+      for (std::size_t i = 0; i < g; ++i) {
+        while (j < mine_.size() && mine_[j].index < global_[i].index) ++j;
+        if (j < mine_.size() && mine_[j].index == global_[i].index) {
+          sums[i] = static_cast<T>(mine_[j].value);
+        }
+      }
+      comm.allreduce(std::span<T>(sums), reduce_op::sum);
+      st.bytes_sent += g * sizeof(T);
+      st.bytes_received += g * sizeof(T);
+      for (std::size_t i = 0; i < g; ++i) out[global_[i].index] = sums[i] / divisor;
+    }
+
+    // Picks whose index is not global go back to the feedback.
+    unused.clear();
+    std::size_t i = 0;
+    for (const auto& e : mine_) {
+      while (i < g && global_[i].index < e.index) ++i;
+      if (i < g && global_[i].index == e.index) continue;
+      unused.indices.push_back(e.index);
+      unused.values.push_back(e.value);
+    }
+    return st;
+  }
+
+  // The last global set, sorted by index, with the tree's values.
+  [[nodiscard]] std::span<const index_value> last_global() const noexcept { return global_; }
+
+ private:
+  gtopk_values values_ = gtopk_values::tree;
+  std::vector<std::byte> header_scratch_;
+  std::vector<float> decoded_;
+  std::vector<index_value> mine_, current_, received_, merged_, global_;
+};
+
+static_assert(exchange_with_unused<gtopk, archetypes::compressor<false>, archetypes::communicator>);
+
+}  // namespace gradcomp

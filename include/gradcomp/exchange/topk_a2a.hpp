@@ -1,0 +1,303 @@
+// gradcomp/exchange/topk_a2a.hpp: TopKA2A. Rank j owns shard j of the index space; every rank
+// sends each of its (index, value) pairs to the shard's owner with one alltoallv, the owner
+// adds them into its dense shard in rank order, and one allgatherv of the shards gives every
+// rank the dense mean. Small tensors can be fused into buckets (one alltoallv and one
+// allgatherv per bucket), with the bucket size found by a binary search on measured time.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/exchange_common.hpp>
+#include <gradcomp/detail/timer.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/exchange/agreement.hpp>
+#include <gradcomp/sparse.hpp>
+
+namespace gradcomp {
+
+// First index of shard j when n indices are split over p owners: floor(j n / p).
+inline std::uint64_t topk_a2a_shard_begin(std::uint64_t n, std::uint64_t p, std::uint64_t j) {
+  return j * n / p;  // n <= 2^32 and p < 2^31: no overflow
+}
+
+// Buckets of consecutive tensors: a tensor joins the current bucket while the bucket's total
+// stays <= bucket_elements; a tensor larger than that is a bucket of its own, and
+// bucket_elements == 0 leaves every tensor alone. Returns the first tensor of each bucket,
+// then sizes.size(). No bucket exceeds 2^32 elements (the fused index is a uint32).
+inline std::vector<std::size_t> plan_buckets(std::span<const std::size_t> sizes,
+                                             std::size_t bucket_elements) {
+  const std::size_t cap = std::min<std::size_t>(bucket_elements, std::size_t{1} << 32);
+  std::vector<std::size_t> starts;
+  std::size_t fill = 0;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    if (starts.empty() || fill + sizes[t] > cap || fill + sizes[t] < fill) {
+      starts.push_back(t);
+      fill = 0;
+    }
+    fill += sizes[t];
+  }
+  starts.push_back(sizes.size());
+  return starts;
+}
+
+class topk_a2a {
+ public:
+  // bucket_elements: sparsified_sgd fuses consecutive tensors into buckets of at most this
+  // many elements (0: every tensor on its own). tune_bucket_elements() finds a good value.
+  topk_a2a() = default;
+  explicit topk_a2a(std::size_t bucket_elements) : bucket_elements_(bucket_elements) {}
+
+  [[nodiscard]] std::size_t bucket_elements() const noexcept { return bucket_elements_; }
+  void set_bucket_elements(std::size_t e) noexcept { bucket_elements_ = e; }
+
+  // out = mean over ranks of the decoded payloads, added in rank order (bit-identical to
+  // sparse_allgather's result and on every rank). The pairs carry fp32 decoded values, 8
+  // bytes each, whatever the quantizer. bytes_sent counts the header, the pairs sent to other
+  // ranks and this rank's shard; bytes_received the others' headers, pairs and shards.
+  template <class Compressor, communicator Comm>
+  exchange_stats exchange(Comm& comm, const Compressor& c, const payload& p,
+                          std::span<typename Compressor::value_type> out) {
+    using T = typename Compressor::value_type;
+    const payload* ps[] = {&p};
+    const std::span<T> outs[] = {out};
+    return exchange_fused(comm, c, std::span<const payload* const>(ps),
+                          std::span<const std::span<T>>(outs));
+  }
+
+  // Several tensors in one fused index space (tensor t at offset size_0 + ... + size_(t-1)):
+  // one alltoallv and one allgatherv in all. Each out[t] gets exactly what exchange() would
+  // give it alone, bit for bit; only the number of messages changes.
+  template <class Compressor, communicator Comm>
+  exchange_stats exchange_fused(Comm& comm, const Compressor& c,
+                                std::span<const payload* const> payloads,
+                                std::span<const std::span<typename Compressor::value_type>> outs) {
+    detail::stopwatch clock;
+    std::string local_error;
+    bool is_payload = false;
+    exchange_header mine;
+    try {
+      mine = prepare(c, payloads, outs);
+    } catch (const invalid_argument& e) {
+      local_error = e.what();
+    } catch (const payload_error& e) {
+      local_error = e.what();
+      is_payload = true;
+    }
+    const auto headers =
+        agree_on_header(comm, "topk_a2a", mine, agree::dense_size | agree::tensor_sizes,
+                        header_scratch_, local_error, is_payload);
+    exchange_stats st = exchange_agreed(comm, outs);
+    st.bytes_sent += exchange_header_bytes;
+    st.bytes_received += exchange_header_bytes * (headers.size() - 1);
+    st.seconds = clock.lap();
+    return st;
+  }
+
+  // sparsified_sgd's entry: tensors fused into buckets by bucket_elements(). A bucket's bytes
+  // and seconds are shared among its tensors in proportion to their sizes.
+  template <class Compressor, communicator Comm>
+  void exchange_tensors(Comm& comm, const Compressor& c, std::span<const payload> payloads,
+                        std::span<const std::span<typename Compressor::value_type>> outs,
+                        std::span<exchange_stats> stats) {
+    using T = typename Compressor::value_type;
+    sizes_.resize(outs.size());
+    for (std::size_t t = 0; t < outs.size(); ++t) sizes_[t] = outs[t].size();
+    const auto starts = plan_buckets(sizes_, bucket_elements_);
+    std::vector<const payload*> ps;
+    for (std::size_t b = 0; b + 1 < starts.size(); ++b) {
+      const std::size_t first = starts[b], last = starts[b + 1];
+      ps.clear();
+      for (std::size_t t = first; t < last; ++t) ps.push_back(&payloads[t]);
+      const exchange_stats bucket = exchange_fused(
+          comm, c, std::span<const payload* const>(ps), std::span<const std::span<T>>(outs.subspan(first, last - first)));
+      std::size_t total = 0;
+      for (std::size_t t = first; t < last; ++t) total += sizes_[t];
+      std::size_t sent = 0, received = 0;
+      for (std::size_t t = first; t < last; ++t) {
+        const double share = total ? static_cast<double>(sizes_[t]) / static_cast<double>(total)
+                                   : 1.0 / static_cast<double>(last - first);
+        exchange_stats& s = stats[t];
+        s = exchange_stats{};
+        s.name = bucket.name;
+        s.seconds = bucket.seconds * share;
+        if (t + 1 == last) {
+          s.bytes_sent = bucket.bytes_sent - sent;
+          s.bytes_received = bucket.bytes_received - received;
+        } else {
+          s.bytes_sent = static_cast<std::size_t>(static_cast<double>(bucket.bytes_sent) * share);
+          s.bytes_received = static_cast<std::size_t>(static_cast<double>(bucket.bytes_received) * share);
+          sent += s.bytes_sent;
+          received += s.bytes_received;
+        }
+      }
+    }
+  }
+
+  // Decodes this rank's payloads into fused pairs and returns its header; throws
+  // invalid_argument or payload_error on bad input (then nothing was exchanged).
+  template <class Compressor>
+  exchange_header prepare(const Compressor& c, std::span<const payload* const> payloads,
+                          std::span<const std::span<typename Compressor::value_type>> outs) {
+    if (payloads.size() != outs.size()) {
+      detail::throw_invalid_argument("topk_a2a::exchange_fused", "outs.size()", outs.size(),
+                                     detail::concat("payloads.size() (", payloads.size(), ")"));
+    }
+    pairs_.clear();
+    sizes_.resize(outs.size());
+    std::uint64_t offset = 0, count = 0;
+    for (std::size_t t = 0; t < outs.size(); ++t) {
+      const payload& p = *payloads[t];
+      if (p.dense_size != outs[t].size()) {
+        detail::throw_invalid_argument(
+            "topk_a2a::exchange", detail::concat("outs[", t, "].size()"), outs[t].size(),
+            detail::concat("the payload's dense_size (", p.dense_size, ")"));
+      }
+      detail::decode_pairs("topk_a2a::exchange", c, p, decoded_, tensor_pairs_);
+      for (const auto& e : tensor_pairs_) {
+        pairs_.push_back(index_value{static_cast<std::uint32_t>(offset + e.index), e.value});
+      }
+      sizes_[t] = outs[t].size();
+      offset += outs[t].size();
+      count += p.count;
+      if (offset > wire_max_dense_size) {
+        detail::throw_invalid_argument("topk_a2a::exchange_fused", "total elements", offset,
+                                       "<= 2^32 (fused indices are uint32)");
+      }
+    }
+    exchange_header h;
+    h.algorithm = exchange_id::topk_a2a;
+    h.value_size = static_cast<std::uint8_t>(sizeof(typename Compressor::value_type));
+    h.dense_size = offset;
+    h.count = static_cast<std::uint32_t>(std::min<std::uint64_t>(count, UINT32_MAX));
+    h.hash = detail::fnv1a(std::span<const std::size_t>(sizes_));
+    return h;
+  }
+
+  // The exchange after the ranks agreed on their headers, with prepare() done.
+  template <class T, communicator Comm>
+  exchange_stats exchange_agreed(Comm& comm, std::span<const std::span<T>> outs) {
+    const auto p = static_cast<std::uint64_t>(comm.size());
+    const auto r = static_cast<std::uint64_t>(comm.rank());
+    std::uint64_t n = 0;
+    for (const auto& o : outs) n += o.size();
+    exchange_stats st;
+    st.name = "topk_a2a";
+
+    // Pairs are sorted by fused index, so each owner's pairs are one run.
+    send_counts_.assign(p, 0);
+    {
+      std::size_t j = 0;
+      for (std::uint64_t s = 0; s < p; ++s) {
+        const std::uint64_t end = topk_a2a_shard_begin(n, p, s + 1);
+        const std::size_t from = j;
+        while (j < pairs_.size() && pairs_[j].index < end) ++j;
+        send_counts_[s] = j - from;
+      }
+    }
+    comm.alltoallv(std::span<const index_value>(pairs_), std::span<const std::size_t>(send_counts_),
+                   received_, recv_counts_);
+    st.bytes_sent += (pairs_.size() - send_counts_[r]) * sizeof(index_value);
+    st.bytes_received += (received_.size() - recv_counts_[r]) * sizeof(index_value);
+
+    // Owner: scatter-add in source rank order (the order alltoallv delivers), then the mean.
+    const std::uint64_t begin = topk_a2a_shard_begin(n, p, r);
+    const std::uint64_t end = topk_a2a_shard_begin(n, p, r + 1);
+    std::vector<T> shard(end - begin, T(0));
+    for (const auto& e : received_) {
+      if (e.index < begin || e.index >= end) {
+        throw communicator_error(detail::concat(
+            "gradcomp::topk_a2a: received index ", e.index, " outside this rank's shard [",
+            begin, ", ", end, "): the ranks disagree on the tensor sizes"));
+      }
+      shard[e.index - begin] += static_cast<T>(e.value);
+    }
+    const T divisor = static_cast<T>(p);
+    for (T& x : shard) x /= divisor;
+
+    std::vector<T> dense;
+    comm.allgatherv(std::span<const T>(shard), dense, shard_counts_);
+    detail::check_invariant(dense.size() == n, "topk_a2a: the gathered shards do not add up to n");
+    st.bytes_sent += shard.size() * sizeof(T);
+    st.bytes_received += (dense.size() - shard.size()) * sizeof(T);
+    std::size_t at = 0;
+    for (const auto& o : outs) {
+      std::copy_n(dense.begin() + static_cast<std::ptrdiff_t>(at), o.size(), o.begin());
+      at += o.size();
+    }
+    return st;
+  }
+
+ private:
+  std::size_t bucket_elements_ = 0;
+  std::vector<std::byte> header_scratch_;
+  std::vector<float> decoded_;
+  std::vector<index_value> tensor_pairs_, pairs_, received_;
+  std::vector<std::size_t> sizes_, send_counts_, recv_counts_, shard_counts_;
+};
+
+static_assert(exchange<topk_a2a, archetypes::compressor<false>, archetypes::communicator>);
+
+// What tune_bucket_elements() tried: each candidate bucket size and its agreed time.
+struct bucket_tuning {
+  std::size_t best = 0;
+  std::vector<std::pair<std::size_t, double>> probes;
+};
+
+// Finds the bucket size among lo, 2 lo, 4 lo, ..., <= hi whose measured time is least, by a
+// binary search on the slope: at the middle candidate m, if t(m) <= t(next) the best is at or
+// below m, else above. That takes about 2 log2(log2(hi / lo)) measurements and assumes the
+// time is unimodal in the bucket size (fewer messages on one side, less overlap and larger
+// buffers on the other). seconds_for(bucket) runs the work with that bucket size (for
+// example a few sparsified_sgd steps with exchange_policy().set_bucket_elements(bucket)) and
+// returns its time; it is called `repeats` times per candidate and the least time kept, then
+// the ranks agree on the largest of their times (an allreduce), so all take the same branch.
+// Every rank must call it with the same lo and hi.
+template <communicator Comm, class Measure>
+bucket_tuning tune_bucket_elements(Comm& comm, std::size_t lo, std::size_t hi,
+                                   Measure&& seconds_for, unsigned repeats = 3) {
+  if (lo == 0 || hi < lo) {
+    detail::throw_invalid_argument("tune_bucket_elements", "lo, hi",
+                                   detail::concat(lo, ", ", hi), "1 <= lo <= hi");
+  }
+  if (repeats == 0) detail::throw_invalid_argument("tune_bucket_elements", "repeats", 0, ">= 1");
+  std::vector<std::size_t> candidates;
+  for (std::size_t b = lo; b <= hi; b *= 2) {
+    candidates.push_back(b);
+    if (b > hi / 2) break;
+  }
+  bucket_tuning result;
+  std::vector<double> times(candidates.size(), -1.0);
+  auto time_of = [&](std::size_t i) {
+    if (times[i] < 0.0) {
+      double best = 0.0;
+      for (unsigned rep = 0; rep < repeats; ++rep) {
+        const double t = static_cast<double>(seconds_for(candidates[i]));
+        best = rep == 0 ? t : std::min(best, t);
+      }
+      double agreed[] = {best};
+      comm.allreduce(std::span<double>(agreed), reduce_op::max);
+      times[i] = agreed[0];
+      result.probes.emplace_back(candidates[i], agreed[0]);
+    }
+    return times[i];
+  };
+  std::size_t a = 0, b = candidates.size() - 1;
+  while (a < b) {
+    const std::size_t m = a + (b - a) / 2;
+    if (time_of(m) <= time_of(m + 1)) {
+      b = m;
+    } else {
+      a = m + 1;
+    }
+  }
+  result.best = candidates[a];
+  return result;
+}
+
+}  // namespace gradcomp

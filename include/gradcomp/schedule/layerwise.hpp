@@ -1,0 +1,359 @@
+// gradcomp/schedule/layerwise.hpp: LAGS-SGD (layer-wise adaptive gradient sparsification).
+// Every layer is sparsified with a density of its own, and its compression and exchange run on
+// a communication thread as soon as the backward pass has produced its gradient, overlapping
+// with the backward pass of the layers before it. lags_densities() picks the densities from the
+// measured backward time per layer and the link's alpha and beta (ALGORITHMS.md section 5);
+// the statistics report how much of the communication the backward pass hid.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/exchange/cost_model.hpp>
+#include <gradcomp/step.hpp>
+
+namespace gradcomp {
+
+// LAGS's choice of densities. Layer l's exchange (a sparse allgather of k_l index/value pairs,
+// (P-1) 8 k_l beta + log2(P) alpha) should hide behind the backward computation that runs
+// while it is in flight: the backward pass of layer l-1. With m_l = 4 n_l, the bytes of layer
+// l's fp32 gradient,
+//     rho_l = (t_comp_l - log2(P) alpha) / (2 (P-1) beta m_l),  clamped to [rho_min, 1],
+// where t_comp_l = backward_seconds[l-1] (layers in forward order; the backward pass runs from
+// the last to the first). Layer 0's exchange has no computation left to hide behind: rho_min.
+// One rank communicates nothing: every density is 1. Every rank must pass the same inputs
+// (e.g. the maximum over ranks of the measured times) to get the same densities.
+inline std::vector<double> lags_densities(std::span<const std::size_t> sizes,
+                                          std::span<const double> backward_seconds,
+                                          const link_model& link, int ranks, double rho_min) {
+  if (backward_seconds.size() != sizes.size()) {
+    detail::throw_invalid_argument("lags_densities", "backward_seconds.size()",
+                                   backward_seconds.size(),
+                                   detail::concat("sizes.size() (", sizes.size(), ")"));
+  }
+  (void)k_for_density(1, rho_min);  // 0 < rho_min <= 1
+  if (ranks < 1) detail::throw_invalid_argument("lags_densities", "ranks", ranks, ">= 1");
+  if (!(link.alpha >= 0.0) || !(link.beta >= 0.0)) {
+    detail::throw_invalid_argument("lags_densities", "link",
+                                   detail::concat(link.alpha, " s, ", link.beta, " s/byte"),
+                                   "alpha >= 0 and beta >= 0");
+  }
+  std::vector<double> rho(sizes.size(), 1.0);
+  if (ranks == 1) return rho;
+  const double p = static_cast<double>(ranks);
+  const double latency = std::log2(p) * link.alpha;
+  for (std::size_t l = 0; l < sizes.size(); ++l) {
+    const double hide = l == 0 ? 0.0 : backward_seconds[l - 1];
+    if (!(hide >= 0.0)) {
+      detail::throw_invalid_argument("lags_densities", "backward_seconds", hide, ">= 0");
+    }
+    const double budget = hide - latency;
+    const double per_density = 2.0 * (p - 1.0) * link.beta * 4.0 * static_cast<double>(sizes[l]);
+    double r = rho_min;
+    if (budget > 0.0) r = per_density > 0.0 ? budget / per_density : 1.0;
+    rho[l] = std::clamp(r, rho_min, 1.0);
+  }
+  return rho;
+}
+
+// When one tensor's work ran on the communication thread, in seconds since begin_step().
+struct layer_timing {
+  std::uint32_t id = 0;
+  double density = 0.0;     // target
+  double ready = 0.0;       // ready() was called
+  double comm_begin = 0.0;  // the communication thread took it up
+  double comm_end = 0.0;    // compressed, exchanged and applied
+};
+
+struct layerwise_stats {
+  // The tensors' statistics merged (sums; tensors in the order they were exchanged).
+  step_stats step;
+  std::vector<layer_timing> layers;  // in the order they were exchanged
+  double backward_seconds = 0.0;     // begin_step() to the call of finish_step()
+  // Per tensor, the communication thread's time on it (compression, exchange, update), summed.
+  double communication_seconds = 0.0;
+  // The part of communication_seconds that ran before finish_step() was called, i.e. while
+  // the backward pass was still computing.
+  double overlapped_seconds = 0.0;
+  double overlap = 0.0;       // overlapped / communication (0 without communication)
+  double wait_seconds = 0.0;  // finish_step() waiting for the exchanges still in flight
+};
+
+// One sparsified_sgd per tensor, each with a constant density of its own, run by a
+// communication thread that this object owns. A step:
+//
+//     sgd.begin_step(params, grads);   // flat buffers, untouched by the caller until finish_step()
+//     // backward pass, last layer first; after tensor t's gradient is written and its
+//     // parameters are no longer read:
+//     sgd.ready(t);
+//     const layerwise_stats& s = sgd.finish_step();   // waits, then every tensor is updated
+//
+// The communication thread compresses tensor t, exchanges it and applies the SGD update to
+// its parameters, while the caller goes on with the backward pass. Every rank must call
+// ready() for the same tensors in the same order (the exchanges are collectives and run in
+// ready() order), and must not call the communicator itself between begin_step() and
+// finish_step(): the thread is then its only user, from one thread at a time. With MPI this
+// needs MPI_THREAD_SERIALIZED (mpi_environment(argc, argv, MPI_THREAD_SERIALIZED)).
+//
+// An exception on the communication thread skips the rest of the step and is rethrown by
+// finish_step(); the ranks then disagree on where the step stopped, so the optimizer (and the
+// communicator) must not be used further. Destroying it while a step is in flight waits for
+// the exchanges already started.
+template <class Compressor, class Exchange, class Comm>
+class layerwise_sgd {
+ public:
+  using value_type = typename Compressor::value_type;
+  using T = value_type;
+  using optimizer_type = sparsified_sgd<Compressor, Exchange, Comm>;
+
+  // densities[t] is tensor t's constant density (see lags_densities()).
+  layerwise_sgd(Comm& comm, std::span<const tensor_spec> tensors, std::span<const double> densities,
+                Compressor c = {}, Exchange x = {}, sgd_options opt = {})
+      : tensors_(tensors.begin(), tensors.end()), densities_(densities.begin(), densities.end()) {
+    if (densities.size() != tensors.size()) {
+      detail::throw_invalid_argument("layerwise_sgd", "densities.size()", densities.size(),
+                                     detail::concat("tensors.size() (", tensors.size(), ")"));
+    }
+    std::size_t offset = 0;
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      for (std::size_t u = 0; u < t; ++u) {
+        if (tensors_[u].id == tensors_[t].id) {
+          detail::throw_invalid_argument("layerwise_sgd", "tensor id", tensors_[t].id,
+                                         "ids unique across tensors");
+        }
+      }
+      offsets_.push_back(offset);
+      offset += tensors_[t].size;
+      optimizers_.push_back(std::make_unique<optimizer_type>(
+          comm, std::span<const tensor_spec>(&tensors_[t], 1), c, x, opt,
+          density_schedule::constant(densities_[t])));
+    }
+    total_ = offset;
+    timings_.resize(tensors_.size());
+    tensor_stats_.resize(tensors_.size());
+    is_ready_.assign(tensors_.size(), false);
+    worker_ = std::thread([this] { run(); });
+  }
+
+  layerwise_sgd(const layerwise_sgd&) = delete;
+  layerwise_sgd& operator=(const layerwise_sgd&) = delete;
+
+  ~layerwise_sgd() {
+    {
+      const std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    worker_.join();
+  }
+
+  // Starts a step on the flat buffers (tensors back to back, in the constructor's order).
+  // Both must stay alive, and the caller must not write a tensor's gradient or touch its
+  // parameters after ready() for it, until finish_step() returns.
+  void begin_step(std::span<T> params, std::span<const T> grads) {
+    if (in_step_) {
+      detail::throw_invalid_argument("layerwise_sgd::begin_step", "state", "in a step",
+                                     "finish_step() before the next begin_step()");
+    }
+    check_size("params.size()", params.size());
+    check_size("grads.size()", grads.size());
+    const std::lock_guard lock(mu_);
+    params_ = params;
+    grads_ = grads;
+    queue_.clear();
+    next_ = 0;
+    done_ = 0;
+    error_ = nullptr;
+    std::fill(is_ready_.begin(), is_ready_.end(), false);
+    start_ = clock::now();
+    in_step_ = true;
+  }
+
+  // Tensor t's gradient is complete: the communication thread compresses, exchanges and
+  // applies it, after the tensors made ready before it.
+  void ready(std::size_t t) {
+    if (!in_step_) {
+      detail::throw_invalid_argument("layerwise_sgd::ready", "state", "no step",
+                                     "begin_step() first");
+    }
+    if (t >= tensors_.size()) {
+      detail::throw_invalid_argument("layerwise_sgd::ready", "t", t,
+                                     detail::concat("< the number of tensors (", tensors_.size(), ")"));
+    }
+    if (is_ready_[t]) {
+      detail::throw_invalid_argument("layerwise_sgd::ready", "t", t, "each tensor once per step");
+    }
+    is_ready_[t] = true;
+    {
+      const std::lock_guard lock(mu_);
+      timings_[queue_.size()].ready = since_start();
+      queue_.push_back(t);
+    }
+    work_cv_.notify_one();
+  }
+
+  // The backward pass is over: waits for the exchanges in flight and reports the step. Every
+  // tensor must have been made ready.
+  const layerwise_stats& finish_step() {
+    if (!in_step_) {
+      detail::throw_invalid_argument("layerwise_sgd::finish_step", "state", "no step",
+                                     "begin_step() first");
+    }
+    const double backward_end = since_start();
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [this] { return done_ == queue_.size(); });
+    const double finished = since_start();
+    in_step_ = false;
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    if (queue_.size() != tensors_.size()) {
+      detail::throw_invalid_argument("layerwise_sgd::finish_step", "tensors made ready",
+                                     queue_.size(), detail::concat("all ", tensors_.size()));
+    }
+
+    stats_ = layerwise_stats{};
+    stats_.backward_seconds = backward_end;
+    stats_.wait_seconds = finished - backward_end;
+    step_stats& s = stats_.step;
+    s.step = step_;
+    double weighted_target = 0.0;
+    for (std::size_t j = 0; j < queue_.size(); ++j) {
+      const std::size_t t = queue_[j];
+      const step_stats& ts = tensor_stats_[j];
+      layer_timing timing = timings_[j];
+      timing.id = tensors_[t].id;
+      timing.density = densities_[t];
+      stats_.layers.push_back(timing);
+      const double busy = timing.comm_end - timing.comm_begin;
+      stats_.communication_seconds += busy;
+      stats_.overlapped_seconds +=
+          std::clamp(std::min(timing.comm_end, backward_end) - timing.comm_begin, 0.0, busy);
+      s.n += ts.n;
+      s.selected += ts.selected;
+      s.bytes_sent += ts.bytes_sent;
+      s.bytes_received += ts.bytes_received;
+      s.seconds.accumulate += ts.seconds.accumulate;
+      s.seconds.select += ts.seconds.select;
+      s.seconds.encode += ts.seconds.encode;
+      s.seconds.exchange += ts.seconds.exchange;
+      s.seconds.update += ts.seconds.update;
+      s.tensors.insert(s.tensors.end(), ts.tensors.begin(), ts.tensors.end());
+      weighted_target += ts.target_density * static_cast<double>(ts.n);
+    }
+    if (s.n) {
+      s.density = static_cast<double>(s.selected) / static_cast<double>(s.n);
+      s.target_density = weighted_target / static_cast<double>(s.n);
+    }
+    if (stats_.communication_seconds > 0.0) {
+      stats_.overlap = stats_.overlapped_seconds / stats_.communication_seconds;
+    }
+    total_bytes_sent_ += s.bytes_sent;
+    total_bytes_received_ += s.bytes_received;
+    ++step_;
+    return stats_;
+  }
+
+  [[nodiscard]] const layerwise_stats& last_stats() const noexcept { return stats_; }
+  [[nodiscard]] std::uint64_t steps_done() const noexcept { return step_; }
+  [[nodiscard]] std::size_t size() const noexcept { return total_; }
+  [[nodiscard]] std::size_t total_bytes_sent() const noexcept { return total_bytes_sent_; }
+  [[nodiscard]] std::size_t total_bytes_received() const noexcept { return total_bytes_received_; }
+  [[nodiscard]] const std::vector<tensor_spec>& tensors() const noexcept { return tensors_; }
+  [[nodiscard]] const std::vector<double>& densities() const noexcept { return densities_; }
+  // Tensor t's own optimizer (feedback state, checkpoints); not during a step.
+  [[nodiscard]] optimizer_type& optimizer(std::size_t t) { return *optimizers_.at(t); }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  void check_size(const char* what, std::size_t n) const {
+    if (n != total_) {
+      detail::throw_invalid_argument("layerwise_sgd::begin_step", what, n,
+                                     detail::concat("the total of the tensor sizes (", total_, ")"));
+    }
+  }
+
+  double since_start() const {
+    return std::chrono::duration<double>(clock::now() - start_).count();
+  }
+
+  // The communication thread: takes ready tensors in order until stopped with none left.
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      work_cv_.wait(lock, [this] { return stop_ || next_ < queue_.size(); });
+      if (next_ == queue_.size()) return;  // stopped, nothing left
+      const std::size_t j = next_++;
+      const std::size_t t = queue_[j];
+      const bool skip = error_ != nullptr;  // the ranks' collectives are out of step already
+      const std::span<T> params = params_.subspan(offsets_[t], tensors_[t].size);
+      const std::span<const T> grads = grads_.subspan(offsets_[t], tensors_[t].size);
+      lock.unlock();
+
+      const double begin = since_start();
+      std::exception_ptr failure;
+      step_stats result;
+      if (!skip) {
+        try {
+          result = optimizers_[t]->step(params, grads);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      const double end = since_start();
+
+      lock.lock();
+      timings_[j].comm_begin = begin;
+      timings_[j].comm_end = end;
+      tensor_stats_[j] = std::move(result);
+      if (failure && !error_) error_ = failure;
+      ++done_;
+      done_cv_.notify_all();
+    }
+  }
+
+  std::vector<tensor_spec> tensors_;
+  std::vector<double> densities_;
+  std::vector<std::size_t> offsets_;
+  std::size_t total_ = 0;
+  std::vector<std::unique_ptr<optimizer_type>> optimizers_;
+
+  // Caller's side only.
+  bool in_step_ = false;
+  std::vector<bool> is_ready_;
+  layerwise_stats stats_;
+  std::uint64_t step_ = 0;
+  std::size_t total_bytes_sent_ = 0;
+  std::size_t total_bytes_received_ = 0;
+
+  // Shared with the communication thread, under mu_.
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  bool stop_ = false;
+  std::span<T> params_;
+  std::span<const T> grads_;
+  clock::time_point start_{};
+  std::vector<std::size_t> queue_;  // tensor indices in ready() order
+  std::size_t next_ = 0;            // queue_[next_] is the next to take up
+  std::size_t done_ = 0;
+  std::vector<layer_timing> timings_;      // by queue position
+  std::vector<step_stats> tensor_stats_;   // by queue position
+  std::exception_ptr error_;
+
+  std::thread worker_;  // last: started once everything above exists
+};
+
+}  // namespace gradcomp

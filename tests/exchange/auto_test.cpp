@@ -1,0 +1,201 @@
+// auto_exchange and the cost model: the formulas of ALGORITHMS.md section 4, the choice of the
+// cheapest candidate, that each choice gives the result of the exchange it names (bit for bit),
+// that the link measurement agrees on every rank, and the statistics sparsified_sgd reports.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include <gradcomp/comm/in_process.hpp>
+#include <gradcomp/exchange.hpp>
+#include <gradcomp/feedback.hpp>
+#include <gradcomp/quantize.hpp>
+#include <gradcomp/select.hpp>
+#include <gradcomp/step.hpp>
+
+#include "../support/exchange_reference.hpp"
+
+namespace {
+
+using namespace gradcomp;
+
+// Runs auto_exchange with a fixed link (no measurement) on `ranks` ranks; returns rank
+// outputs, stats and the choice of rank 0.
+template <class C>
+struct auto_run {
+  std::vector<std::vector<typename C::value_type>> out;
+  std::vector<exchange_stats> stats;
+  std::vector<exchange_kind> choice;
+};
+
+template <class C>
+auto_run<C> run_auto(const C& proto, int ranks, std::size_t n, double density, auto_options o) {
+  using T = typename C::value_type;
+  const auto ps = gradcomp_test::payloads_for(proto, ranks, n, density);
+  auto_run<C> res;
+  res.out.resize(static_cast<std::size_t>(ranks));
+  res.stats.resize(static_cast<std::size_t>(ranks));
+  res.choice.resize(static_cast<std::size_t>(ranks));
+  run_in_process(ranks, [&](in_process_comm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    auto_exchange x(o);
+    const C c = proto;  // a compressor belongs to one rank: it keeps decoding scratch
+    std::vector<T> out(n, T(3));
+    unused_picks unused;
+    res.stats[r] = x.exchange(comm, c, ps[r], std::span<T>(out), unused);
+    res.choice[r] = x.last_choice();
+    res.out[r] = std::move(out);
+  });
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("cost formulas of ALGORITHMS.md section 4") {
+  const link_model l{1e-5, 1e-9};
+  exchange_shape s;
+  s.ranks = 4;
+  s.n = 1000000;
+  s.value_bytes = 4;
+  s.k = 1000;
+  s.k_max = 1200;
+  s.payload_bytes = 8040;
+  // 2(P-1) alpha + 2(P-1)/P m beta
+  CHECK(cost::dense_allreduce(s, l) == doctest::Approx(6e-5 + 1.5 * 4e6 * 1e-9));
+  s.summed_bytes = 2000;
+  CHECK(cost::dense_allreduce(s, l) == doctest::Approx(6e-5 + 1.5 * 2000 * 1e-9));
+  s.summed_bytes = 0;
+  // log2 P alpha + (P-1) b beta
+  CHECK(cost::sparse_allgather(s, l) == doctest::Approx(2e-5 + 3 * 8040 * 1e-9));
+  // 2 ceil(log2 P) alpha + 2 ceil(log2 P) 8 k beta
+  CHECK(cost::gtopk(s, l) == doctest::Approx(4e-5 + 4 * 8 * 1200 * 1e-9));
+  // 3(P-1) alpha + (8k + 4n)(P-1)/P beta
+  CHECK(cost::topk_a2a(s, l) == doctest::Approx(9e-5 + (8000 + 4e6) * 0.75 * 1e-9));
+  s.ranks = 1;
+  CHECK(cost::dense_allreduce(s, l) == 0.0);
+  CHECK(cost::gtopk(s, l) == 0.0);
+  CHECK(link_model::from_gbit(10, 2e-6).beta == doctest::Approx(0.8e-9));
+  CHECK_THROWS_AS(link_model::from_gbit(0, 1e-6), invalid_argument);
+}
+
+TEST_CASE("predict picks the cheapest candidate; TopKA2A beats allgather when rho > 1/(2(P-1))") {
+  const link_model l{0.0, 1e-9};  // bandwidth only, as in the crossover rule
+  exchange_shape s;
+  s.ranks = 16;
+  s.n = 1 << 20;
+  s.value_bytes = 4;
+  for (double rho : {0.01, 0.1}) {
+    s.k = rho * static_cast<double>(s.n);
+    s.k_max = static_cast<std::size_t>(s.k);
+    s.payload_bytes = 8.0 * s.k;
+    const auto p = predict(s, l, exchange_bit(exchange_kind::sparse_allgather) |
+                                     exchange_bit(exchange_kind::topk_a2a));
+    CAPTURE(rho);
+    CHECK(p.best == (rho > 1.0 / (2.0 * 15.0) ? exchange_kind::topk_a2a : exchange_kind::sparse_allgather));
+  }
+  s.k = 100;
+  s.k_max = 100;
+  s.payload_bytes = 840;
+  const auto all = predict(s, link_model{1e-4, 1e-9});
+  for (unsigned k = 0; k < exchange_kinds; ++k) CHECK(all.seconds[static_cast<unsigned>(all.best)] <= all.seconds[k]);
+  CHECK(predict(s, l, exchange_bit(exchange_kind::gtopk)).best == exchange_kind::gtopk);
+  CHECK_THROWS_AS(predict(s, l, 0), invalid_argument);
+}
+
+TEST_CASE("auto_exchange: each choice gives the result of the exchange it names") {
+  const std::size_t n = 2000;
+  using C = compressor<topk, identity, residual>;
+  const C proto;
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    CAPTURE(ranks);
+    const auto ps = gradcomp_test::payloads_for(proto, ranks, n, 0.01);
+    const auto mean = gradcomp_test::reference_mean(proto, std::span<const payload>(ps), n);
+    for (unsigned k = 0; k < exchange_kinds; ++k) {
+      const auto kind = static_cast<exchange_kind>(k);
+      CAPTURE(exchange_kind_name(kind));
+      auto_options o;
+      o.link = link_model{1e-5, 1e-9};
+      o.candidates = exchange_bit(kind);
+      const auto res = run_auto(proto, ranks, n, 0.01, o);
+      const auto want = kind == exchange_kind::gtopk
+                            ? gradcomp_test::reference_gtopk(proto, std::span<const payload>(ps), n, gtopk_values::tree).out
+                            : mean;
+      for (int r = 0; r < ranks; ++r) {
+        const auto rr = static_cast<std::size_t>(r);
+        CHECK(res.choice[rr] == kind);
+        CHECK(gradcomp_test::same_bits(res.out[rr], want));
+        CHECK(res.stats[rr].name == exchange_kind_name(kind));
+        if (ranks > 1) CHECK(res.stats[rr].predicted_seconds > 0.0);
+      }
+    }
+  }
+  SUBCASE("summable payloads: dense means dense_allreduce on the wire values") {
+    using D = compressor<randomk, fp16, residual>;
+    const D d;
+    const auto ps = gradcomp_test::payloads_for(d, 4, n, 0.05);
+    auto_options o;
+    o.link = link_model{1e-5, 1e-9};
+    o.candidates = exchange_bit(exchange_kind::dense_allreduce);
+    const auto res = run_auto(d, 4, n, 0.05, o);
+    const auto want = gradcomp_test::reference_wire_mean(d, std::span<const payload>(ps), n);
+    for (const auto& out : res.out) CHECK(gradcomp_test::same_bits(out, want));
+  }
+}
+
+TEST_CASE("auto_exchange chooses by the model: latency-bound small tensors, bandwidth-bound large") {
+  using C = compressor<topk, identity, residual>;
+  auto_options o;
+  o.candidates = all_exchanges & ~exchange_bit(exchange_kind::gtopk);
+  o.link = link_model{1e-3, 1e-12};  // latency dominates: the fewest messages win
+  auto res = run_auto(C{}, 8, 4000, 0.01, o);
+  CHECK(res.choice[0] == exchange_kind::sparse_allgather);
+  o.link = link_model{0.0, 1e-9};  // bandwidth only, rho = 0.3 > 1/(2 (P-1)): TopKA2A
+  res = run_auto(C{}, 8, 4000, 0.3, o);
+  CHECK(res.choice[0] == exchange_kind::topk_a2a);
+  for (auto c : res.choice) CHECK(c == res.choice[0]);
+}
+
+TEST_CASE("measure_link: positive values, the same on every rank") {
+  for (int ranks : {1, 2, 3}) {
+    std::vector<link_model> got(static_cast<std::size_t>(ranks));
+    run_in_process(ranks, [&](in_process_comm& comm) {
+      got[static_cast<std::size_t>(comm.rank())] =
+          measure_link(comm, link_measure_options{.small_repeats = 3, .large_repeats = 2});
+    });
+    for (const auto& l : got) {
+      CHECK(l.alpha == got[0].alpha);
+      CHECK(l.beta == got[0].beta);
+      CHECK(l.alpha >= 0.0);
+      CHECK(l.beta >= 0.0);
+      CHECK(std::isfinite(l.alpha));
+    }
+    if (ranks == 1) CHECK(got[0].alpha == 0.0);
+  }
+  run_in_process(1, [](in_process_comm& comm) {
+    CHECK_THROWS_AS(measure_link(comm, link_measure_options{.small_bytes = 8, .large_bytes = 8}),
+                    invalid_argument);
+  });
+}
+
+TEST_CASE("sparsified_sgd with auto_exchange reports the choice, predicted and measured time") {
+  run_in_process(3, [](in_process_comm& comm) {
+    using sgd_t = sparsified_sgd<compressor<topk, identity, residual>, auto_exchange, in_process_comm>;
+    auto_options o;
+    o.measure = link_measure_options{.small_repeats = 3, .large_repeats = 2};
+    sgd_t sgd(comm, {4000, 50}, {}, auto_exchange(o), sgd_options{.lr = 0.1},
+              density_schedule::constant(0.01));
+    std::vector<float> params(sgd.size(), 0.0f);
+    const auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, sgd.size(), static_cast<std::uint64_t>(comm.rank()));
+    const step_stats& s = sgd.step(params, g);
+    REQUIRE(s.tensors.size() == 2);
+    for (const auto& t : s.tensors) {
+      const std::string_view name = t.exchange;
+      CHECK((name == "dense_allreduce" || name == "sparse_allgather" || name == "topk_a2a" || name == "gtopk"));
+      CHECK(t.predicted_seconds >= 0.0);
+      CHECK(t.exchange_seconds > 0.0);
+    }
+    CHECK(sgd.exchange_policy().link().has_value());
+  });
+}

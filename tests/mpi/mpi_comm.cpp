@@ -1,0 +1,323 @@
+// mpi_comm under mpiexec -n 1..4, against sequential references that every rank computes from
+// all ranks' (seeded) inputs: the rank-order allreduce is bit for bit the fold in rank order,
+// the native one the same on every rank and within rounding of it; the variable-size
+// collectives, broadcast, sendrecv and the non-blocking forms; bad arguments.
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gradcomp/comm/mpi.hpp>
+#include <gradcomp/detail/exchange_common.hpp>
+#include <gradcomp/detail/float16.hpp>
+#include <gradcomp/exchange/cost_model.hpp>
+
+namespace {
+
+using namespace gradcomp;
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Rank r's input for a collective: the same on every rank that computes it.
+template <class T>
+std::vector<T> input(int rank, std::size_t n, std::uint64_t salt) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t bits = mix(salt * 1000003u + static_cast<std::uint64_t>(rank) * 7919u + i);
+    const double u = static_cast<double>(bits >> 11) * 0x1.0p-53 * 2.0 - 1.0;  // [-1, 1)
+    if constexpr (std::is_integral_v<T>) {
+      v[i] = static_cast<T>(static_cast<std::int64_t>(bits % 2001) - 1000);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      v[i] = static_cast<T>(u * std::ldexp(1.0, static_cast<int>(bits % 9)));  // several binades
+    } else {
+      v[i] = T(static_cast<float>(u * 8.0));
+    }
+  }
+  return v;
+}
+
+template <class T>
+bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+template <class T>
+void check_rank_order(mpi_comm& comm, std::size_t n, reduce_op op, std::uint64_t salt) {
+  auto data = input<T>(comm.rank(), n, salt);
+  comm.allreduce(std::span<T>(data), op);
+  auto want = input<T>(0, n, salt);
+  for (int r = 1; r < comm.size(); ++r) {
+    const auto x = input<T>(r, n, salt);
+    detail::combine(want.data(), x.data(), n, op);
+  }
+  CHECK(same_bytes(data, want));
+}
+
+template <class T>
+void rank_order_all_ops(mpi_comm& comm, std::uint64_t salt) {
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000}, std::size_t{100003}}) {
+    for (reduce_op op : {reduce_op::sum, reduce_op::max, reduce_op::min}) {
+      CAPTURE(n);
+      CAPTURE(static_cast<int>(op));
+      check_rank_order<T>(comm, n, op, salt + n);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mpi_comm models the communicator concept and offers point to point") {
+  static_assert(communicator<mpi_comm>);
+  static_assert(detail::has_sendrecv<mpi_comm, std::byte>);
+  mpi_comm comm;
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  CHECK(comm.size() == size);
+  CHECK(comm.native() != MPI_COMM_WORLD);  // a duplicate: our messages never match the user's
+}
+
+TEST_CASE("rank-order allreduce is the sequential fold over ranks, bit for bit") {
+  mpi_comm comm;
+  SUBCASE("float") { rank_order_all_ops<float>(comm, 1); }
+  SUBCASE("double") { rank_order_all_ops<double>(comm, 2); }
+  SUBCASE("int32") { rank_order_all_ops<std::int32_t>(comm, 3); }
+  SUBCASE("half") { rank_order_all_ops<half>(comm, 4); }
+  SUBCASE("bfloat16") { rank_order_all_ops<bfloat16>(comm, 5); }
+  SUBCASE("chunked: small rounds change nothing") {
+    mpi_comm chunked(MPI_COMM_WORLD, mpi_options{.chunk_elements = 7});
+    rank_order_all_ops<float>(chunked, 6);
+    rank_order_all_ops<half>(chunked, 7);
+  }
+}
+
+TEST_CASE("native allreduce: the same on every rank, within rounding of the rank-order sum") {
+  mpi_comm comm(MPI_COMM_WORLD, mpi_options{.reduction = mpi_reduction::native});
+  mpi_comm exact;
+  const std::size_t n = 4099;
+  SUBCASE("float sum") {
+    auto data = input<float>(comm.rank(), n, 11);
+    comm.allreduce(std::span<float>(data), reduce_op::sum);
+    std::vector<float> all;
+    std::vector<std::size_t> counts;
+    exact.allgatherv(std::span<const float>(data), all, counts);  // every rank's result
+    for (int r = 0; r < comm.size(); ++r) {
+      CHECK(std::memcmp(all.data() + static_cast<std::size_t>(r) * n, data.data(), n * sizeof(float)) == 0);
+    }
+    std::vector<double> sum(n, 0.0), mag(n, 0.0);
+    for (int r = 0; r < comm.size(); ++r) {
+      const auto x = input<float>(r, n, 11);
+      for (std::size_t i = 0; i < n; ++i) {
+        sum[i] += x[i];
+        mag[i] += std::fabs(x[i]);
+      }
+    }
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (std::fabs(data[i] - sum[i]) > 1e-6 * mag[i] + 1e-30) ++off;
+    }
+    CHECK(off == 0);
+  }
+  SUBCASE("max, min and integer sums are exact") {
+    check_rank_order<std::int64_t>(comm, n, reduce_op::sum, 12);
+    check_rank_order<double>(comm, n, reduce_op::max, 13);
+    check_rank_order<float>(comm, n, reduce_op::min, 14);
+  }
+  SUBCASE("half and bfloat16 through user-defined MPI ops") {
+    // max takes one of the inputs, so it is exact; a bfloat16 sum in MPI's order is within a
+    // few roundings (2^-9 relative each) of the float sum.
+    auto h = input<half>(comm.rank(), n, 15);
+    comm.allreduce(std::span<half>(h), reduce_op::max);
+    auto want = input<half>(0, n, 15);
+    for (int r = 1; r < comm.size(); ++r) {
+      const auto x = input<half>(r, n, 15);
+      detail::combine(want.data(), x.data(), n, reduce_op::max);
+    }
+    CHECK(same_bytes(h, want));
+    auto b = input<bfloat16>(comm.rank(), n, 16);
+    comm.allreduce(std::span<bfloat16>(b), reduce_op::sum);
+    std::vector<float> sum(n, 0.0f);
+    for (int r = 0; r < comm.size(); ++r) {
+      const auto x = input<bfloat16>(r, n, 16);
+      for (std::size_t i = 0; i < n; ++i) sum[i] += static_cast<float>(x[i]);
+    }
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (std::fabs(static_cast<float>(b[i]) - sum[i]) > 0.25f + 0.02f * std::fabs(sum[i])) ++off;
+    }
+    CHECK(off == 0);
+  }
+}
+
+TEST_CASE("allgatherv, allgather, alltoallv, broadcast and barrier") {
+  mpi_comm comm;
+  const int p = comm.size(), me = comm.rank();
+  SUBCASE("allgatherv: counts differ per rank, zero included") {
+    const std::size_t mine = static_cast<std::size_t>(me % 3) * 5;  // rank 0 sends nothing
+    const auto send = input<double>(me, mine, 21);
+    std::vector<double> recv;
+    std::vector<std::size_t> counts;
+    comm.allgatherv(std::span<const double>(send), recv, counts);
+    std::vector<double> want;
+    for (int r = 0; r < p; ++r) {
+      const auto x = input<double>(r, static_cast<std::size_t>(r % 3) * 5, 21);
+      want.insert(want.end(), x.begin(), x.end());
+      CHECK(counts[static_cast<std::size_t>(r)] == x.size());
+    }
+    CHECK(same_bytes(recv, want));
+  }
+  SUBCASE("allgather") {
+    const auto send = input<std::int32_t>(me, 17, 22);
+    std::vector<std::int32_t> recv(17 * static_cast<std::size_t>(p));
+    comm.allgather(std::span<const std::int32_t>(send), std::span<std::int32_t>(recv));
+    for (int r = 0; r < p; ++r) {
+      const auto x = input<std::int32_t>(r, 17, 22);
+      CHECK(std::equal(x.begin(), x.end(), recv.begin() + 17 * r));
+    }
+  }
+  SUBCASE("alltoallv: block (s -> d) holds s + 2 d elements") {
+    std::vector<std::size_t> send_counts;
+    std::vector<float> send;
+    for (int d = 0; d < p; ++d) {
+      const auto block = input<float>(me * 100 + d, static_cast<std::size_t>(me + 2 * d), 23);
+      send.insert(send.end(), block.begin(), block.end());
+      send_counts.push_back(block.size());
+    }
+    std::vector<float> recv;
+    std::vector<std::size_t> counts;
+    comm.alltoallv(std::span<const float>(send), std::span<const std::size_t>(send_counts), recv, counts);
+    std::vector<float> want;
+    for (int s = 0; s < p; ++s) {
+      const auto block = input<float>(s * 100 + me, static_cast<std::size_t>(s + 2 * me), 23);
+      want.insert(want.end(), block.begin(), block.end());
+      CHECK(counts[static_cast<std::size_t>(s)] == block.size());
+    }
+    CHECK(same_bytes(recv, want));
+  }
+  SUBCASE("broadcast from every root") {
+    for (int root = 0; root < p; ++root) {
+      auto data = input<half>(me, 33, 24);
+      comm.broadcast(std::span<half>(data), root);
+      CHECK(same_bytes(data, input<half>(root, 33, 24)));
+    }
+    comm.barrier();
+  }
+  SUBCASE("sendrecv around a ring, sizes differ") {
+    const int next = (me + 1) % p, prev = (me + p - 1) % p;
+    const auto send = input<std::uint8_t>(me, static_cast<std::size_t>(10 + me), 25);
+    std::vector<std::uint8_t> recv;
+    comm.sendrecv(std::span<const std::uint8_t>(send), next, recv, prev);
+    CHECK(same_bytes(recv, input<std::uint8_t>(prev, static_cast<std::size_t>(10 + prev), 25)));
+    comm.sendrecv(std::span<const std::uint8_t>(send), -1, recv, -1);
+    CHECK(recv.empty());
+  }
+}
+
+TEST_CASE("non-blocking collectives overlap with computation and complete in any order") {
+  mpi_comm comm;
+  const int me = comm.rank(), p = comm.size();
+  auto a = input<float>(me, 50000, 31);
+  auto b = input<half>(me, 999, 32);
+  const auto send = input<double>(me, static_cast<std::size_t>(me + 1), 33);
+  std::vector<double> gathered;
+  std::vector<std::size_t> counts;
+  mpi_request ra = comm.iallreduce(std::span<float>(a), reduce_op::sum);
+  mpi_request rb = comm.iallreduce(std::span<half>(b), reduce_op::min);
+  mpi_request rg = comm.iallgatherv<double>(send, gathered, counts);
+  mpi_request rbar = comm.ibarrier();
+  // Computation while the collectives progress (driven by test()).
+  double busy = 0.0;
+  int polls = 0;
+  while (!(ra.test() & rb.test() & rg.test() & rbar.test())) {
+    for (int i = 0; i < 1000; ++i) busy += std::sqrt(static_cast<double>(i + polls));
+    ++polls;
+  }
+  CHECK(busy >= 0.0);
+  CHECK(ra.done());
+  rg.wait();  // already done: a no-op
+  auto want_a = input<float>(0, 50000, 31);
+  auto want_b = input<half>(0, 999, 32);
+  for (int r = 1; r < p; ++r) {
+    const auto xa = input<float>(r, 50000, 31);
+    const auto xb = input<half>(r, 999, 32);
+    detail::combine(want_a.data(), xa.data(), want_a.size(), reduce_op::sum);
+    detail::combine(want_b.data(), xb.data(), want_b.size(), reduce_op::min);
+  }
+  CHECK(same_bytes(a, want_a));
+  CHECK(same_bytes(b, want_b));
+  CHECK(gathered.size() == static_cast<std::size_t>(p * (p + 1) / 2));
+
+  // A request destroyed before completion is waited for, not abandoned.
+  auto c = input<double>(me, 100, 34);
+  { mpi_request rc = comm.iallreduce(std::span<double>(c), reduce_op::max); }
+  auto want_c = input<double>(0, 100, 34);
+  for (int r = 1; r < p; ++r) {
+    const auto x = input<double>(r, 100, 34);
+    detail::combine(want_c.data(), x.data(), 100, reduce_op::max);
+  }
+  CHECK(same_bytes(c, want_c));
+  auto d = input<float>(me, 10, 35);
+  mpi_request moved = comm.ibroadcast(std::span<float>(d), 0);
+  mpi_request other = std::move(moved);
+  other.wait();
+  CHECK(same_bytes(d, input<float>(0, 10, 35)));
+}
+
+TEST_CASE("bad arguments throw invalid_argument before any message") {
+  // Every rank passes the same bad argument, so no rank waits for another.
+  mpi_comm comm;
+  std::vector<float> v(4);
+  CHECK_THROWS_AS(comm.broadcast(std::span<float>(v), comm.size()), invalid_argument);
+  CHECK_THROWS_AS(comm.broadcast(std::span<float>(v), -1), invalid_argument);
+  std::vector<float> recv;
+  std::vector<std::size_t> counts;
+  const std::vector<std::size_t> short_counts(static_cast<std::size_t>(comm.size()) + 1, 0);
+  CHECK_THROWS_AS(comm.alltoallv(std::span<const float>(v), std::span<const std::size_t>(short_counts), recv, counts),
+                  invalid_argument);
+  std::vector<std::size_t> wrong_sum(static_cast<std::size_t>(comm.size()), 1);
+  wrong_sum[0] = 10;
+  CHECK_THROWS_AS(comm.alltoallv(std::span<const float>(v), std::span<const std::size_t>(wrong_sum), recv, counts),
+                  invalid_argument);
+  std::vector<float> small(1);
+  CHECK_THROWS_AS(comm.allgather(std::span<const float>(v), std::span<float>(small)), invalid_argument);
+  CHECK_THROWS_AS(comm.sendrecv(std::span<const float>(v), comm.size(), recv, -1), invalid_argument);
+  CHECK_THROWS_AS(mpi_comm(MPI_COMM_WORLD, mpi_options{.chunk_elements = 0}), invalid_argument);
+  try {
+    comm.broadcast(std::span<float>(v), 99);
+  } catch (const invalid_argument& e) {
+    CHECK(std::string(e.what()).find("root") != std::string::npos);
+  }
+  comm.barrier();  // and the communicator still works
+}
+
+TEST_CASE("measure_link: a ping-pong between rank 0 and the last rank, agreed everywhere") {
+  mpi_comm comm;
+  const link_model l = measure_link(comm, link_measure_options{.small_repeats = 10, .large_repeats = 3});
+  double mine[2] = {l.alpha, l.beta};
+  std::vector<double> all;
+  std::vector<std::size_t> counts;
+  comm.allgatherv(std::span<const double>(mine), all, counts);
+  for (int r = 0; r < comm.size(); ++r) {
+    CHECK(all[2 * static_cast<std::size_t>(r)] == l.alpha);
+    CHECK(all[2 * static_cast<std::size_t>(r) + 1] == l.beta);
+  }
+  if (comm.size() > 1) {
+    CHECK(l.alpha > 0.0);
+    CHECK(l.alpha < 0.05);  // shared memory on one machine: microseconds, ms if oversubscribed
+    CHECK(l.beta < 1e-7);   // more than 10 MB/s
+  } else {
+    CHECK(l.alpha == 0.0);
+  }
+  if (comm.rank() == 0) {
+    MESSAGE("P=" << comm.size() << ": alpha = " << l.alpha * 1e6 << " us, beta = " << l.beta * 1e9
+                 << " ns/byte (" << (l.beta > 0 ? 1e-9 / l.beta : 0.0) << " GB/s)");
+  }
+}

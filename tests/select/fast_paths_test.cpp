@@ -1,0 +1,161 @@
+// The one-read paths of the selectors, each forced and compared with a reference: topk's and
+// gaussiank's select_accumulate (e += g folded into the selection pass) against select() on
+// e + g, Gaussian-k's sampled prediction against its plain two-pass form, the vectorised
+// non-finite scan, and compressor<>'s fused residual step against the unfused one.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gradcomp/feedback/residual.hpp>
+#include <gradcomp/quantize/identity.hpp>
+#include <gradcomp/quantize/qsgd.hpp>
+#include <gradcomp/select/gaussiank.hpp>
+#include <gradcomp/select/topk.hpp>
+#include <gradcomp/step.hpp>
+
+#include "fast_paths.hpp"
+#include "select_test_inputs.hpp"
+
+namespace gt = gradcomp_test;
+
+TEST_CASE("topk select_accumulate: every path equals select on e + g, and e becomes e + g") {
+  gt::accumulate_paths<gradcomp::topk, float>(gradcomp::topk{});
+  gt::accumulate_paths<gradcomp::topk, double>(gradcomp::topk{});
+}
+
+TEST_CASE("topk select_accumulate: bracket hit, forced miss and tie overflow") {
+  const std::size_t n = std::size_t{1} << 18;
+  for (gt::dist d : {gt::dist::normal, gt::dist::laplace, gt::dist::student_t2}) {
+    const std::string dist_name = gt::name(d);
+    CAPTURE(dist_name);
+    gradcomp::topk hit;
+    const auto st = gt::check_accumulate(hit, gt::make_input<float>(d, n, 3),
+                                         gt::make_input<float>(d, n, 4), n / 1000);
+    CHECK_FALSE(st.fallback);  // the bracket is built on ranks: tails do not matter
+    gradcomp::topk miss;
+    miss.bracket_sigmas = 0.0;
+    miss.bracket_margin = 0;
+    CHECK(gt::check_accumulate(miss, gt::make_input<float>(d, n, 3),
+                               gt::make_input<float>(d, n, 4), 1024)
+              .fallback);
+  }
+  // Equal magnitudes everywhere: the candidate list overflows in the middle of the pass, which
+  // must still finish e += g before radix select runs on e.
+  std::vector<double> e(n, 0.25);
+  std::vector<double> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = (i % 2) ? 0.125 : -0.625;  // |e + g| = 0.375
+  gradcomp::topk sel;
+  CHECK(gt::check_accumulate(sel, e, g, n / 100).fallback);
+}
+
+TEST_CASE("topk select_accumulate: argument errors leave e unchanged") {
+  gradcomp::topk sel;
+  std::vector<float> e(100, 1.0f);
+  const std::vector<float> g(99, 1.0f);
+  std::vector<std::uint32_t> out;
+  CHECK_THROWS_AS(sel.select_accumulate(std::span<float>(e), std::span<const float>(g),
+                                        gradcomp::select_context{1, 0.0, {}}, out),
+                  gradcomp::invalid_argument);
+  const std::vector<float> g100(100, 1.0f);
+  CHECK_THROWS_AS(sel.select_accumulate(std::span<float>(e), std::span<const float>(g100),
+                                        gradcomp::select_context{101, 0.0, {}}, out),
+                  gradcomp::invalid_argument);
+  CHECK(e == std::vector<float>(100, 1.0f));
+}
+
+TEST_CASE("gaussiank select_accumulate: every path equals select on e + g") {
+  gt::accumulate_paths<gradcomp::gaussiank, float>(gradcomp::gaussiank{});
+  gt::accumulate_paths<gradcomp::gaussiank, double>(gradcomp::gaussiank{});
+  gt::accumulate_paths<gradcomp::gaussiank, float>(gradcomp::gaussiank{.cap_at_k = true});
+}
+
+TEST_CASE("gaussiank: the sampled one-read path selects what the two-pass form selects") {
+  // predict_sample = 0 is the plain form: statistics, then counting passes. The sampled form
+  // must agree on every input, whichever way it goes: list hit (normal), upward corrections
+  // counted on the list (heavy tails), a downward correction or a missed prediction (a pass).
+  const std::size_t n = std::size_t{1} << 18;
+  for (gt::dist d : gt::all_dists) {
+    for (double density : {0.0001, 0.001, 0.01, 0.1}) {
+      for (bool cap : {false, true}) {
+        const auto g = gt::make_input<float>(d, n, 17);
+        const std::size_t k = gradcomp::k_for_density(n, density);
+        const std::string dist_name = gt::name(d);
+        CAPTURE(dist_name);
+        CAPTURE(density);
+        CAPTURE(cap);
+        gradcomp::gaussiank plain{.cap_at_k = cap, .predict_sample = 0};
+        gradcomp::gaussiank sampled{.cap_at_k = cap};
+        gradcomp::gaussiank too_high{.cap_at_k = cap, .collect_margin = -1.0};  // list unusable
+        gt::check_same_selection(plain, sampled, g, k);
+        gt::check_same_selection(plain, too_high, g, k);
+      }
+    }
+  }
+}
+
+TEST_CASE("gaussiank: a sample that misleads overflows the list and falls back to a pass") {
+  // Small values on the sample's grid, large ones elsewhere: the sample predicts a low
+  // threshold, far more values than the list's room lie above it, and the true statistics
+  // put the threshold well above. The result must not depend on any of that.
+  const std::size_t n = std::size_t{1} << 18;
+  gradcomp::gaussiank sampled;
+  const std::size_t s = std::min(sampled.predict_sample, n / 64);  // as gaussiank::predict
+  auto g = gt::make_input<float>(gt::dist::normal, n, 23);
+  std::vector<char> on_grid(n, 0);
+  for (std::size_t j = 0; j < s; ++j) on_grid[j * n / s] = 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!on_grid[i]) g[i] *= 10.0f;
+  }
+  gradcomp::gaussiank plain{.predict_sample = 0};
+  for (std::size_t k : {n / 1000, n / 100}) {
+    CAPTURE(k);
+    gt::check_same_selection(plain, sampled, g, k);
+  }
+}
+
+TEST_CASE("first_nonfinite: the first NaN or Inf wherever it is, float and double") {
+  using gradcomp::detail::first_nonfinite;
+  for (std::size_t n : {0, 1, 31, 32, 33, 64, 1000, 4099}) {
+    std::vector<float> f(n, 1.5f);
+    std::vector<double> d(n, -2.5);
+    CHECK(first_nonfinite(std::span<const float>(f)) == n);
+    CHECK(first_nonfinite(std::span<const double>(d)) == n);
+    for (std::size_t pos : {std::size_t{0}, std::size_t{31}, std::size_t{32}, n / 2, n - 1}) {
+      if (pos >= n) continue;
+      for (int kind = 0; kind < 3; ++kind) {
+        CAPTURE(n);
+        CAPTURE(pos);
+        CAPTURE(kind);
+        auto f2 = f;
+        auto d2 = d;
+        const double bad = kind == 0   ? std::numeric_limits<double>::quiet_NaN()
+                           : kind == 1 ? std::numeric_limits<double>::infinity()
+                                       : -std::numeric_limits<double>::infinity();
+        f2[pos] = static_cast<float>(bad);
+        d2[pos] = bad;
+        if (pos + 1 < n) {  // a later one must not win
+          f2[n - 1] = std::numeric_limits<float>::quiet_NaN();
+          d2[n - 1] = std::numeric_limits<double>::infinity();
+        }
+        CHECK(first_nonfinite(std::span<const float>(f2)) == pos);
+        CHECK(first_nonfinite(std::span<const double>(d2)) == pos);
+      }
+    }
+  }
+  // The largest finite values are finite.
+  std::vector<float> big(100, std::numeric_limits<float>::max());
+  big[7] = -std::numeric_limits<float>::max();
+  CHECK(first_nonfinite(std::span<const float>(big)) == big.size());
+}
+
+TEST_CASE("compressor: the fused residual step equals accumulate-then-select, bit for bit") {
+  gt::check_fused_step<gradcomp::topk, gradcomp::identity, float>(gradcomp::identity{});
+  gt::check_fused_step<gradcomp::topk, gradcomp::identity, double>(gradcomp::identity{});
+  gt::check_fused_step<gradcomp::topk, gradcomp::qsgd, float>(gradcomp::qsgd::with_bits(4));
+  gt::check_fused_step<gradcomp::gaussiank, gradcomp::identity, float>(gradcomp::identity{});
+}

@@ -1,0 +1,199 @@
+// exchange_model: plans an exchange beyond one machine with the alpha-beta model that
+// auto_exchange uses (gradcomp/exchange/cost_model.hpp). It prints, for P in {4 ... 1024}
+// ranks on 1, 10 and 100 Gbit/s links, the predicted time per step of each exchange for a
+// ResNet-50 (25.6M) and a BERT-large (340M) gradient at densities 0.001 and 0.01, and the
+// winner (network terms only). Started under mpirun (P <= 4 here), it then measures alpha and
+// beta by ping-pong and the local work per element (gamma), times every exchange over MPI and
+// prints the predictions and the measurement side by side.
+//   exchange_model                     the planning tables only
+//   mpirun -np 4 exchange_model        the tables, then model against measurement
+//   exchange_model --quick             smaller measured tensors, fewer repeats (for tests)
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gradcomp/exchange/cost_model.hpp>
+
+#if defined(GRADCOMP_TOOL_WITH_MPI)
+#include <gradcomp/comm/mpi.hpp>
+#include <gradcomp/exchange.hpp>
+#include <gradcomp/feedback.hpp>
+#include <gradcomp/quantize.hpp>
+#include <gradcomp/select.hpp>
+#include <gradcomp/step.hpp>
+#endif
+
+namespace {
+
+using namespace gradcomp;
+
+// What one rank sends for a flat fp32 gradient of n values at density rho (identity values).
+exchange_shape shape_for(std::size_t ranks, std::size_t n, double rho) {
+  exchange_shape s;
+  s.ranks = ranks;
+  s.n = n;
+  s.value_bytes = 4;
+  s.k = std::max(1.0, std::round(rho * static_cast<double>(n)));
+  s.k_max = static_cast<std::size_t>(s.k);
+  s.payload_bytes = 40.0 + 8.0 * s.k;  // wire header, u32 index and f32 value per pick
+  s.summed_bytes = 0;                  // dense: the decoded fp32 gradient, 4n bytes
+  return s;
+}
+
+struct link_case {
+  const char* name;
+  link_model link;
+};
+
+void print_tables() {
+  // Latencies are assumptions, typical of MPI over each kind of network: TCP over 1 and
+  // 10 Gbit/s Ethernet, RDMA over 100 Gbit/s InfiniBand or RoCE.
+  const link_case links[] = {{"1 Gbit/s, 50 us", link_model::from_gbit(1, 50e-6)},
+                             {"10 Gbit/s, 20 us", link_model::from_gbit(10, 20e-6)},
+                             {"100 Gbit/s, 3 us", link_model::from_gbit(100, 3e-6)}};
+  const struct {
+    const char* name;
+    std::size_t n;
+  } models[] = {{"ResNet-50 (25.6M)", 25'600'000}, {"BERT-large (340M)", 340'000'000}};
+  const std::size_t ranks[] = {4, 16, 64, 256, 1024};
+  std::printf("Predicted seconds per step (fp32 gradient as one tensor; alpha-beta model of\n"
+              "ALGORITHMS.md section 4; dense = ring allreduce of 4n bytes)\n");
+  for (const auto& m : models) {
+    for (double rho : {0.001, 0.01}) {
+      std::printf("\n%s, density %g\n", m.name, rho);
+      std::printf("%-18s %5s %12s %12s %12s %12s  %s\n", "link", "P", "dense", "allgather",
+                  "topk_a2a", "gtopk", "winner");
+      for (const auto& l : links) {
+        for (std::size_t p : ranks) {
+          const exchange_prediction e = predict(shape_for(p, m.n, rho), l.link);
+          std::printf("%-18s %5zu %12.4g %12.4g %12.4g %12.4g  %s\n", l.name, p,
+                      e.seconds[static_cast<unsigned>(exchange_kind::dense_allreduce)],
+                      e.seconds[static_cast<unsigned>(exchange_kind::sparse_allgather)],
+                      e.seconds[static_cast<unsigned>(exchange_kind::topk_a2a)],
+                      e.seconds[static_cast<unsigned>(exchange_kind::gtopk)],
+                      std::string(exchange_kind_name(e.best)).c_str());
+        }
+      }
+    }
+  }
+}
+
+#if defined(GRADCOMP_TOOL_WITH_MPI)
+
+// Least time of `repeats` runs of f, agreed over ranks (the slowest rank's least time).
+template <class F>
+double time_it(mpi_comm& comm, int repeats, F&& f) {
+  double best = 1e300;
+  for (int i = 0; i < repeats; ++i) {
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  double agreed[] = {best};
+  comm.allreduce(std::span<double>(agreed), reduce_op::max);
+  return agreed[0];
+}
+
+void measure(mpi_comm& comm, bool quick) {
+  const link_model link = measure_link(comm);
+  const link_model network{link.alpha, link.beta, 0.0};
+  const std::size_t p = static_cast<std::size_t>(comm.size());
+  if (comm.rank() == 0) {
+    std::printf("\nMeasured on this machine with MPI, P = %zu: alpha = %.3g us, beta = %.3g ns/byte "
+                "(%.3g GB/s) by ping-pong between ranks 0 and %zu; gamma = %.3g ns/element of local "
+                "work\n",
+                p, link.alpha * 1e6, link.beta * 1e9, link.beta > 0 ? 1e-9 / link.beta : 0.0, p - 1,
+                link.gamma * 1e9);
+    std::printf("network: the alpha-beta model plus one header allgather (log2 P alpha + 48 (P-1) "
+                "beta); +local: plus gamma times the local work;\nmeasured: least of the repeats, "
+                "slowest rank. Milliseconds.\n");
+    std::printf("%10s %8s  %-18s %9s %9s %9s %14s\n", "n", "density", "exchange", "network", "+local",
+                "measured", "measured/+local");
+  }
+  const double header = p > 1 ? std::ceil(std::log2(static_cast<double>(p))) * link.alpha +
+                                    48.0 * static_cast<double>(p - 1) * link.beta
+                              : 0.0;
+  const std::vector<std::size_t> sizes = quick ? std::vector<std::size_t>{1u << 16}
+                                               : std::vector<std::size_t>{1u << 20, 1u << 22};
+  const int repeats = quick ? 2 : 5;
+  const compressor<dense, identity, no_feedback> dense_c;
+  const compressor<topk, identity, residual> topk_c;
+  for (std::size_t n : sizes) {
+    std::vector<float> g(n), out(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      g[i] = std::sin(0.001f * static_cast<float>(i * 7 + static_cast<std::size_t>(comm.rank()) * 13 + 1));
+    }
+    for (double rho : {0.001, 0.01}) {
+      compressor<topk, identity, residual> c = topk_c;
+      auto st = c.make_state(n);
+      payload sparse;
+      c.compress(g, st, compress_context{rho, {}}, sparse);
+      compressor<dense, identity, no_feedback> d = dense_c;
+      auto dst = d.make_state(n);
+      payload full;
+      d.compress(g, dst, compress_context{1.0, {}}, full);
+
+      const exchange_prediction e = predict(shape_for(p, n, rho), link);
+      const exchange_prediction net = predict(shape_for(p, n, rho), network);
+      sparse_allgather sa;
+      topk_a2a a2a;
+      gtopk gt;
+      const double measured[] = {
+          time_it(comm, repeats, [&] { dense_allreduce{}.exchange(comm, d, full, std::span<float>(out)); }),
+          time_it(comm, repeats, [&] { sa.exchange(comm, c, sparse, std::span<float>(out)); }),
+          time_it(comm, repeats, [&] { a2a.exchange(comm, c, sparse, std::span<float>(out)); }),
+          time_it(comm, repeats, [&] { gt.exchange(comm, c, sparse, std::span<float>(out)); })};
+      if (comm.rank() == 0) {
+        for (unsigned k = 0; k < exchange_kinds; ++k) {
+          const double predicted = e.seconds[k] + header;
+          std::printf("%10zu %8g  %-18s %9.3f %9.3f %9.3f %14.2f\n", n, rho,
+                      std::string(exchange_kind_name(static_cast<exchange_kind>(k))).c_str(),
+                      (net.seconds[k] + header) * 1e3, predicted * 1e3, measured[k] * 1e3,
+                      predicted > 0 ? measured[k] / predicted : 0.0);
+        }
+        const auto fastest = static_cast<unsigned>(std::min_element(std::begin(measured), std::end(measured)) -
+                                                   std::begin(measured));
+        std::printf("%10s %8s  the model (+local) picks %s; fastest measured: %s\n", "", "",
+                    std::string(exchange_kind_name(e.best)).c_str(),
+                    std::string(exchange_kind_name(static_cast<exchange_kind>(fastest))).c_str());
+      }
+    }
+  }
+}
+
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: [mpirun -np P] exchange_model [--quick]\n");
+      return 2;
+    }
+  }
+#if defined(GRADCOMP_TOOL_WITH_MPI)
+  mpi_environment env(argc, argv);
+  mpi_comm comm;
+  if (comm.rank() == 0) print_tables();
+  if (comm.size() > 1) {
+    measure(comm, quick);
+  } else {
+    std::printf("\nRun under mpirun -np 2 (up to 4 on this machine) to compare the model with "
+                "measured MPI timings.\n");
+  }
+#else
+  (void)quick;
+  print_tables();
+  std::printf("\nBuilt without MPI: no measurements.\n");
+#endif
+  return 0;
+}
