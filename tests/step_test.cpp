@@ -16,33 +16,13 @@
 #include <gradcomp/step.hpp>
 
 #include "support/data.hpp"
+#include "support/solo_comm.hpp"
 
 namespace {
 
 using namespace gradcomp;
 
-// A communicator of one rank, for single-process runs without threads.
-struct solo_comm {
-  int rank() const { return 0; }
-  int size() const { return 1; }
-  template <class T>
-  void allreduce(std::span<T>, reduce_op) {}
-  template <class T>
-  void allgatherv(std::span<const T> send, std::vector<T>& recv, std::vector<std::size_t>& counts) {
-    recv.assign(send.begin(), send.end());
-    counts.assign(1, send.size());
-  }
-  template <class T>
-  void alltoallv(std::span<const T> send, std::span<const std::size_t>, std::vector<T>& recv,
-                 std::vector<std::size_t>& counts) {
-    recv.assign(send.begin(), send.end());
-    counts.assign(1, send.size());
-  }
-  template <class T>
-  void broadcast(std::span<T>, int) {}
-  void barrier() {}
-};
-static_assert(communicator<solo_comm>);
+using gradcomp_test::solo_comm;
 
 }  // namespace
 
