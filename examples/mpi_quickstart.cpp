@@ -1,7 +1,7 @@
 // gradcomp over MPI: every MPI rank is a worker fitting its shard of the rows of a sparse
 // least-squares problem (the one of quickstart.cpp). The same training runs with dense S-SGD
-// and with top-k + residual at density 0.01 under each sparse exchange; switching exchange is
-// one template argument. Run it as
+// and with top-k + residual at density 0.01 under each sparse exchange (gtopk also with
+// exact global values); switching exchange is one template argument. Run it as
 //   mpirun -np 4 build/default/examples/mpi_quickstart [steps] [lr]
 // and it prints, per exchange, the final loss, the bytes each worker sent and the time per step.
 #include <chrono>
@@ -11,6 +11,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/comm/mpi.hpp>
@@ -81,9 +82,9 @@ problem make_problem(std::size_t dim, std::size_t rows_per_worker, std::size_t n
 
 template <class Compressor, class Exchange>
 void train(gradcomp::mpi_comm& comm, const char* label, const problem& prob, double density,
-           int steps, double lr) {
+           int steps, double lr, Exchange exchange = {}) {
   gradcomp::sparsified_sgd<Compressor, Exchange, gradcomp::mpi_comm> sgd(
-      comm, {prob.dim}, Compressor{}, Exchange{}, gradcomp::sgd_options{.lr = lr},
+      comm, {prob.dim}, Compressor{}, std::move(exchange), gradcomp::sgd_options{.lr = lr},
       gradcomp::density_schedule::constant(density));
   std::vector<float> x(prob.dim, 0.0f), g(prob.dim);
   comm.barrier();
@@ -126,6 +127,8 @@ int main(int argc, char** argv) {
   train<topk_residual, sparse_allgather>(comm, "top-k 0.01, sparse_allgather", prob, 0.01, steps, lr);
   train<topk_residual, topk_a2a>(comm, "top-k 0.01, topk_a2a", prob, 0.01, steps, lr);
   train<topk_residual, gtopk>(comm, "top-k 0.01, gtopk", prob, 0.01, steps, lr);
+  train<topk_residual, gtopk>(comm, "top-k 0.01, gtopk (exact values)", prob, 0.01, steps, lr,
+                              gtopk(gtopk_values::exact));
   train<topk_residual, auto_exchange>(comm, "top-k 0.01, auto_exchange", prob, 0.01, steps, lr);
   return 0;
 }

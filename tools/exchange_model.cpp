@@ -60,8 +60,8 @@ void print_tables() {
     std::size_t n;
   } models[] = {{"ResNet-50 (25.6M)", 25'600'000}, {"BERT-large (340M)", 340'000'000}};
   const std::size_t ranks[] = {4, 16, 64, 256, 1024};
-  std::printf("Predicted seconds per step (fp32 gradient as one tensor; alpha-beta model of\n"
-              "ALGORITHMS.md section 4; dense = ring allreduce of 4n bytes)\n");
+  std::printf("Predicted milliseconds per step (fp32 gradient as one tensor; the alpha-beta model\n"
+              "of ALGORITHMS.md section 4, network only; dense = ring allreduce of 4n bytes)\n");
   for (const auto& m : models) {
     for (double rho : {0.001, 0.01}) {
       std::printf("\n%s, density %g\n", m.name, rho);
@@ -71,10 +71,10 @@ void print_tables() {
         for (std::size_t p : ranks) {
           const exchange_prediction e = predict(shape_for(p, m.n, rho), l.link);
           std::printf("%-18s %5zu %12.4g %12.4g %12.4g %12.4g  %s\n", l.name, p,
-                      e.seconds[static_cast<unsigned>(exchange_kind::dense_allreduce)],
-                      e.seconds[static_cast<unsigned>(exchange_kind::sparse_allgather)],
-                      e.seconds[static_cast<unsigned>(exchange_kind::topk_a2a)],
-                      e.seconds[static_cast<unsigned>(exchange_kind::gtopk)],
+                      1e3 * e.seconds[static_cast<unsigned>(exchange_kind::dense_allreduce)],
+                      1e3 * e.seconds[static_cast<unsigned>(exchange_kind::sparse_allgather)],
+                      1e3 * e.seconds[static_cast<unsigned>(exchange_kind::topk_a2a)],
+                      1e3 * e.seconds[static_cast<unsigned>(exchange_kind::gtopk)],
                       std::string(exchange_kind_name(e.best)).c_str());
         }
       }
