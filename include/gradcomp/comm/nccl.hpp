@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <gradcomp/comm/mpi.hpp>
+#include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/float16.hpp>
 #include <gradcomp/error.hpp>
@@ -29,13 +30,6 @@
 namespace gradcomp {
 
 namespace detail {
-
-inline void cuda_check(cudaError_t rc, const char* call) {
-  if (rc != cudaSuccess) {
-    throw error(concat("gradcomp::nccl: ", call, " failed: ", cudaGetErrorName(rc), ": ",
-                       cudaGetErrorString(rc)));
-  }
-}
 
 inline void nccl_check(ncclResult_t rc, const char* call, ncclComm_t comm = nullptr) {
   if (rc != ncclSuccess && rc != ncclInProgress) {
@@ -75,78 +69,6 @@ inline ncclRedOp_t nccl_op(reduce_op op) {
 }
 
 }  // namespace detail
-
-// A non-owning view of `count` elements of device memory.
-template <class T>
-struct device_span {
-  T* ptr = nullptr;
-  std::size_t count = 0;
-
-  device_span() = default;
-  device_span(T* p, std::size_t n) noexcept : ptr(p), count(n) {}
-  // Like std::span<T> to std::span<const T>.
-  template <class U>
-    requires std::is_convertible_v<U (*)[], T (*)[]>
-  device_span(device_span<U> o) noexcept : ptr(o.ptr), count(o.count) {}  // NOLINT: implicit
-
-  [[nodiscard]] T* data() const noexcept { return ptr; }
-  [[nodiscard]] std::size_t size() const noexcept { return count; }
-  [[nodiscard]] std::size_t size_bytes() const noexcept { return count * sizeof(T); }
-  [[nodiscard]] bool empty() const noexcept { return count == 0; }
-  [[nodiscard]] device_span subspan(std::size_t at, std::size_t len) const noexcept {
-    return {ptr + at, len};
-  }
-};
-
-// Device memory from cudaMalloc, grown on demand. resize() keeps no contents when it has to
-// reallocate: these are scratch and receive buffers.
-template <class T>
-class device_buffer {
- public:
-  device_buffer() = default;
-  explicit device_buffer(std::size_t n) { resize(n); }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  device_buffer(device_buffer&& o) noexcept
-      : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)),
-        capacity_(std::exchange(o.capacity_, 0)) {}
-  device_buffer& operator=(device_buffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      ptr_ = std::exchange(o.ptr_, nullptr);
-      size_ = std::exchange(o.size_, 0);
-      capacity_ = std::exchange(o.capacity_, 0);
-    }
-    return *this;
-  }
-  ~device_buffer() { release(); }
-
-  void resize(std::size_t n) {
-    if (n > capacity_) {
-      release();
-      void* p = nullptr;
-      detail::cuda_check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
-      ptr_ = static_cast<T*>(p);
-      capacity_ = n;
-    }
-    size_ = n;
-  }
-
-  [[nodiscard]] T* data() const noexcept { return ptr_; }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  [[nodiscard]] device_span<T> span() const noexcept { return {ptr_, size_}; }
-
- private:
-  void release() noexcept {
-    if (ptr_) cudaFree(ptr_);
-    ptr_ = nullptr;
-    size_ = capacity_ = 0;
-  }
-
-  T* ptr_ = nullptr;
-  std::size_t size_ = 0;
-  std::size_t capacity_ = 0;
-};
 
 // One rank of an NCCL communicator with the stream its collectives run on.
 //
