@@ -3,7 +3,8 @@
 # a copy of its seed corpus (fuzz/corpus/<target>/). Fails if any target crashes, leaks or
 # violates a property; the input that did it is left in build/fuzz/artifacts/<target>/.
 # Usage: scripts/fuzz.sh [target...]   (default: all seven)
-# GRADCOMP_FUZZ_SECONDS: seconds per target (default 60).
+# GRADCOMP_FUZZ_SECONDS: seconds per target (default 60); GRADCOMP_FUZZ_JOBS: targets at a
+# time (default: the number of cores).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -22,21 +23,50 @@ cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDe
   -DGRADCOMP_BUILD_BENCHMARKS=OFF -DGRADCOMP_BUILD_TOOLS=OFF
 cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
 
-failed=()
-for target in "${targets[@]}"; do
-  echo "=== ${target}: ${seconds} s ==="
+# Targets run side by side, GRADCOMP_FUZZ_JOBS at a time (default: one per core); each
+# writes a log of its own, printed when it ends.
+jobs="${GRADCOMP_FUZZ_JOBS:-$(nproc)}"
+run_one() {
+  local target="$1"
   # libFuzzer adds what it finds to the first corpus directory: a copy keeps the repository's
   # seeds as they are.
-  corpus="$build/corpus/$target"
-  artifacts="$build/artifacts/$target"
+  local corpus="$build/corpus/$target" artifacts="$build/artifacts/$target"
   rm -rf "$corpus" "$artifacts"
   mkdir -p "$corpus" "$artifacts"
   cp -r "fuzz/corpus/$target/." "$corpus/"
-  if ! "$build/fuzz/$target" "$corpus" \
-      -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-      -artifact_prefix="$artifacts/" -print_final_stats=1; then
+  "$build/fuzz/$target" "$corpus" \
+    -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+    -artifact_prefix="$artifacts/" -print_final_stats=1 >"$build/$target.log" 2>&1
+}
+
+failed=()
+declare -A pids=()
+finish() {  # waits for one running target, prints its log, records a failure
+  local target="$1"
+  local rc=0
+  wait "${pids[$target]}" || rc=$?
+  unset "pids[$target]"
+  echo "=== ${target}: ${seconds} s, exit ${rc} ==="
+  if [ "$rc" -ne 0 ]; then
+    cat "$build/$target.log"
     failed+=("$target")
+  else
+    grep -E '^(Done |stat::number_of_executed_units|stat::peak_rss)' "$build/$target.log" || true
   fi
+}
+queue=("${targets[@]}")
+running=()
+while [ "${#queue[@]}" -gt 0 ] || [ "${#running[@]}" -gt 0 ]; do
+  while [ "${#queue[@]}" -gt 0 ] && [ "${#running[@]}" -lt "$jobs" ]; do
+    target="${queue[0]}"
+    queue=("${queue[@]:1}")
+    run_one "$target" &
+    pids[$target]=$!
+    running+=("$target")
+  done
+  # Oldest first: they all run for the same time.
+  finish "${running[0]}"
+  running=("${running[@]:1}")
 done
 
 if [ "${#failed[@]}" -ne 0 ]; then
