@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 #include <vector>
 
@@ -78,6 +79,10 @@ TEST_CASE("cost formulas of ALGORITHMS.md section 4") {
   CHECK(cost::gtopk(s, l) == 0.0);
   CHECK(link_model::from_gbit(10, 2e-6).beta == doctest::Approx(0.8e-9));
   CHECK_THROWS_AS(link_model::from_gbit(0, 1e-6), invalid_argument);
+  CHECK_THROWS_AS(link_model::from_gbit(std::numeric_limits<double>::infinity(), 1e-6),
+                  invalid_argument);
+  CHECK_THROWS_AS(link_model::from_gbit(10, -1e-6), invalid_argument);
+  CHECK_THROWS_AS(link_model::from_gbit(10, std::nan("")), invalid_argument);
 }
 
 TEST_CASE("predict picks the cheapest candidate; TopKA2A beats allgather when rho > 1/(2(P-1))") {

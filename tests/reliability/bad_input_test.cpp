@@ -6,15 +6,21 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
+#include <future>
 #include <limits>
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -1027,4 +1033,887 @@ TEST_CASE("bad input: a bad collective argument on one rank: invalid_argument th
     }
     for (const auto& m : marks) CHECK(m.empty());
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Selector tunables: refused before anything is written, also through compress()
+
+namespace {
+
+bool contains(std::string_view text, std::string_view part) {
+  return text.find(part) != std::string_view::npos;
+}
+
+// One out-of-range setting of a selector's tunable and the field its message must name.
+template <class S>
+struct tunable {
+  std::string field;
+  std::function<void(S&)> set;
+};
+
+template <class S, class V>
+tunable<S> bad_setting(std::string field, V S::*member, V value) {
+  return {std::move(field), [member, value](S& s) { s.*member = value; }};
+}
+
+std::vector<tunable<topk>> bad_topk_settings() {
+  std::vector<tunable<topk>> v;
+  for (double x : {0.0, -1.0, nan_d, inf_d, -inf_d}) {
+    v.push_back(bad_setting("sample_scale", &topk::sample_scale, x));
+  }
+  v.push_back(bad_setting("min_sample", &topk::min_sample, std::size_t{0}));
+  v.push_back(bad_setting("min_sample", &topk::min_sample, std::size_t{65537}));  // > max_sample
+  v.push_back(bad_setting("min_sample, max_sample", &topk::max_sample, std::size_t{4095}));
+  for (double x : {-0.5, nan_d, inf_d}) {
+    v.push_back(bad_setting("bracket_sigmas", &topk::bracket_sigmas, x));
+  }
+  for (double x : {0.0, -2.0, nan_d, inf_d}) {
+    v.push_back(bad_setting("candidate_budget_factor", &topk::candidate_budget_factor, x));
+  }
+  v.push_back(bad_setting("method", &topk::method, static_cast<topk_method>(2)));
+  return v;
+}
+
+// The exact Top-k inside another selector is checked with it.
+template <class S>
+std::vector<tunable<S>> bad_exact_settings() {
+  std::vector<tunable<S>> v;
+  for (const auto& t : bad_topk_settings()) {
+    v.push_back({t.field, [set = t.set](S& s) { set(s.exact); }});
+  }
+  return v;
+}
+
+std::vector<tunable<dgc_sampling>> bad_dgc_settings() {
+  using S = dgc_sampling;
+  std::vector<tunable<S>> v;
+  for (double x : {-0.1, 1.5, nan_d, inf_d}) v.push_back(bad_setting("sample_fraction", &S::sample_fraction, x));
+  for (double x : {-1.0, nan_d, inf_d}) v.push_back(bad_setting("samples_per_rho", &S::samples_per_rho, x));
+  for (double x : {0.5, 0.0, -1.0, nan_d, inf_d}) v.push_back(bad_setting("upper", &S::upper, x));
+  for (double x : {-0.1, 1.01, nan_d, inf_d}) v.push_back(bad_setting("lower", &S::lower, x));
+  for (double x : {0.0, 1.0, 1.5, -0.5, nan_d}) v.push_back(bad_setting("decay", &S::decay, x));
+  v.push_back(bad_setting("max_rounds", &S::max_rounds, 0u));
+  for (auto& t : bad_exact_settings<S>()) v.push_back(std::move(t));
+  return v;
+}
+
+std::vector<tunable<gaussiank>> bad_gaussiank_settings() {
+  std::vector<tunable<gaussiank>> v;
+  for (double x : {nan_d, inf_d, -inf_d}) {
+    v.push_back(bad_setting("collect_margin", &gaussiank::collect_margin, x));
+  }
+  for (auto& t : bad_exact_settings<gaussiank>()) v.push_back(std::move(t));
+  return v;
+}
+
+std::vector<tunable<redsync>> bad_redsync_settings() {
+  std::vector<tunable<redsync>> v;
+  for (double x : {0.0, -1.0, nan_d}) v.push_back(bad_setting("min_interval", &redsync::min_interval, x));
+  for (auto& t : bad_exact_settings<redsync>()) v.push_back(std::move(t));
+  return v;
+}
+
+// compress() with the bad selector: refused before the feedback state or the payload change,
+// whether the feedback accumulates inside the selector's scan (residual with topk and
+// gaussiank) or before it (dgc_momentum).
+template <class C>
+void check_compress_refuses(const typename C::selector_type& bad) {
+  C good = make_compressor<C>();
+  auto st = good.make_state(matrix_n);
+  payload p;
+  for (std::uint64_t s = 0; s < 2; ++s) good.compress(grad_for<C>(s), st, {0.2, call_id{1, s, 0}}, p);
+  const auto st_before = state_bytes(st);
+  const auto p_before = bytes_of(p);
+  C c(bad, good.quantizer_policy());
+  CHECK_THROWS_AS(c.compress(grad_for<C>(9), st, {0.2, call_id{1, 9, 0}}, p), gradcomp::invalid_argument);
+  CHECK(state_bytes(st) == st_before);
+  CHECK(bytes_of(p) == p_before);
+}
+
+template <class S>
+void check_refused_settings(const std::vector<tunable<S>>& settings) {
+  for (const auto& t : settings) {
+    S bad{};
+    t.set(bad);
+    CAPTURE(t.field);
+    std::string what;
+    try {
+      bad.check();
+    } catch (const gradcomp::invalid_argument& e) {
+      what = e.what();
+    }
+    CAPTURE(what);
+    CHECK(contains(what, "'" + t.field));
+    CHECK(contains(what, "allowed: "));
+    for (std::size_t n : {std::size_t{0}, std::size_t{50}, std::size_t{5000}}) {
+      CAPTURE(n);
+      const auto g = gradient<float>(n, 3, test::dist::normal);
+      const auto gd = gradient<double>(n, 3, test::dist::normal);
+      const select_context ctx{n / 10, 0.1, call_id{1, 2, 3}};
+      std::vector<std::uint32_t> idx{3, 1, 4};
+      const auto before = bytes_of(idx);
+      CHECK_THROWS_AS((void)bad.select(std::span<const float>(g), ctx, idx), gradcomp::invalid_argument);
+      CHECK_THROWS_AS((void)bad.select(std::span<const double>(gd), ctx, idx), gradcomp::invalid_argument);
+      CHECK(bytes_of(idx) == before);
+      if constexpr (requires(std::span<float> e) { bad.select_accumulate(e, std::span<const float>(g), ctx, idx); }) {
+        std::vector<float> e = gradient<float>(n, 4, test::dist::normal);
+        const auto e_before = bytes_of(e);
+        CHECK_THROWS_AS((void)bad.select_accumulate(std::span<float>(e), std::span<const float>(g), ctx, idx),
+                        gradcomp::invalid_argument);
+        CHECK(bytes_of(e) == e_before);
+        CHECK(bytes_of(idx) == before);
+      }
+    }
+    check_compress_refuses<compressor<S, identity, residual>>(bad);
+    check_compress_refuses<compressor<S, qsgd, dgc_momentum>>(bad);
+    check_compress_refuses<compressor<S, identity, residual, double>>(bad);
+  }
+}
+
+// Settings at the edges of the ranges still select, as before.
+template <class S>
+void check_accepted(const S& s, std::size_t n, std::size_t k) {
+  S sel = s;
+  CHECK_NOTHROW(sel.check());
+  const auto g = gradient<float>(n, 5, test::dist::laplace);
+  std::vector<std::uint32_t> idx;
+  const selection_stats st = sel.select(std::span<const float>(g), select_context{k, 0.1, call_id{}}, idx);
+  CHECK(st.count == idx.size());
+  CHECK(std::is_sorted(idx.begin(), idx.end()));
+  CHECK(std::adjacent_find(idx.begin(), idx.end()) == idx.end());
+  CHECK((idx.empty() || idx.back() < n));
+  if constexpr (std::is_same_v<S, topk>) {
+    topk plain;
+    std::vector<std::uint32_t> want;
+    (void)plain.select(std::span<const float>(g), select_context{k, 0.1, call_id{}}, want);
+    CHECK(idx == want);  // exact whatever the tunables
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bad input: topk tunables out of range are refused before anything is written") {
+  check_refused_settings(bad_topk_settings());
+  const std::size_t n = 1u << 16;
+  for (std::size_t k : {std::size_t{10}, std::size_t{100}, std::size_t{5000}}) {
+    CAPTURE(k);
+    check_accepted(topk{.min_sample = 1, .max_sample = 1}, n, k);
+    check_accepted(topk{.method = topk_method::radix}, n, k);
+    check_accepted(topk{.sample_scale = 1e-9, .bracket_sigmas = 0.0, .bracket_margin = 0,
+                        .candidate_budget_factor = 1e-9, .min_candidate_budget = 0, .heap_max_k = 0},
+                   n, k);
+    check_accepted(topk{.bracket_margin = std::numeric_limits<std::size_t>::max(),
+                        .min_candidate_budget = std::numeric_limits<std::size_t>::max(),
+                        .heap_max_k = std::numeric_limits<std::size_t>::max()},
+                   n, k);
+  }
+}
+
+TEST_CASE("bad input: dgc_sampling tunables out of range are refused before anything is written") {
+  check_refused_settings(bad_dgc_settings());
+  for (std::size_t k : {std::size_t{10}, std::size_t{500}}) {
+    CAPTURE(k);
+    check_accepted(dgc_sampling{.sample_fraction = 0.0, .samples_per_rho = 0.0, .upper = 1.0,
+                                .lower = 0.0, .decay = 1e-9, .max_rounds = 1},
+                   50000, k);
+    // A huge upper: the survivor buffer is capped at n instead of overflowing size_t.
+    check_accepted(dgc_sampling{.sample_fraction = 1.0, .samples_per_rho = 1e300, .upper = 1e300,
+                                .lower = 1.0, .decay = 0.999999},
+                   50000, k);
+  }
+}
+
+TEST_CASE("bad input: gaussiank and redsync tunables out of range are refused before anything is "
+          "written") {
+  check_refused_settings(bad_gaussiank_settings());
+  check_refused_settings(bad_redsync_settings());
+  for (double m : {-1.0, 0.0, 0.99, 5.0}) {
+    CAPTURE(m);
+    check_accepted(gaussiank{.collect_margin = m}, 1u << 17, 200);
+  }
+  check_accepted(redsync{.min_interval = inf_d}, 5000, 50);
+}
+
+// ---------------------------------------------------------------------------------------
+// gtopk, topk_a2a and auto_exchange, run on in-process ranks
+
+namespace {
+
+// A hang is a failure here too: a run that does not end in time stops the test binary.
+template <class Fn>
+void within_deadline(Fn&& fn) {
+  auto done = std::async(std::launch::async, std::forward<Fn>(fn));
+  if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    std::fprintf(stderr, "bad_input_test: an in-process run did not finish within 60 s (deadlock)\n");
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  done.get();
+}
+
+std::string kind_of(const std::exception& e) {
+  if (dynamic_cast<const communicator_error*>(&e)) return "communicator_error";
+  if (dynamic_cast<const nonfinite_error*>(&e)) return "nonfinite_error";
+  if (dynamic_cast<const payload_error*>(&e)) return "payload_error";
+  if (dynamic_cast<const gradcomp::invalid_argument*>(&e)) return "invalid_argument";
+  return "other";
+}
+
+// What one rank saw: the exception it ended with ("none" if it returned), its message, and
+// whether its output buffer (or its payload) changed before the throw. Ranks record; the test
+// thread checks.
+struct rank_result {
+  std::string kind = "not run";
+  std::string what;
+  bool written = false;
+};
+
+// Runs body(comm, result) on `ranks` in-process ranks, each rank's outcome recorded.
+template <class Body>
+std::vector<rank_result> run_ranks(int ranks, Body body) {
+  std::vector<rank_result> res(static_cast<std::size_t>(ranks));
+  within_deadline([&] {
+    try {
+      run_in_process(ranks, [&](in_process_comm& comm) {
+        rank_result& mine = res[static_cast<std::size_t>(comm.rank())];
+        try {
+          body(comm, mine);
+          mine.kind = "none";
+        } catch (const std::exception& e) {
+          mine.kind = kind_of(e);
+          mine.what = e.what();
+          throw;
+        }
+      });
+    } catch (const std::exception&) {
+    }
+  });
+  return res;
+}
+
+std::vector<std::string> kinds(const std::vector<rank_result>& res) {
+  std::vector<std::string> k;
+  for (const auto& r : res) k.push_back(r.kind);
+  return k;
+}
+
+bool any_written(const std::vector<rank_result>& res) {
+  return std::any_of(res.begin(), res.end(), [](const rank_result& r) { return r.written; });
+}
+
+// An in-process rank's communicator that can corrupt what this rank sends: the byte blocks of
+// its allgatherv calls (exchange headers, wire payloads; `call` counts them from 0) and the
+// (index, value) pairs of its alltoallv calls (with the count per destination) and of the
+// broadcasts it roots. It stands for a rank whose message was corrupted, or that runs another
+// gradcomp version.
+struct tamper_comm {
+  in_process_comm inner;
+  std::function<void(int call, std::vector<std::byte>&)> on_bytes;
+  std::function<void(std::vector<index_value>&, std::vector<std::size_t>&)> on_pairs;
+  std::function<void(std::span<index_value>)> on_broadcast;
+  int byte_calls = 0;
+
+  explicit tamper_comm(in_process_comm c) : inner(c) {}
+  int rank() const { return inner.rank(); }
+  int size() const { return inner.size(); }
+  template <class T>
+  void allreduce(std::span<T> v, reduce_op op) {
+    inner.allreduce(v, op);
+  }
+  template <class T>
+  void allgatherv(std::span<const T> send, std::vector<T>& recv, std::vector<std::size_t>& counts) {
+    if constexpr (std::is_same_v<T, std::byte>) {
+      const int call = byte_calls++;
+      if (on_bytes) {
+        std::vector<std::byte> copy(send.begin(), send.end());
+        on_bytes(call, copy);
+        inner.allgatherv(std::span<const std::byte>(copy), recv, counts);
+        return;
+      }
+    }
+    inner.allgatherv(send, recv, counts);
+  }
+  template <class T>
+  void alltoallv(std::span<const T> send, std::span<const std::size_t> send_counts,
+                 std::vector<T>& recv, std::vector<std::size_t>& counts) {
+    if constexpr (std::is_same_v<T, index_value>) {
+      if (on_pairs) {
+        std::vector<index_value> copy(send.begin(), send.end());
+        std::vector<std::size_t> c(send_counts.begin(), send_counts.end());
+        on_pairs(copy, c);
+        inner.alltoallv(std::span<const index_value>(copy), std::span<const std::size_t>(c), recv,
+                        counts);
+        return;
+      }
+    }
+    inner.alltoallv(send, send_counts, recv, counts);
+  }
+  template <class T>
+  void broadcast(std::span<T> v, int root) {
+    if constexpr (std::is_same_v<T, index_value>) {
+      if (on_broadcast && root == rank()) on_broadcast(v);
+    }
+    inner.broadcast(v, root);
+  }
+  void barrier() { inner.barrier(); }
+};
+static_assert(communicator<tamper_comm>);
+
+// The exchanges under test; auto_exchange once per forced choice, and once free to choose.
+auto_exchange forced(unsigned candidates) {
+  auto_options o;
+  o.link = link_model{1e-6, 1e-9, 1e-10};
+  o.candidates = candidates;
+  return auto_exchange(o);
+}
+struct x_gtopk_tree {
+  static gtopk make() { return gtopk(gtopk_values::tree); }
+};
+struct x_gtopk_exact {
+  static gtopk make() { return gtopk(gtopk_values::exact); }
+};
+struct x_topk_a2a {
+  static topk_a2a make() { return topk_a2a{}; }
+};
+struct x_auto_dense {
+  static auto_exchange make() { return forced(exchange_bit(exchange_kind::dense_allreduce)); }
+};
+struct x_auto_sparse {
+  static auto_exchange make() { return forced(exchange_bit(exchange_kind::sparse_allgather)); }
+};
+struct x_auto_a2a {
+  static auto_exchange make() { return forced(exchange_bit(exchange_kind::topk_a2a)); }
+};
+struct x_auto_gtopk {
+  static auto_exchange make() { return forced(exchange_bit(exchange_kind::gtopk)); }
+};
+struct x_auto_any {
+  static auto_exchange make() { return forced(all_exchanges); }
+};
+
+#define GRADCOMP_EXCHANGES                                                                   \
+  x_gtopk_tree, x_gtopk_exact, x_topk_a2a, x_auto_dense, x_auto_sparse, x_auto_a2a, x_auto_gtopk, \
+      x_auto_any
+
+constexpr int x_ranks = 3;
+constexpr double x_density = 0.3;
+
+// The exchange as sparsified_sgd calls it (with the picks left out, where it has them).
+template <class X, class C, class Comm>
+void exchange_once(X& x, Comm& comm, const C& c, const payload& p,
+                   std::span<typename C::value_type> out) {
+  if constexpr (exchange_with_unused<X, C, Comm>) {
+    unused_picks unused;
+    (void)x.exchange(comm, c, p, out, unused);
+  } else {
+    (void)x.exchange(comm, c, p, out);
+  }
+}
+
+// Every rank compresses a gradient of its own (n elements) and exchanges it into a sentinel-
+// filled output; `spoil(rank, payload, out)` may change the payload or output first and
+// `setup(comm)` the communicator. Records whether the output changed before a throw.
+template <class Xw, class C = c_topk, class Spoil, class Setup>
+std::vector<rank_result> exchange_run(std::size_t n, Spoil spoil, Setup setup) {
+  using T = typename C::value_type;
+  return run_ranks(x_ranks, [&](in_process_comm& ic, rank_result& mine) {
+    tamper_comm comm(ic);
+    const int r = comm.rank();
+    C c = make_compressor<C>();
+    auto st = c.make_state(n);
+    payload p;
+    c.compress(grad_for<C>(100 + static_cast<std::uint64_t>(r), n), st,
+               {x_density, call_id{5, 0, 3}}, p);
+    std::vector<T> out = sentinel<T>(n);
+    spoil(r, p, out);
+    setup(comm);
+    auto x = Xw::make();
+    const auto before = bytes_of(out);
+    const payload p_before = p;
+    try {
+      exchange_once(x, comm, c, p, std::span<T>(out));
+    } catch (...) {
+      mine.written = bytes_of(out) != before || !(p == p_before);
+      throw;
+    }
+  });
+}
+
+const auto no_spoil = [](int, payload&, auto&) {};
+const auto no_setup = [](tamper_comm&) {};
+
+const std::vector<std::string> rank1_bad_arg{"communicator_error", "invalid_argument", "communicator_error"};
+const std::vector<std::string> rank1_bad_payload{"communicator_error", "payload_error", "communicator_error"};
+const std::vector<std::string> rank0_bad_receipt{"payload_error", "communicator_error", "communicator_error"};
+const std::vector<std::string> all_comm_error(x_ranks, "communicator_error");
+const std::vector<std::string> all_payload_error(x_ranks, "payload_error");
+const std::vector<std::string> all_none(x_ranks, "none");
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("bad input: exchanges refuse one rank's bad output size or payload: its own "
+                   "error there, communicator_error elsewhere, no output written",
+                   X, GRADCOMP_EXCHANGES) {
+  // The run itself works: the baseline for every case below.
+  CHECK(kinds(exchange_run<X>(matrix_n, no_spoil, no_setup)) == all_none);
+
+  for (std::size_t m : {std::size_t{0}, matrix_n - 1, matrix_n + 1}) {
+    CAPTURE(m);
+    const auto res = exchange_run<X>(
+        matrix_n, [m](int r, payload&, std::vector<float>& out) { if (r == 1) out = sentinel<float>(m); },
+        no_setup);
+    CHECK(kinds(res) == rank1_bad_arg);
+    CHECK(contains(res[1].what, "size()"));  // out.size(), or outs[0].size() for topk_a2a
+    CHECK(contains(res[0].what, "rank 1"));
+    CHECK_FALSE(any_written(res));
+  }
+  std::size_t applied = 0;
+  for (const mutation& m : payload_mutations()) {
+    CAPTURE(m.name);
+    bool used = false;
+    const auto res = exchange_run<X>(
+        matrix_n,
+        [&](int r, payload& p, std::vector<float>&) {
+          if (r == 1) used = m.apply(p);
+        },
+        no_setup);
+    if (!used) continue;
+    ++applied;
+    CHECK(kinds(res) == rank1_bad_payload);
+    CHECK_FALSE(any_written(res));
+  }
+  CHECK(applied >= 15);
+}
+
+TEST_CASE_TEMPLATE("bad input: exchanges: ranks that disagree on the tensor or the format version "
+                   "all throw communicator_error, no output written",
+                   X, GRADCOMP_EXCHANGES) {
+  SUBCASE("another tensor size on one rank") {
+    const auto res = run_ranks(x_ranks, [&](in_process_comm& ic, rank_result& mine) {
+      tamper_comm comm(ic);
+      const std::size_t n = comm.rank() == 2 ? matrix_n + 1 : matrix_n;
+      c_topk c;
+      auto st = c.make_state(n);
+      payload p;
+      c.compress(grad_for<c_topk>(7, n), st, {x_density, {}}, p);
+      auto out = sentinel<float>(n);
+      const auto before = bytes_of(out);
+      auto x = X::make();
+      try {
+        exchange_once(x, comm, c, p, std::span<float>(out));
+      } catch (...) {
+        mine.written = bytes_of(out) != before;
+        throw;
+      }
+    });
+    CHECK(kinds(res) == all_comm_error);
+    CHECK(contains(res[0].what, "dense_size"));
+    CHECK_FALSE(any_written(res));
+  }
+  SUBCASE("an exchange header of another format version, or not a header") {
+    struct edit {
+      const char* name;
+      std::function<void(std::vector<std::byte>&)> apply;
+      const char* message;
+    };
+    const std::vector<edit> edits = {
+        {"format version 2", [](auto& h) { h[4] = std::byte{2}; h[5] = std::byte{0}; }, "format version"},
+        {"format version 0xffff", [](auto& h) { h[4] = std::byte{0xff}; h[5] = std::byte{0xff}; }, "format version"},
+        {"bad magic", [](auto& h) { h[0] = std::byte{'X'}; }, "not an exchange header"},
+        {"truncated header", [](auto& h) { h.pop_back(); }, "not an exchange header"},
+        {"another exchange id", [](auto& h) { h[6] = std::byte{9}; }, "the exchange"},
+        {"another element size", [](auto& h) { h[10] = std::byte{8}; }, "output element"},
+    };
+    for (const edit& e : edits) {
+      CAPTURE(e.name);
+      const auto res = exchange_run<X>(matrix_n, no_spoil, [&](tamper_comm& comm) {
+        if (comm.rank() == 1) {
+          comm.on_bytes = [&](int call, std::vector<std::byte>& b) {
+            if (call == 0) e.apply(b);
+          };
+        }
+      });
+      CHECK(kinds(res) == all_comm_error);
+      CHECK(contains(res[2].what, e.message));
+      CHECK_FALSE(any_written(res));
+    }
+  }
+  SUBCASE("k = 0 and empty tensors on every rank are not errors") {
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, matrix_n}) {
+      CAPTURE(n);
+      std::vector<std::vector<float>> outs(x_ranks);
+      const auto res = run_ranks(x_ranks, [&](in_process_comm& comm, rank_result&) {
+        c_topk c;
+        payload p;  // k = 0: no coordinate selected
+        p.dense_size = n;
+        p.count = 0;
+        c.quantizer_policy().encode(std::span<const float>(), call_id{}, p);
+        auto out = sentinel<float>(n);
+        auto x = X::make();
+        exchange_once(x, comm, c, p, std::span<float>(out));
+        outs[static_cast<std::size_t>(comm.rank())] = out;
+      });
+      CHECK(kinds(res) == all_none);
+      for (const auto& o : outs) {
+        CHECK(o.size() == n);
+        CHECK(std::all_of(o.begin(), o.end(), [](float v) { return v == 0.0f; }));
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("bad input: gtopk refuses corrupt pairs in the tree and in the broadcast, before "
+                   "writing its output",
+                   X, x_gtopk_tree, x_gtopk_exact, x_auto_gtopk) {
+  // Rank 1 sends its picks to rank 0 in the first round of the tree.
+  struct edit {
+    const char* name;
+    std::function<void(std::vector<index_value>&)> apply;
+  };
+  const std::vector<edit> pair_edits = {
+      {"index == n", [](auto& v) { v.back().index = static_cast<std::uint32_t>(matrix_n); }},
+      {"index 2^32 - 1", [](auto& v) { v.front().index = 0xffffffffu; }},
+      {"duplicate index", [](auto& v) { v[1].index = v[0].index; }},
+      {"unsorted indices", [](auto& v) { std::swap(v[0], v[1]); }},
+      {"more than k pairs", [](auto& v) { v.push_back(index_value{v.back().index + 1, 1.0f}); }},
+  };
+  for (const edit& e : pair_edits) {
+    CAPTURE(e.name);
+    bool applied = false;
+    const auto res = exchange_run<X>(matrix_n, no_spoil, [&](tamper_comm& comm) {
+      if (comm.rank() != 1) return;
+      comm.on_pairs = [&](std::vector<index_value>& v, std::vector<std::size_t>& counts) {
+        if (applied || v.size() < 2) return;
+        applied = true;
+        e.apply(v);
+        counts[0] = v.size();
+      };
+    });
+    REQUIRE(applied);
+    CHECK(kinds(res) == rank0_bad_receipt);
+    CHECK(contains(res[0].what, "rank 1 sent"));
+    CHECK_FALSE(any_written(res));
+  }
+  // Rank 0 broadcasts the global set (the count first): every rank checks it.
+  const std::vector<edit> broadcast_edits = {
+      {"count > k", [](auto& v) { v[0].index = static_cast<std::uint32_t>(v.size()); }},
+      {"index == n", [](auto& v) { v[1].index = static_cast<std::uint32_t>(matrix_n); }},
+      {"duplicate index", [](auto& v) { v[2].index = v[1].index; }},
+  };
+  for (const edit& e : broadcast_edits) {
+    CAPTURE(e.name);
+    std::vector<index_value> copy;
+    const auto res = exchange_run<X>(matrix_n, no_spoil, [&](tamper_comm& comm) {
+      if (comm.rank() != 0) return;
+      comm.on_broadcast = [&](std::span<index_value> v) {
+        copy.assign(v.begin(), v.end());
+        e.apply(copy);
+        std::copy(copy.begin(), copy.end(), v.begin());
+      };
+    });
+    REQUIRE(copy.size() >= 3);
+    CHECK(kinds(res) == all_payload_error);
+    CHECK_FALSE(any_written(res));
+  }
+}
+
+TEST_CASE_TEMPLATE("bad input: topk_a2a refuses corrupt pairs at the shard owner, before writing "
+                   "its output",
+                   X, x_topk_a2a, x_auto_a2a) {
+  // Rank 1's pairs for rank 0's shard [0, 32) are the first counts[0] of what it sends.
+  struct edit {
+    const char* name;
+    std::function<void(std::vector<index_value>&)> apply;
+  };
+  const std::vector<edit> edits = {
+      {"index in another shard", [](auto& v) { v[0].index = static_cast<std::uint32_t>(matrix_n - 1); }},
+      {"index 2^32 - 1", [](auto& v) { v[1].index = 0xffffffffu; }},
+      {"duplicate index", [](auto& v) { v[1].index = v[0].index; }},
+      {"unsorted indices", [](auto& v) { std::swap(v[0], v[1]); }},
+  };
+  for (const edit& e : edits) {
+    CAPTURE(e.name);
+    bool applied = false;
+    const auto res = exchange_run<X>(matrix_n, no_spoil, [&](tamper_comm& comm) {
+      if (comm.rank() != 1) return;
+      comm.on_pairs = [&](std::vector<index_value>& v, std::vector<std::size_t>& counts) {
+        if (counts.at(0) < 2) return;
+        applied = true;
+        e.apply(v);
+      };
+    });
+    REQUIRE(applied);
+    CHECK(kinds(res) == rank0_bad_receipt);
+    CHECK(contains(res[0].what, "rank 1 sent index"));
+    CHECK_FALSE(any_written(res));
+  }
+}
+
+TEST_CASE("bad input: auto_exchange over sparse_allgather refuses a corrupt wire payload on every "
+          "rank") {
+  // The second allgatherv carries the wire payloads (the first, the exchange headers).
+  struct edit {
+    const char* name;
+    std::function<void(std::vector<std::byte>&)> apply;
+  };
+  auto put_index = [](std::vector<std::byte>& w, std::size_t i, std::uint32_t v) {
+    for (unsigned b = 0; b < 4; ++b) w[wire_header_bytes + 4 * i + b] = std::byte((v >> (8 * b)) & 0xffu);
+  };
+  const std::vector<edit> edits = {
+      {"format version 2", [](auto& w) { w[4] = std::byte{2}; }},
+      {"truncated", [](auto& w) { w.pop_back(); }},
+      {"header only", [](auto& w) { w.resize(wire_header_bytes); }},
+      {"one byte too many", [](auto& w) { w.push_back(std::byte{0}); }},
+      {"index == dense_size", [&](auto& w) { put_index(w, 0, static_cast<std::uint32_t>(matrix_n)); }},
+      {"duplicate index", [&](auto& w) {
+         std::uint32_t first = 0;
+         std::memcpy(&first, w.data() + wire_header_bytes, 4);
+         put_index(w, 1, first);
+       }},
+  };
+  for (const edit& e : edits) {
+    CAPTURE(e.name);
+    const auto res = exchange_run<x_auto_sparse>(matrix_n, no_spoil, [&](tamper_comm& comm) {
+      if (comm.rank() != 1) return;
+      comm.on_bytes = [&](int call, std::vector<std::byte>& b) {
+        if (call == 1) e.apply(b);
+      };
+    });
+    CHECK(kinds(res) == all_payload_error);
+    CHECK(contains(res[0].what, "rank 1"));
+  }
+}
+
+TEST_CASE("bad input: gtopk, topk_a2a and auto_exchange settings out of range are refused") {
+  for (int v : {2, -1, 255}) {
+    CAPTURE(v);
+    CHECK_THROWS_AS(gtopk(static_cast<gtopk_values>(v)), gradcomp::invalid_argument);
+    auto_options o;
+    o.gtopk_mode = static_cast<gtopk_values>(v);
+    CHECK_THROWS_AS(auto_exchange{o}, gradcomp::invalid_argument);
+  }
+  for (unsigned mask : {0u, 0x10u, 0xf0u}) {
+    CAPTURE(mask);
+    auto_options o;
+    o.candidates = mask;
+    CHECK_THROWS_AS(auto_exchange{o}, gradcomp::invalid_argument);
+  }
+  for (double bad : {-1.0, nan_d, inf_d}) {
+    CAPTURE(bad);
+    for (int field = 0; field < 3; ++field) {
+      CAPTURE(field);
+      link_model l{1e-6, 1e-9, 1e-10};
+      (field == 0 ? l.alpha : field == 1 ? l.beta : l.gamma) = bad;
+      auto_options o;
+      o.link = l;
+      std::string what;
+      try {
+        auto_exchange x(o);
+      } catch (const gradcomp::invalid_argument& e) {
+        what = e.what();
+      }
+      CHECK(contains(what, "link."));
+      CHECK(contains(what, "allowed: "));
+    }
+  }
+  {
+    auto_options o;
+    o.measure.large_bytes = o.measure.small_bytes;
+    CHECK_THROWS_AS(auto_exchange{o}, gradcomp::invalid_argument);
+    o = auto_options{};
+    o.measure.small_repeats = 0;
+    CHECK_THROWS_AS(auto_exchange{o}, gradcomp::invalid_argument);
+    o = auto_options{};
+    o.measure.large_repeats = 0;
+    CHECK_THROWS_AS(auto_exchange{o}, gradcomp::invalid_argument);
+    o = auto_options{};
+    o.link = link_model{};  // zeros: a valid (free) link
+    CHECK_NOTHROW(auto_exchange{o});
+  }
+  {
+    gradcomp_test::solo_comm comm;
+    bool measured = false;
+    auto f = [&](std::size_t) {
+      measured = true;
+      return 1.0;
+    };
+    CHECK_THROWS_AS(tune_bucket_elements(comm, 0, 10, f), gradcomp::invalid_argument);
+    CHECK_THROWS_AS(tune_bucket_elements(comm, 10, 5, f), gradcomp::invalid_argument);
+    CHECK_THROWS_AS(tune_bucket_elements(comm, 1, 10, f, 0), gradcomp::invalid_argument);
+    CHECK_FALSE(measured);
+  }
+}
+
+TEST_CASE("bad input: topk_a2a's fused entries refuse lists of mismatched sizes on one rank") {
+  // exchange_tensors indexes payloads[t] and stats[t] for every output t, exchange_fused
+  // payloads[t]: a short list on rank 1 is its invalid_argument, communicator_error elsewhere.
+  for (int which = 0; which < 3; ++which) {
+    CAPTURE(which);
+    const auto res = run_ranks(x_ranks, [&](in_process_comm& comm, rank_result& mine) {
+      c_topk c;
+      std::vector<payload> ps(2);
+      std::vector<std::vector<float>> bufs;
+      for (std::size_t t = 0; t < 2; ++t) {
+        auto st = c.make_state(matrix_n);
+        c.compress(grad_for<c_topk>(t, matrix_n), st, {x_density, call_id{1, 0, static_cast<std::uint32_t>(t)}}, ps[t]);
+        bufs.push_back(sentinel<float>(matrix_n));
+      }
+      std::vector<std::span<float>> outs{std::span<float>(bufs[0]), std::span<float>(bufs[1])};
+      std::vector<exchange_stats> stats(2);
+      const bool bad = comm.rank() == 1;
+      const auto before0 = bytes_of(bufs[0]);
+      const auto before1 = bytes_of(bufs[1]);
+      topk_a2a x;
+      try {
+        if (which == 0) {
+          x.exchange_tensors(comm, c, std::span<const payload>(ps).first(bad ? 1 : 2),
+                             std::span<const std::span<float>>(outs), std::span<exchange_stats>(stats));
+        } else if (which == 1) {
+          x.exchange_tensors(comm, c, std::span<const payload>(ps), std::span<const std::span<float>>(outs),
+                             std::span<exchange_stats>(stats).first(bad ? 1 : 2));
+        } else {
+          const payload* pp[] = {&ps[0], &ps[1]};
+          (void)x.exchange_fused(comm, c, std::span<const payload* const>(pp, bad ? 1 : 2),
+                                 std::span<const std::span<float>>(outs));
+        }
+      } catch (...) {
+        mine.written = bytes_of(bufs[0]) != before0 || bytes_of(bufs[1]) != before1;
+        throw;
+      }
+    });
+    CHECK(kinds(res) == rank1_bad_arg);
+    CHECK_FALSE(any_written(res));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// sparsified_sgd over gtopk, topk_a2a and auto_exchange
+
+namespace {
+
+template <class X, class Comm>
+using sgd_over = sparsified_sgd<compressor<topk, qsgd, residual>, decltype(X::make()), Comm>;
+
+template <class S>
+std::string checkpoint_bytes(const S& s) {
+  std::ostringstream os;
+  s.save_state(os);
+  return os.str();
+}
+
+// Three ranks take one good step, then a second in which rank 1 fails: a NaN in its gradient
+// (nan = true), or the pairs it sends corrupted on the way (nan = false). No rank's parameters
+// or step counter change; the failing rank's feedback and velocity do not either.
+template <class X>
+void check_sgd_step_failure(bool nan) {
+  using S = sgd_over<X, tamper_comm>;
+  std::vector<reliability::byte_snapshot> params_before(x_ranks), params_after(x_ranks);
+  std::vector<std::string> state_before(x_ranks), state_after(x_ranks);
+  std::vector<std::uint64_t> steps(x_ranks, 99);
+  const auto res = run_ranks(x_ranks, [&](in_process_comm& ic, rank_result&) {
+    tamper_comm comm(ic);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    S sgd(comm, sgd_layers, {}, X::make(), momentum_options(), density_schedule::constant(0.1));
+    std::vector<float> params = gradient<float>(sgd_total, 1, test::dist::normal);
+    sgd.step(params, gradient<float>(sgd_total, 10 + r, test::dist::normal));
+    params_before[r] = bytes_of(params);
+    state_before[r] = checkpoint_bytes(sgd);
+    auto g = gradient<float>(sgd_total, 20 + r, test::dist::normal);
+    if (r == 1) {
+      if (nan) {
+        g[40] = nan_f;
+      } else {
+        comm.on_pairs = [](std::vector<index_value>& v, std::vector<std::size_t>&) {
+          for (auto& e : v) e.index = 0xffffffffu;
+        };
+      }
+    }
+    auto record = [&] {
+      params_after[r] = bytes_of(params);
+      state_after[r] = checkpoint_bytes(sgd);
+      steps[r] = sgd.steps_done();
+    };
+    try {
+      sgd.step(params, g);
+    } catch (...) {
+      record();
+      throw;
+    }
+    record();
+  });
+  const auto k = kinds(res);
+  CAPTURE(k[0]);
+  CAPTURE(k[1]);
+  CAPTURE(k[2]);
+  if (nan) {
+    CHECK(k == std::vector<std::string>{"communicator_error", "nonfinite_error", "communicator_error"});
+    CHECK(state_after[1] == state_before[1]);
+  } else {
+    CHECK(std::count(k.begin(), k.end(), "payload_error") >= 1);
+    CHECK(std::count(k.begin(), k.end(), "payload_error") +
+              std::count(k.begin(), k.end(), "communicator_error") ==
+          x_ranks);
+  }
+  for (std::size_t r = 0; r < x_ranks; ++r) {
+    CAPTURE(r);
+    CHECK(params_after[r] == params_before[r]);
+    CHECK(steps[r] == 1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("bad input: sparsified_sgd over gtopk, topk_a2a and auto_exchange refuses wrong "
+                   "sizes and NaN/Inf, nothing changes",
+                   X, GRADCOMP_EXCHANGES) {
+  using gradcomp_test::solo_comm;
+  solo_comm comm;
+  sgd_over<X, solo_comm> sgd(comm, sgd_layers, {}, X::make(), momentum_options(),
+                             density_schedule::constant(0.1));
+  std::vector<float> params = gradient<float>(sgd_total, 1, test::dist::normal);
+  for (std::uint64_t s = 0; s < 3; ++s) {
+    sgd.step(params, gradient<float>(sgd_total, 10 + s, test::dist::normal));
+  }
+  const std::string state_before = checkpoint_bytes(sgd);
+  const auto params_before = bytes_of(params);
+  auto unchanged = [&] {
+    CHECK(checkpoint_bytes(sgd) == state_before);  // step counter, feedback, velocity
+    CHECK(bytes_of(params) == params_before);
+    CHECK(sgd.steps_done() == 3);
+  };
+  const auto g = gradient<float>(sgd_total, 20, test::dist::normal);
+  for (std::size_t n : {std::size_t{0}, sgd_total - 1, sgd_total + 1}) {
+    CAPTURE(n);
+    std::vector<float> p2(n, 1.0f);
+    const auto p2_before = bytes_of(p2);
+    CHECK_THROWS_AS(sgd.step(p2, g), gradcomp::invalid_argument);
+    CHECK(bytes_of(p2) == p2_before);
+    const auto g2 = gradient<float>(n, 21, test::dist::normal);
+    CHECK_THROWS_AS(sgd.step(params, g2), gradcomp::invalid_argument);
+    unchanged();
+  }
+  for (float bad : {nan_f, inf_f, -inf_f}) {
+    for (std::size_t at : {std::size_t{0}, std::size_t{29}, std::size_t{75}}) {
+      CAPTURE(bad);
+      CAPTURE(at);
+      auto g2 = g;
+      g2[at] = bad;
+      CHECK_THROWS_AS(sgd.step(params, g2), nonfinite_error);
+      unchanged();
+    }
+  }
+  CHECK_NOTHROW(sgd.step(params, g));
+  CHECK(sgd.steps_done() == 4);
+}
+
+TEST_CASE_TEMPLATE("bad input: sparsified_sgd over gtopk, topk_a2a and auto_exchange: a NaN on one "
+                   "rank fails every rank, no parameters change",
+                   X, GRADCOMP_EXCHANGES) {
+  check_sgd_step_failure<X>(true);
+}
+
+TEST_CASE_TEMPLATE("bad input: sparsified_sgd over gtopk and topk_a2a: corrupt pairs from one rank "
+                   "fail every rank, no parameters change",
+                   X, x_gtopk_tree, x_gtopk_exact, x_topk_a2a, x_auto_a2a, x_auto_gtopk) {
+  check_sgd_step_failure<X>(false);
 }

@@ -24,6 +24,7 @@
 #include <string_view>
 
 #include <gradcomp/detail/bitpack.hpp>
+#include <gradcomp/detail/quantize_math.hpp>  // bucket statistics (sum_of_squares, ...)
 #include <gradcomp/error.hpp>
 #include <gradcomp/sparse.hpp>
 
@@ -216,28 +217,6 @@ inline std::uint32_t max_code(const payload& in) {
   }
   throw_payload_error(where, "code ", code, " at value ", at, "; expected <= ", limit, " (", why,
                       ")");
-}
-
-// Bucket statistics, computed in double with four interleaved partial sums: no overflow for
-// float inputs, and a fixed order so that the result is reproducible.
-inline double sum_of_squares(const float* p, std::size_t n) {
-  double s[4] = {0.0, 0.0, 0.0, 0.0};
-  std::size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (std::size_t j = 0; j < 4; ++j) s[j] += static_cast<double>(p[i + j]) * p[i + j];
-  }
-  for (; i < n; ++i) s[0] += static_cast<double>(p[i]) * p[i];
-  return (s[0] + s[1]) + (s[2] + s[3]);
-}
-
-inline double sum_of_abs(const float* p, std::size_t n) {
-  double s[4] = {0.0, 0.0, 0.0, 0.0};
-  std::size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (std::size_t j = 0; j < 4; ++j) s[j] += std::fabs(static_cast<double>(p[i + j]));
-  }
-  for (; i < n; ++i) s[0] += std::fabs(static_cast<double>(p[i]));
-  return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 }  // namespace gradcomp::detail

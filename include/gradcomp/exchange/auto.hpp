@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -50,6 +51,27 @@ class auto_exchange {
     if ((o.candidates & all_exchanges) == 0) {
       detail::throw_invalid_argument("auto_exchange", "candidates", o.candidates,
                                      "a non-empty mask of exchange_bit(exchange_kind)");
+    }
+    // A NaN or negative time would make every comparison of the model false, and the choice
+    // silently the first candidate.
+    if (o.link) {
+      const auto check_time = [](const char* name, double v) {
+        if (!(v >= 0.0 && std::isfinite(v))) {
+          detail::throw_invalid_argument("auto_exchange", name, v, "0 <= value < inf");
+        }
+      };
+      check_time("link.alpha", o.link->alpha);
+      check_time("link.beta", o.link->beta);
+      check_time("link.gamma", o.link->gamma);
+    }
+    // What measure_link() would refuse at the first exchange, refused here instead.
+    const link_measure_options& m = o.measure;
+    if (m.large_bytes <= m.small_bytes || m.small_repeats == 0 || m.large_repeats == 0) {
+      detail::throw_invalid_argument("auto_exchange", "measure",
+                                     detail::concat(m.small_bytes, " / ", m.large_bytes,
+                                                    " bytes, ", m.small_repeats, " / ",
+                                                    m.large_repeats, " repeats"),
+                                     "small_bytes < large_bytes and repeats >= 1");
     }
     link_ = o.link;
   }

@@ -30,8 +30,13 @@ struct link_model {
 
   // A link of `gbit_per_s` Gbit/s with `latency_s` seconds per message.
   static link_model from_gbit(double gbit_per_s, double latency_s) {
-    if (!(gbit_per_s > 0.0)) {
-      detail::throw_invalid_argument("link_model::from_gbit", "gbit_per_s", gbit_per_s, "> 0");
+    if (!(gbit_per_s > 0.0) || !std::isfinite(gbit_per_s)) {
+      detail::throw_invalid_argument("link_model::from_gbit", "gbit_per_s", gbit_per_s,
+                                     "0 < gbit_per_s < inf");
+    }
+    if (!(latency_s >= 0.0) || !std::isfinite(latency_s)) {
+      detail::throw_invalid_argument("link_model::from_gbit", "latency_s", latency_s,
+                                     "0 <= latency_s < inf");
     }
     return {latency_s, 8.0 / (gbit_per_s * 1e9)};
   }

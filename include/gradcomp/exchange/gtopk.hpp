@@ -72,12 +72,36 @@ inline void gtopk_merge(std::span<const index_value> a, std::span<const index_va
             [](const index_value& x, const index_value& y) { return x.index < y.index; });
 }
 
+// Pairs received from rank `from` (a subtree's merge, or the broadcast global set) before they
+// are merged or written: at most k of them, indices strictly increasing and < n. A corrupted or
+// foreign message then throws payload_error on the receiving rank (the others fail with
+// communicator_error) instead of writing out of bounds or merging duplicates.
+inline void check_received_pairs(std::span<const index_value> pairs, std::size_t n,
+                                 std::size_t k, int from) {
+  if (pairs.size() > k) {
+    throw_payload_error("gtopk::exchange", "rank ", from, " sent ", pairs.size(),
+                        " pairs; at most k = ", k, " are allowed");
+  }
+  for (std::size_t j = 0; j < pairs.size(); ++j) {
+    const std::uint32_t i = pairs[j].index;
+    if (i >= n || (j > 0 && i <= pairs[j - 1].index)) {
+      throw_payload_error("gtopk::exchange", "rank ", from, " sent index ", i, " at position ",
+                          j, "; indices must be strictly increasing and < n (n = ", n, ")");
+    }
+  }
+}
+
 }  // namespace detail
 
 class gtopk {
  public:
   gtopk() = default;
-  explicit gtopk(gtopk_values values) : values_(values) {}
+  explicit gtopk(gtopk_values values) : values_(values) {
+    if (values != gtopk_values::tree && values != gtopk_values::exact) {
+      detail::throw_invalid_argument("gtopk", "values", static_cast<int>(values),
+                                     "gtopk_values::tree (0) or gtopk_values::exact (1)");
+    }
+  }
 
   [[nodiscard]] gtopk_values values() const noexcept { return values_; }
   // Size of the last global set (<= k).
@@ -157,6 +181,7 @@ class gtopk {
       st.bytes_sent += send.size_bytes();
       st.bytes_received += received_.size() * sizeof(index_value);
       if (source >= 0) {
+        detail::check_received_pairs(received_, out.size(), k, source);
         detail::gtopk_merge(current_, received_, k, merged_);
         current_.swap(merged_);
       }
@@ -174,9 +199,14 @@ class gtopk {
     const std::size_t bcast_bytes = global_.size() * sizeof(index_value);
     (r == 0 ? st.bytes_sent : st.bytes_received) += ranks > 1 ? bcast_bytes : 0;
     const std::size_t g = global_[0].index;
-    detail::check_invariant(g <= k, "gtopk: the broadcast global set is larger than k");
+    if (g > k) {
+      detail::throw_payload_error("gtopk::exchange", "rank 0 broadcast a global set of ", g,
+                                  " pairs; at most k = ", k, " are allowed");
+    }
     global_.erase(global_.begin());
     global_.resize(g);
+    // Checked on every rank before out is written: the indices below are written to.
+    detail::check_received_pairs(global_, out.size(), k, 0);
 
     std::fill(out.begin(), out.end(), T(0));
     const T divisor = static_cast<T>(ranks);

@@ -106,6 +106,27 @@ class topk_a2a {
                         std::span<const std::span<typename Compressor::value_type>> outs,
                         std::span<exchange_stats> stats) {
     using T = typename Compressor::value_type;
+    if (payloads.size() != outs.size() || stats.size() != outs.size()) {
+      // payloads[t] and stats[t] are used for every t < outs.size(). The other ranks are about
+      // to agree on the first bucket's header: this rank takes part in that allgather with its
+      // error, so that they throw communicator_error instead of waiting for it.
+      std::string why;
+      try {
+        detail::throw_invalid_argument(
+            "topk_a2a::exchange_tensors", "payloads.size(), stats.size()",
+            detail::concat(payloads.size(), ", ", stats.size()),
+            detail::concat("both outs.size() (", outs.size(), ")"));
+      } catch (const invalid_argument& e) {
+        why = e.what();
+      }
+      if (!outs.empty()) {
+        exchange_header h;
+        h.algorithm = exchange_id::topk_a2a;
+        (void)agree_on_header(comm, "topk_a2a", h, agree::dense_size | agree::tensor_sizes,
+                              header_scratch_, why);
+      }
+      throw invalid_argument(why);
+    }
     sizes_.resize(outs.size());
     for (std::size_t t = 0; t < outs.size(); ++t) sizes_[t] = outs[t].size();
     const auto starts = plan_buckets(sizes_, bucket_elements_);
@@ -209,13 +230,29 @@ class topk_a2a {
     const std::uint64_t begin = topk_a2a_shard_begin(n, p, r);
     const std::uint64_t end = topk_a2a_shard_begin(n, p, r + 1);
     std::vector<T> shard(end - begin, T(0));
-    for (const auto& e : received_) {
-      if (e.index < begin || e.index >= end) {
-        throw communicator_error(detail::concat(
-            "gradcomp::topk_a2a: received index ", e.index, " outside this rank's shard [",
-            begin, ", ", end, "): the ranks disagree on the tensor sizes"));
+    // Each source's pairs are one run of its sorted list: strictly increasing. A repeated index
+    // would be added twice; one outside the shard would be written out of bounds.
+    std::size_t received_total = 0;
+    for (const std::size_t c : recv_counts_) received_total += c;
+    detail::check_invariant(received_total == received_.size(),
+                            "topk_a2a: the receive counts do not add up to the pairs received");
+    std::size_t pos = 0;
+    for (std::size_t from = 0; from < recv_counts_.size(); ++from) {
+      for (std::size_t j = 0; j < recv_counts_[from]; ++j, ++pos) {
+        const index_value& e = received_[pos];
+        // The ranks agreed on the tensor sizes, so such a pair can only be a corrupt message.
+        if (e.index < begin || e.index >= end) {
+          detail::throw_payload_error("topk_a2a::exchange", "rank ", from, " sent index ",
+                                      e.index, " outside this rank's shard [", begin, ", ", end,
+                                      ")");
+        }
+        if (j > 0 && e.index <= received_[pos - 1].index) {
+          detail::throw_payload_error("topk_a2a::exchange", "rank ", from, " sent index ",
+                                      e.index, " after ", received_[pos - 1].index,
+                                      "; each rank's indices must be strictly increasing");
+        }
+        shard[e.index - begin] += static_cast<T>(e.value);
       }
-      shard[e.index - begin] += static_cast<T>(e.value);
     }
     const T divisor = static_cast<T>(p);
     for (T& x : shard) x /= divisor;

@@ -5,9 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
+#include <gradcomp/device.hpp>
 #include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/detail/float16.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
@@ -40,6 +42,19 @@ struct bf16 {
         in.values.data(), decoded.size(), 16, [decoded](std::size_t i, std::uint32_t c) {
           decoded[i] = detail::bf16_bits_to_float(static_cast<std::uint16_t>(c));
         });
+  }
+
+  // Device overloads (gradcomp/cuda/quantize.cuh, nvcc): the same encode and decode on device
+  // spans, given a temp_storage and a stream; the bytes and side values equal the host's.
+  template <class... Args>
+  decltype(auto) encode(temp_storage& tmp, Args&&... args) const {
+    using impl = device_policy<typename detail::dependent_type<bf16, Args...>::type>;
+    return impl::encode(*this, tmp, std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  decltype(auto) decode(temp_storage& tmp, Args&&... args) const {
+    using impl = device_policy<typename detail::dependent_type<bf16, Args...>::type>;
+    return impl::decode(*this, tmp, std::forward<Args>(args)...);
   }
 };
 

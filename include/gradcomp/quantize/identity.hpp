@@ -6,9 +6,11 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <utility>
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
+#include <gradcomp/device.hpp>
 #include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/detail/float16.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
@@ -48,6 +50,19 @@ struct identity {
         decoded[i] = detail::bits_to_float(detail::load_le32(in.values.data() + 4 * i));
       }
     }
+  }
+
+  // Device overloads (gradcomp/cuda/quantize.cuh, nvcc): the same encode and decode on device
+  // spans, given a temp_storage and a stream; the bytes and side values equal the host's.
+  template <class... Args>
+  decltype(auto) encode(temp_storage& tmp, Args&&... args) const {
+    using impl = device_policy<typename detail::dependent_type<identity, Args...>::type>;
+    return impl::encode(*this, tmp, std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  decltype(auto) decode(temp_storage& tmp, Args&&... args) const {
+    using impl = device_policy<typename detail::dependent_type<identity, Args...>::type>;
+    return impl::decode(*this, tmp, std::forward<Args>(args)...);
   }
 };
 

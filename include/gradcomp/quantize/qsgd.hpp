@@ -9,10 +9,13 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <utility>
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
+#include <gradcomp/device.hpp>
 #include <gradcomp/detail/bitpack.hpp>
+#include <gradcomp/detail/quantize_math.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/error.hpp>
@@ -22,39 +25,10 @@ namespace gradcomp {
 
 namespace detail {
 
-// A bucket's L2 norm as sent: never below any |v| of the bucket (so s|v|/norm <= s),
-// saturated at FLT_MAX when finite inputs overflow float, and 0 when the bucket holds NaN or
-// Inf (the whole bucket then encodes as zeros and decodes to 0).
+// A bucket's L2 norm as sent (see qsgd_norm_from_sum); out of line, so that the per-element
+// lambda that calls it stays small enough to be inlined into the packing loop.
 GRADCOMP_DETAIL_NOINLINE inline float qsgd_norm(const float* v, std::size_t n) {
-  const double sum = sum_of_squares(v, n);
-  if (!std::isfinite(sum)) return 0.0f;
-  const double r = std::sqrt(sum);
-  constexpr double max = std::numeric_limits<float>::max();
-  return r >= max ? std::numeric_limits<float>::max() : static_cast<float>(r);
-}
-
-// Code of value v in a bucket of norm `norm` with s levels, u uniform in [0, 1).
-// Level xi = floor(r) or floor(r) + 1 with probability frac(r), r = s|v|/norm; code = s +- xi.
-GRADCOMP_HOST_DEVICE std::uint32_t qsgd_code(float v, float norm, std::uint32_t s, float u) {
-  if (!(norm > 0.0f)) return s;
-  const float fs = static_cast<float>(s);
-  float r = fs * (std::fabs(v) / norm);  // <= s when |v| <= norm, as qsgd_norm guarantees
-  // Defensive, for a norm computed elsewhere: keeps the code <= 2s and the cast below defined
-  // (a NaN or Inf r would make it undefined behaviour).
-  if (!(r <= fs)) r = fs;
-  const auto low = static_cast<std::uint32_t>(r);  // floor, as r >= 0
-  const float frac = r - static_cast<float>(low);  // exact
-  // Branch-free: the comparison is a coin flip that a branch predictor cannot learn.
-  const std::uint32_t level = low + static_cast<std::uint32_t>(u < frac);
-  return v < 0.0f ? s - level : s + level;
-}
-
-// Decoded value of a code: norm * (code - s) / s, with inv_s = 1.0f / s.
-GRADCOMP_HOST_DEVICE float qsgd_value(float norm, std::uint32_t code, std::uint32_t s,
-                                      float inv_s) {
-  const float level =
-      static_cast<float>(static_cast<std::int32_t>(code) - static_cast<std::int32_t>(s));
-  return norm * (level * inv_s);
+  return qsgd_norm_from_sum(sum_of_squares(v, n));
 }
 
 }  // namespace detail
@@ -139,6 +113,19 @@ struct qsgd {
       }
       decoded[i] = detail::qsgd_value(norm, c, s, inv_s);
     });
+  }
+
+  // Device overloads (gradcomp/cuda/quantize.cuh, nvcc): the same encode and decode on device
+  // spans, given a temp_storage and a stream; the bytes and side values equal the host's.
+  template <class... Args>
+  decltype(auto) encode(temp_storage& tmp, Args&&... args) const {
+    using impl = device_policy<typename detail::dependent_type<qsgd, Args...>::type>;
+    return impl::encode(*this, tmp, std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  decltype(auto) decode(temp_storage& tmp, Args&&... args) const {
+    using impl = device_policy<typename detail::dependent_type<qsgd, Args...>::type>;
+    return impl::decode(*this, tmp, std::forward<Args>(args)...);
   }
 
  private:

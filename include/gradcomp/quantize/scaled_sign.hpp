@@ -8,10 +8,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
+#include <gradcomp/device.hpp>
 #include <gradcomp/detail/bitpack.hpp>
+#include <gradcomp/detail/quantize_math.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
 #include <gradcomp/sparse.hpp>
 
@@ -21,9 +24,7 @@ namespace detail {
 
 // mean|v| of a bucket, or 0 when the bucket holds NaN or Inf (it then decodes to +-0).
 GRADCOMP_DETAIL_NOINLINE inline float scaled_sign_mean(const float* v, std::size_t n) {
-  const double sum = sum_of_abs(v, n);
-  if (!std::isfinite(sum)) return 0.0f;
-  return static_cast<float>(sum / static_cast<double>(n));  // <= max|v|, so finite
+  return scaled_sign_mean_from_sum(sum_of_abs(v, n), n);
 }
 
 }  // namespace detail
@@ -55,7 +56,7 @@ struct scaled_sign {
         bucket_end = std::min<std::size_t>(n, i + bucket);
         *side++ = detail::scaled_sign_mean(values.data() + i, bucket_end - i);
       }
-      return values[i] < 0.0f ? 1u : 0u;
+      return detail::scaled_sign_code(values[i]);
     });
   }
 
@@ -65,15 +66,27 @@ struct scaled_sign {
     const std::size_t bucket = bucket_size_ == 0 ? n : bucket_size_;
     const float* side = in.side.data();
     std::size_t bucket_end = 0;
-    float level[2] = {0.0f, 0.0f};
+    float mean = 0.0f;
     detail::unpack_codes_with(in.values.data(), n, 1, [&](std::size_t i, std::uint32_t c) {
       if (i == bucket_end) [[unlikely]] {
         bucket_end = std::min<std::size_t>(n, i + bucket);
-        level[0] = *side++;
-        level[1] = -level[0];
+        mean = *side++;
       }
-      decoded[i] = level[c];
+      decoded[i] = detail::scaled_sign_value(c, mean);
     });
+  }
+
+  // Device overloads (gradcomp/cuda/quantize.cuh, nvcc): the same encode and decode on device
+  // spans, given a temp_storage and a stream; the bytes and side values equal the host's.
+  template <class... Args>
+  decltype(auto) encode(temp_storage& tmp, Args&&... args) const {
+    using impl = device_policy<typename detail::dependent_type<scaled_sign, Args...>::type>;
+    return impl::encode(*this, tmp, std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  decltype(auto) decode(temp_storage& tmp, Args&&... args) const {
+    using impl = device_policy<typename detail::dependent_type<scaled_sign, Args...>::type>;
+    return impl::decode(*this, tmp, std::forward<Args>(args)...);
   }
 
  private:

@@ -9,10 +9,13 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <utility>
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
+#include <gradcomp/device.hpp>
 #include <gradcomp/detail/bitpack.hpp>
+#include <gradcomp/detail/quantize_math.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/sparse.hpp>
@@ -23,22 +26,7 @@ namespace detail {
 
 // max|v| of a bucket, or 0 when the bucket holds NaN or Inf (it then encodes as all zeros).
 GRADCOMP_DETAIL_NOINLINE inline float terngrad_max(const float* v, std::size_t n) {
-  float m = 0.0f;
-  bool finite = true;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float a = std::fabs(v[i]);
-    finite = finite && a <= std::numeric_limits<float>::max();  // false for NaN too
-    m = a > m ? a : m;
-  }
-  return finite ? m : 0.0f;
-}
-
-// Codes: 0 -> 0, 1 -> +max, 2 -> -max; 3 is invalid.
-GRADCOMP_HOST_DEVICE std::uint32_t terngrad_code(float v, float max, float u) {
-  if (!(max > 0.0f)) return 0u;
-  // Branch-free (the draw is a coin flip): hit ? (v < 0 ? 2 : 1) : 0.
-  const auto hit = static_cast<std::uint32_t>(u < std::fabs(v) / max);
-  return hit << static_cast<unsigned>(v < 0.0f);
+  return terngrad_max_from_bits(max_abs_bits(v, n));
 }
 
 }  // namespace detail
@@ -84,15 +72,27 @@ struct terngrad {
     const std::size_t bucket = bucket_size_ == 0 ? n : bucket_size_;
     const float* side = in.side.data();
     std::size_t bucket_end = 0;
-    float level[3] = {0.0f, 0.0f, 0.0f};
+    float max = 0.0f;
     detail::unpack_codes_with(in.values.data(), n, 2, [&](std::size_t i, std::uint32_t c) {
       if (i == bucket_end) [[unlikely]] {
         bucket_end = std::min<std::size_t>(n, i + bucket);
-        level[1] = *side++;
-        level[2] = -level[1];
+        max = *side++;
       }
-      decoded[i] = level[c];
+      decoded[i] = detail::terngrad_value(c, max);
     });
+  }
+
+  // Device overloads (gradcomp/cuda/quantize.cuh, nvcc): the same encode and decode on device
+  // spans, given a temp_storage and a stream; the bytes and side values equal the host's.
+  template <class... Args>
+  decltype(auto) encode(temp_storage& tmp, Args&&... args) const {
+    using impl = device_policy<typename detail::dependent_type<terngrad, Args...>::type>;
+    return impl::encode(*this, tmp, std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  decltype(auto) decode(temp_storage& tmp, Args&&... args) const {
+    using impl = device_policy<typename detail::dependent_type<terngrad, Args...>::type>;
+    return impl::decode(*this, tmp, std::forward<Args>(args)...);
   }
 
  private:

@@ -44,6 +44,7 @@ struct dgc_sampling {
   template <gradient_value T>
   selection_stats select(std::span<const T> g, const select_context& ctx,
                          std::vector<std::uint32_t>& indices) {
+    check();
     const std::size_t n = g.size();
     detail::check_index_range("dgc_sampling", n);
     check_k("dgc_sampling", ctx.k, n);
@@ -82,8 +83,9 @@ struct dgc_sampling {
 
     const double high = upper * static_cast<double>(k);
     const double low = lower * static_cast<double>(k);
-    const std::size_t cap =
-        std::min(n, std::max(2 * k, static_cast<std::size_t>(std::ceil(high))) + 256);
+    // high is capped at n before the conversion: a large upper must not overflow size_t.
+    const std::size_t cap = std::min(
+        n, std::max(2 * k, static_cast<std::size_t>(std::ceil(std::min(high, nd)))) + 256);
     indices.resize(cap + detail::scan_block);
     auto t = static_cast<detail::signed_key_t<T>>(sampled) - 1;  // key >= sampled
     std::size_t c = 0;
@@ -118,6 +120,35 @@ struct dgc_sampling {
       detail::collect_above(g, t, indices);
     }
     return st;
+  }
+
+  // The tunables' ranges (and those of the exact cut); select() calls it before anything is
+  // written, compressor<> before the feedback state changes. Outside them the sample size
+  // would reach a double -> size_t conversion (negative or NaN: undefined behaviour), or the
+  // rounds would move the threshold the wrong way (decay >= 1) or promise a count band that
+  // does not contain k.
+  void check() const {
+    if (!(sample_fraction >= 0.0 && sample_fraction <= 1.0)) {
+      detail::throw_invalid_argument("dgc_sampling", "sample_fraction", sample_fraction,
+                                     "0 <= sample_fraction <= 1");
+    }
+    if (!(samples_per_rho >= 0.0 && std::isfinite(samples_per_rho))) {
+      detail::throw_invalid_argument("dgc_sampling", "samples_per_rho", samples_per_rho,
+                                     "0 <= samples_per_rho < inf");
+    }
+    if (!(upper >= 1.0 && std::isfinite(upper))) {
+      detail::throw_invalid_argument("dgc_sampling", "upper", upper, "1 <= upper < inf");
+    }
+    if (!(lower >= 0.0 && lower <= 1.0)) {
+      detail::throw_invalid_argument("dgc_sampling", "lower", lower, "0 <= lower <= 1");
+    }
+    if (!(decay > 0.0 && decay < 1.0)) {
+      detail::throw_invalid_argument("dgc_sampling", "decay", decay, "0 < decay < 1");
+    }
+    if (max_rounds < 1) {
+      detail::throw_invalid_argument("dgc_sampling", "max_rounds", max_rounds, "max_rounds >= 1");
+    }
+    exact.check();
   }
 };
 

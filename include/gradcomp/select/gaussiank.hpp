@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
@@ -17,6 +18,7 @@
 #include <gradcomp/detail/moments.hpp>
 #include <gradcomp/detail/normal.hpp>
 #include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/device.hpp>
 #include <gradcomp/select/topk.hpp>
 
 namespace gradcomp {
@@ -64,6 +66,7 @@ struct gaussiank {
   template <gradient_value T>
   selection_stats select(std::span<const T> g, const select_context& ctx,
                          std::vector<std::uint32_t>& indices) {
+    check();
     detail::check_index_range("gaussiank", g.size());
     check_k("gaussiank", ctx.k, g.size());
     return select_from(detail::read_source<T>{g}, ctx, indices);
@@ -77,9 +80,36 @@ struct gaussiank {
       detail::throw_invalid_argument("gaussiank::select_accumulate", "e.size()", e.size(),
                                      detail::concat("g.size() (", g.size(), ")"));
     }
+    check();
     detail::check_index_range("gaussiank", g.size());
     check_k("gaussiank", ctx.k, g.size());
     return select_from(detail::accumulate_source<T>{e, g}, ctx, indices);
+  }
+
+  // On device memory (gradcomp/cuda/select.cuh): select(tmp, g, ctx, indices, stats, stream)
+  // and select_accumulate(tmp, e, g, ctx, indices, stats, stream) with device spans.
+  template <class... Args>
+  decltype(auto) select(temp_storage& tmp, Args&&... args) {
+    using impl = device_policy<typename detail::dependent_type<gaussiank, Args...>::type>;
+    return impl::select(*this, tmp, std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  decltype(auto) select_accumulate(temp_storage& tmp, Args&&... args) {
+    using impl = device_policy<typename detail::dependent_type<gaussiank, Args...>::type>;
+    return impl::select_accumulate(*this, tmp, std::forward<Args>(args)...);
+  }
+
+  // The tunables' ranges (and those of the exact fallback); select() and select_accumulate()
+  // call it before anything is written, compressor<> before the feedback state changes.
+  // max_refinements and predict_sample accept any value; a negative collect_margin only makes
+  // the collected list useless (the counting passes then decide), but NaN or Inf would make
+  // the predicted thresholds meaningless.
+  void check() const {
+    if (!std::isfinite(collect_margin)) {
+      detail::throw_invalid_argument("gaussiank", "collect_margin", collect_margin,
+                                     "-inf < collect_margin < inf");
+    }
+    exact.check();
   }
 
  private:

@@ -81,6 +81,7 @@ struct redsync {
     if (!(min_interval > 0.0)) {
       detail::throw_invalid_argument("redsync", "min_interval", min_interval, "min_interval > 0");
     }
+    exact.check();
   }
 };
 

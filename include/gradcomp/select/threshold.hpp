@@ -5,11 +5,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/device.hpp>
 
 namespace gradcomp {
 
@@ -28,6 +30,13 @@ struct threshold {
     st.count = detail::collect_above(g, detail::key_threshold_at_least<T>(tau), indices);
     st.threshold = tau;
     return st;
+  }
+
+  // On device memory (gradcomp/cuda/select.cuh): select(tmp, g, ctx, indices, stats, stream).
+  template <class... Args>
+  decltype(auto) select(temp_storage& tmp, Args&&... args) {
+    using impl = device_policy<typename detail::dependent_type<threshold, Args...>::type>;
+    return impl::select(*this, tmp, std::forward<Args>(args)...);
   }
 
   // compressor<> calls this before the feedback state changes.

@@ -18,6 +18,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/device.hpp>
 
 namespace gradcomp {
 
@@ -128,7 +129,25 @@ abs_key_t<T> topk_stream_heap(std::span<const T> g, std::size_t k, std::uint32_t
   return heap.front().first;
 }
 
+// What the bracketed path decides from n and k alone (topk::bracket_plan): the sample size,
+// where lo and hi sit among the sample keys sorted largest first (0-based), and the candidate
+// budget. The device topk (gradcomp/cuda/dispatch/topk.cuh) uses the same plan.
+struct topk_bracket_plan {
+  enum hi_kind : unsigned { hi_none = 0, hi_is_lo = 1, hi_at_rank = 2 };
+  std::size_t s = 0;       // sample size, 1 <= s <= n / 16
+  std::size_t lo_pos = 0;  // lo = sample key lo_pos; lo_pos == s: lo = 0 (everything)
+  unsigned hi_mode = hi_none;  // hi_none: hi = the largest key (no sure elements)
+  std::size_t hi_pos = 0;  // hi_at_rank: hi = sample key hi_pos (< lo_pos)
+  std::size_t budget = 0;  // candidates before the pass gives up
+};
+
 }  // namespace detail
+
+// How topk finds the k-th key: `automatic` is the sample-bracket-filter with its paths below;
+// `radix` always runs the radix select over all of g (3 passes for float, 6 for double; stats:
+// iterations = passes, fallback = false), the same on the host and the device. The index set
+// is the same either way.
+enum class topk_method { automatic, radix };
 
 // Exact Top-k. Tunables of the sampled bracket (the defaults suit densities 1e-5 .. 0.5):
 // the sample holds sample_scale * (n * sqrt(rho (1 - rho)))^(2/3) elements, clamped to
@@ -162,11 +181,13 @@ struct topk {
   double candidate_budget_factor = 4.0;
   std::size_t min_candidate_budget = 4096;
   std::size_t heap_max_k = 64;
+  topk_method method = topk_method::automatic;
   detail::select_scratch scratch{};  // reused between calls; not copied
 
   template <gradient_value T>
   selection_stats select(std::span<const T> g, const select_context& ctx,
                          std::vector<std::uint32_t>& indices) {
+    check();
     detail::check_index_range("topk", g.size());
     check_k("topk", ctx.k, g.size());
     return select_from(detail::read_source<T>{g}, ctx.k, indices);
@@ -180,9 +201,89 @@ struct topk {
       detail::throw_invalid_argument("topk::select_accumulate", "e.size()", e.size(),
                                      detail::concat("g.size() (", g.size(), ")"));
     }
+    check();
     detail::check_index_range("topk", g.size());
     check_k("topk", ctx.k, g.size());
     return select_from(detail::accumulate_source<T>{e, g}, ctx.k, indices);
+  }
+
+  // On device memory (gradcomp/cuda/select.cuh): select(tmp, g, ctx, indices, stats, stream)
+  // and select_accumulate(tmp, e, g, ctx, indices, stats, stream) with device spans.
+  template <class... Args>
+  decltype(auto) select(temp_storage& tmp, Args&&... args) {
+    using impl = device_policy<typename detail::dependent_type<topk, Args...>::type>;
+    return impl::select(*this, tmp, std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  decltype(auto) select_accumulate(temp_storage& tmp, Args&&... args) {
+    using impl = device_policy<typename detail::dependent_type<topk, Args...>::type>;
+    return impl::select_accumulate(*this, tmp, std::forward<Args>(args)...);
+  }
+
+  // The bracket of the sampled path for n values and k > heap_max_k (see the class comment).
+  // The number of sampled keys above the true k-th key is about Binomial(s, rho): its standard
+  // deviation sets the bracket width in sample ranks.
+  [[nodiscard]] detail::topk_bracket_plan bracket_plan(std::size_t n, std::size_t k) const {
+    detail::topk_bracket_plan p;
+    const double nd = static_cast<double>(n);
+    const double kd = static_cast<double>(k);
+    const double rho = kd / nd;
+    const double spread_n = nd * std::sqrt(rho * (1.0 - rho));
+    const double s_real = std::ceil(sample_scale * std::cbrt(spread_n * spread_n));
+    std::size_t s = s_real >= nd ? n : static_cast<std::size_t>(std::max(s_real, 1.0));
+    s = std::min(std::max(s, min_sample), max_sample);
+    s = std::max<std::size_t>(std::min(s, n / 16), 1);
+    p.s = s;
+    const double sd = static_cast<double>(s);
+    const double r = rho * sd;
+    const double spread =
+        bracket_sigmas * std::sqrt(sd * rho * (1.0 - rho)) + static_cast<double>(bracket_margin);
+    const double hi_rank = std::floor(r - spread);  // 1-based ranks, largest first
+    const double lo_rank = std::ceil(r + spread);
+    p.lo_pos = s;
+    if (lo_rank <= sd) p.lo_pos = static_cast<std::size_t>(std::max(lo_rank, 1.0)) - 1;
+    if (hi_rank >= 1.0) {
+      const auto hi_pos = static_cast<std::size_t>(hi_rank) - 1;
+      if (hi_pos < p.lo_pos) {
+        p.hi_mode = detail::topk_bracket_plan::hi_at_rank;
+        p.hi_pos = hi_pos;
+      } else {
+        p.hi_mode = detail::topk_bracket_plan::hi_is_lo;
+      }
+    }
+    const double ranks_in = std::max(lo_rank, 1.0) - std::max(hi_rank, 0.0) + 1.0;
+    const double expected = ranks_in * nd / sd;
+    const double budget_real =
+        std::max(candidate_budget_factor * expected, static_cast<double>(min_candidate_budget));
+    p.budget = budget_real >= nd ? n : static_cast<std::size_t>(budget_real);
+    return p;
+  }
+
+  // The tunables' ranges; select() and select_accumulate() call it before anything is written,
+  // and compressor<> before the feedback state changes. A NaN or negative factor would reach
+  // a double -> size_t conversion (undefined behaviour); bracket_margin, min_candidate_budget
+  // and heap_max_k accept any value.
+  void check() const {
+    if (!(sample_scale > 0.0 && std::isfinite(sample_scale))) {
+      detail::throw_invalid_argument("topk", "sample_scale", sample_scale, "0 < sample_scale < inf");
+    }
+    if (min_sample < 1 || min_sample > max_sample) {
+      detail::throw_invalid_argument("topk", "min_sample, max_sample",
+                                     detail::concat(min_sample, ", ", max_sample),
+                                     "1 <= min_sample <= max_sample");
+    }
+    if (!(bracket_sigmas >= 0.0 && std::isfinite(bracket_sigmas))) {
+      detail::throw_invalid_argument("topk", "bracket_sigmas", bracket_sigmas,
+                                     "0 <= bracket_sigmas < inf");
+    }
+    if (!(candidate_budget_factor > 0.0 && std::isfinite(candidate_budget_factor))) {
+      detail::throw_invalid_argument("topk", "candidate_budget_factor", candidate_budget_factor,
+                                     "0 < candidate_budget_factor < inf");
+    }
+    if (method != topk_method::automatic && method != topk_method::radix) {
+      detail::throw_invalid_argument("topk", "method", static_cast<int>(method),
+                                     "topk_method::automatic (0) or topk_method::radix (1)");
+    }
   }
 
  private:
@@ -201,57 +302,45 @@ struct topk {
     indices.resize(k);
     st.count = k;
 
+    if (method == topk_method::radix) {
+      src.finish(0);
+      auto& keys = scratch.keys<T>();
+      const auto res = detail::radix_kth_largest(src.values(), k, keys);
+      detail::take_top_by_kth(src.values(), res.kth, res.above, k, indices.data());
+      st.threshold = static_cast<double>(detail::key_magnitude<T>(res.kth));
+      st.iterations = res.passes;
+      return st;
+    }
+
     if (k == n || n <= detail::topk_direct_max || k <= heap_max_k) {
       src.finish(0);
       return select_small(src.values(), k, indices, st);
     }
 
-    const double nd = static_cast<double>(n);
-    const double kd = static_cast<double>(k);
-    const double rho = kd / nd;
-    const double spread_n = nd * std::sqrt(rho * (1.0 - rho));
-    const double s_real = std::ceil(sample_scale * std::cbrt(spread_n * spread_n));
-    std::size_t s = s_real >= nd ? n : static_cast<std::size_t>(std::max(s_real, 1.0));
-    s = std::min(std::max(s, min_sample), max_sample);
-    s = std::max<std::size_t>(std::min(s, n / 16), 1);
+    const detail::topk_bracket_plan plan = bracket_plan(n, k);
+    const std::size_t s = plan.s;
 
-    // Sample bracket. The number of sampled keys above the true k-th key is about
-    // Binomial(s, rho): its standard deviation sets the bracket width in sample ranks.
+    // Sample bracket (the plan's ranks, taken with nth_element).
     auto& keys = scratch.keys<T>();
     detail::ensure_size(keys, s);
     detail::strided_sample_keys<T>(src, s, keys.data());
-    const double sd = static_cast<double>(s);
-    const double r = rho * sd;
-    const double spread =
-        bracket_sigmas * std::sqrt(sd * rho * (1.0 - rho)) + static_cast<double>(bracket_margin);
-    const double hi_rank = std::floor(r - spread);  // 1-based ranks, largest first
-    const double lo_rank = std::ceil(r + spread);
     auto first = keys.begin();
     key lo = 0;
-    std::size_t lo_pos = s;
-    if (lo_rank <= sd) {
-      lo_pos = static_cast<std::size_t>(std::max(lo_rank, 1.0)) - 1;
+    const std::size_t lo_pos = plan.lo_pos;
+    if (lo_pos < s) {
       std::nth_element(first, first + static_cast<std::ptrdiff_t>(lo_pos),
                        first + static_cast<std::ptrdiff_t>(s), std::greater<key>{});
       lo = keys[lo_pos];
     }
     key hi = detail::abs_key_traits<T>::mask;  // nothing is above: no sure elements
-    if (hi_rank >= 1.0) {
-      const auto hi_pos = static_cast<std::size_t>(hi_rank) - 1;
-      if (hi_pos < lo_pos) {
-        std::nth_element(first, first + static_cast<std::ptrdiff_t>(hi_pos),
-                         first + static_cast<std::ptrdiff_t>(lo_pos), std::greater<key>{});
-        hi = keys[hi_pos];
-      } else {
-        hi = lo;
-      }
+    if (plan.hi_mode == detail::topk_bracket_plan::hi_at_rank) {
+      std::nth_element(first, first + static_cast<std::ptrdiff_t>(plan.hi_pos),
+                       first + static_cast<std::ptrdiff_t>(lo_pos), std::greater<key>{});
+      hi = keys[plan.hi_pos];
+    } else if (plan.hi_mode == detail::topk_bracket_plan::hi_is_lo) {
+      hi = lo;
     }
-
-    const double ranks_in = std::max(lo_rank, 1.0) - std::max(hi_rank, 0.0) + 1.0;
-    const double expected = ranks_in * nd / sd;
-    const double budget_real =
-        std::max(candidate_budget_factor * expected, static_cast<double>(min_candidate_budget));
-    const std::size_t budget = budget_real >= nd ? n : static_cast<std::size_t>(budget_real);
+    const std::size_t budget = plan.budget;
 
     auto& sure = scratch.list_a;
     auto& cand = scratch.list_b;
