@@ -1,0 +1,168 @@
+// gradcomp/cuda/dispatch/topk.cuh: exact top-k on the device. The common case reads g once:
+//   sample (s strided keys) -> bracket [lo, hi] (one block, two radix selects on the sample)
+//   -> filter (one read of g, |g| keyed on the fly: sure indices and candidates, block scan and
+//   one atomic per counter per block) -> finish (one block: radix select on the candidate
+//   keys, ties to the lowest indices) -> sort of the k picks (cub::DeviceRadixSort on k keys).
+// The plan (sample size, bracket ranks, candidate budget) is topk's host computation
+// (topk::bracket_plan), so the bracket and the miss decision are the host's; a miss switches the
+// pipeline, on the device, to the radix select over all of g (dispatch/radix_select.cuh), whose
+// kernels were launched behind the finish and return at once when the bracket held. No host round
+// trip.
+#pragma once
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include <gradcomp/context.hpp>
+#include <gradcomp/cuda/dispatch/radix_select.cuh>
+#include <gradcomp/cuda/kernels/select_kernels.cuh>
+#include <gradcomp/detail/radix_digits.hpp>
+#include <gradcomp/select/topk.hpp>
+
+namespace gradcomp::cuda::sel {
+
+// What topk::select_from decides before it touches g: the same paths, and for the bracketed
+// one the host's own plan (topk::bracket_plan), so the bracket and the miss decision are the
+// host's.
+struct topk_plan {
+  bool radix_only = false;  // forced radix, k == n, tiny n or tiny k: radix select over g
+  bool forced = false;      // topk_method::radix (stats.iterations = passes)
+  std::size_t s = 0;        // sample size
+  std::size_t lo_pos = 0;   // lo = (lo_pos + 1)-th largest sample key; lo_pos == s: lo = 0
+  unsigned hi_mode = 0;     // 0: hi = max key, 1: hi = lo, 2: hi = (hi_pos + 1)-th largest
+  std::size_t hi_pos = 0;
+  std::size_t budget = 0;  // candidate budget
+};
+
+inline topk_plan plan_topk(const topk& sel, std::size_t n, std::size_t k) {
+  topk_plan p;
+  p.forced = sel.method == topk_method::radix;
+  if (p.forced || k == n || n <= detail::topk_direct_max || k <= sel.heap_max_k) {
+    p.radix_only = true;
+    return p;
+  }
+  const detail::topk_bracket_plan b = sel.bracket_plan(n, k);
+  static_assert(detail::topk_bracket_plan::hi_none == 0 &&
+                    detail::topk_bracket_plan::hi_is_lo == 1 &&
+                    detail::topk_bracket_plan::hi_at_rank == 2,
+                "bracket_kernel's hi_mode values");
+  p.s = b.s;
+  p.lo_pos = b.lo_pos;
+  p.hi_mode = b.hi_mode;
+  p.hi_pos = b.hi_pos;
+  p.budget = b.budget;
+  return p;
+}
+
+// Bits needed for the indices 0 .. n-1 (at least 1): the sort of the picks looks at no more.
+inline int index_bits(std::size_t n) {
+  int b = 1;
+  while (b < 32 && ((static_cast<std::uint64_t>(n) - 1) >> b) != 0) ++b;
+  return b;
+}
+
+// Scratch layout, measured (tmp.ptr == nullptr) or carved, and the launches. e == nullptr:
+// select from g; else select from e + g and leave e = e + g.
+template <class T>
+void topk_run(const topk& sel, temp_storage& tmp, T* e, const T* g, std::size_t n, std::size_t k,
+              std::uint32_t* out, selection_stats* stats, cudaStream_t stream) {
+  using key = detail::abs_key_t<T>;
+  const topk_plan plan = plan_topk(sel, n, k);
+  carver c(tmp.ptr);
+  auto* st = c.take<select_state<T>>(1);
+  const radix_scratch rs = carve_radix<T>(c, n);
+  key* sample = nullptr;
+  std::uint32_t* picks = nullptr;
+  std::uint32_t* cand_idx = nullptr;
+  key* cand_keys = nullptr;
+  void* sort_tmp = nullptr;
+  std::size_t sort_bytes = 0;
+  const std::size_t cand_cap = plan.budget + detail::scan_block;
+  const int end_bit = index_bits(n);
+  if (!plan.radix_only && k > 0) {
+    sample = c.take<key>(plan.s);
+    picks = c.take<std::uint32_t>(k);
+    cand_idx = c.take<std::uint32_t>(cand_cap);
+    cand_keys = c.take<key>(cand_cap);
+    detail::cuda_check(
+        cub::DeviceRadixSort::SortKeys(
+            nullptr, sort_bytes, static_cast<const std::uint32_t*>(nullptr),
+            static_cast<std::uint32_t*>(nullptr), static_cast<std::int64_t>(k), 0, end_bit, stream),
+        "cub::DeviceRadixSort::SortKeys (size query)");
+    sort_tmp = c.take<char>(sort_bytes);
+  }
+  if (tmp.is_size_query()) {
+    tmp.bytes = c.bytes();
+    return;
+  }
+  if (tmp.bytes < c.end()) {
+    detail::throw_invalid_argument(
+        "topk", "tmp.bytes", tmp.bytes,
+        detail::concat(">= ", c.end(), " (the size query's answer is enough)"));
+  }
+
+  const T* values = e ? e : g;  // what holds the values once e += g is done
+  if (k == 0) {
+    if (e && n > 0) {
+      axpy_kernel<T><<<grid_for(n, 256, 4096), 256, 0, stream>>>(e, g, n);
+      check_launch("axpy_kernel");
+    }
+    write_stats_kernel<<<1, 1, 0, stream>>>(stats, 0, 0.0, 0, false);
+    check_launch("write_stats_kernel");
+    return;
+  }
+  constexpr unsigned passes = detail::radix_passes(detail::abs_key_traits<T>::bits);
+  const read_values<T> final_vals{values};
+  if (plan.radix_only) {
+    if (e) {
+      axpy_kernel<T><<<grid_for(n, 256, 4096), 256, 0, stream>>>(e, g, n);
+      check_launch("axpy_kernel");
+    }
+    init_kernel<T><<<1, 1, 0, stream>>>(st, mode_radix, k, final_vals, false);
+    check_launch("init_kernel");
+    launch_radix_topk<T>(final_vals, n, st, rs, out, k, stream);
+    radix_stats_kernel<T><<<1, 1, 0, stream>>>(st, k, plan.forced ? passes : 0u, passes, stats);
+    check_launch("radix_stats_kernel");
+    return;
+  }
+
+  init_kernel<T><<<1, 1, 0, stream>>>(st, 0u, k, final_vals, false);
+  check_launch("init_kernel");
+  const std::size_t tiles = num_tiles(n);
+  const std::size_t n_full = n - n % detail::scan_block;
+  auto filter = [&](auto vals) {
+    using V = decltype(vals);
+    sample_kernel<T, V><<<grid_for(plan.s, 256), 256, 0, stream>>>(vals, n, plan.s, sample);
+    check_launch("sample_kernel");
+    bracket_kernel<T, single_threads, buckets><<<1, single_threads, 0, stream>>>(
+        sample, plan.s, plan.lo_pos, plan.hi_mode, plan.hi_pos, st);
+    check_launch("bracket_kernel");
+    filter_kernel<T, V, tile_threads, tile_items>
+        <<<static_cast<unsigned>(tiles), tile_threads, 0, stream>>>(vals, n, n_full, st, picks, k,
+                                                                    cand_idx, cand_keys, cand_cap);
+    check_launch("filter_kernel");
+  };
+  if (e) {
+    filter(accumulate_values<T>{e, g});
+  } else {
+    filter(read_values<T>{g});
+  }
+  finish_kernel<T, single_threads, buckets><<<1, single_threads, 0, stream>>>(
+      st, k, plan.budget, values, picks, cand_idx, cand_keys, stats);
+  check_launch("finish_kernel");
+  // The sort runs either way; after a miss the radix take below overwrites its output.
+  detail::cuda_check(
+      cub::DeviceRadixSort::SortKeys(sort_tmp, sort_bytes, static_cast<const std::uint32_t*>(picks),
+                                     out, static_cast<std::int64_t>(k), 0, end_bit, stream),
+      "cub::DeviceRadixSort::SortKeys");
+  launch_radix_topk<T>(final_vals, n, st, rs, out, k, stream);
+  radix_stats_kernel<T><<<1, 1, 0, stream>>>(st, k, 0u, passes, stats);
+  check_launch("radix_stats_kernel");
+}
+
+}  // namespace gradcomp::cuda::sel

@@ -1,0 +1,146 @@
+// gradcomp/cuda/select.cuh: the device implementations of topk, gaussiank and threshold, so
+// that the same selector objects work on device memory:
+//
+//   gradcomp::topk sel;                       // same settings as on the host
+//   gradcomp::temp_storage tmp;               // CUB convention: size query, then the call
+//   sel.select(tmp, g, ctx, indices, d_stats, stream);      // tmp.ptr == nullptr: sets bytes
+//   cudaMalloc(&tmp.ptr, tmp.bytes);
+//   sel.select(tmp, g, ctx, indices, d_stats, stream);      // asynchronous on `stream`
+//
+// g is a device_span<const T> (T float or double), indices a device_span<uint32_t>, d_stats a
+// selection_stats* in device memory that receives what the host call returns. The size query
+// depends only on the selector's settings, n and k. Arguments are checked like the host's (same
+// exceptions, thrown before anything is launched); device contents are not looked at.
+//
+//  - topk: the host's index set (largest |g| keys, NaN above +Inf, ties to the lower index),
+//    ascending, in indices[0, k); indices.size() >= k. stats as the host's: threshold = |g| of
+//    the k-th, fallback when the sampled bracket missed (the host's plan and criteria), and
+//    iterations = radix passes after a miss or with topk_method::radix.
+//  - gaussiank: {i : |g_i| > threshold} ascending (with cap_at_k at most k), within the
+//    tolerance documented in dispatch/gaussiank.cuh; stats.count is the full count and at most
+//    indices.size() indices are written (pass n for all). NaN or Inf: the exact top-k, fallback.
+//  - threshold: {i : |g_i| >= tau} ascending, the same count rule as gaussiank.
+//  - select_accumulate(tmp, e, g, ctx, indices, d_stats, stream) for topk and gaussiank: the
+//    selection of e + g, leaving e = e + g, with the addition fused into the first pass.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <gradcomp/context.hpp>
+#include <gradcomp/cuda/dispatch/gaussiank.cuh>
+#include <gradcomp/cuda/dispatch/topk.cuh>
+#include <gradcomp/device.hpp>
+#include <gradcomp/select/gaussiank.hpp>
+#include <gradcomp/select/threshold.hpp>
+#include <gradcomp/select/topk.hpp>
+
+namespace gradcomp {
+
+namespace cuda::sel {
+
+template <class T>
+inline constexpr bool device_value = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+inline void check_device_outputs(const char* where, std::size_t capacity, std::size_t need,
+                                 const selection_stats* stats) {
+  if (capacity < need) {
+    detail::throw_invalid_argument(where, "indices.size()", capacity,
+                                   detail::concat(">= k (k = ", need, ")"));
+  }
+  if (stats == nullptr) {
+    detail::throw_invalid_argument(where, "stats", "nullptr", "a selection_stats in device memory");
+  }
+}
+
+inline void check_same_size(const char* where, std::size_t e, std::size_t g) {
+  if (e != g) {
+    detail::throw_invalid_argument(where, "e.size()", e, detail::concat("g.size() (", g, ")"));
+  }
+}
+
+}  // namespace cuda::sel
+
+template <>
+struct device_policy<topk> {
+  template <class U>
+  requires cuda::sel::device_value<std::remove_const_t<U>>
+  static void select(topk& sel, temp_storage& tmp, device_span<U> g, const select_context& ctx,
+                     device_span<std::uint32_t> indices, selection_stats* stats,
+                     cudaStream_t stream = nullptr) {
+    using T = std::remove_const_t<U>;
+    sel.check();
+    detail::check_index_range("topk", g.size());
+    check_k("topk", ctx.k, g.size());
+    cuda::sel::check_device_outputs("topk", indices.size(), ctx.k, stats);
+    cuda::sel::topk_run<T>(sel, tmp, nullptr, g.data(), g.size(), ctx.k, indices.data(), stats,
+                           stream);
+  }
+
+  template <class T, class U>
+  requires cuda::sel::device_value<T> && std::is_same_v<std::remove_const_t<U>, T>
+  static void select_accumulate(topk& sel, temp_storage& tmp, device_span<T> e, device_span<U> g,
+                                const select_context& ctx, device_span<std::uint32_t> indices,
+                                selection_stats* stats, cudaStream_t stream = nullptr) {
+    cuda::sel::check_same_size("topk::select_accumulate", e.size(), g.size());
+    sel.check();
+    detail::check_index_range("topk", g.size());
+    check_k("topk", ctx.k, g.size());
+    cuda::sel::check_device_outputs("topk", indices.size(), ctx.k, stats);
+    cuda::sel::topk_run<T>(sel, tmp, e.data(), g.data(), g.size(), ctx.k, indices.data(), stats,
+                           stream);
+  }
+};
+
+template <>
+struct device_policy<gaussiank> {
+  template <class U>
+  requires cuda::sel::device_value<std::remove_const_t<U>>
+  static void select(gaussiank& sel, temp_storage& tmp, device_span<U> g, const select_context& ctx,
+                     device_span<std::uint32_t> indices, selection_stats* stats,
+                     cudaStream_t stream = nullptr) {
+    using T = std::remove_const_t<U>;
+    sel.check();
+    detail::check_index_range("gaussiank", g.size());
+    check_k("gaussiank", ctx.k, g.size());
+    cuda::sel::check_device_outputs("gaussiank", indices.size(), sel.cap_at_k ? ctx.k : 0, stats);
+    cuda::sel::gaussiank_run<T>(sel, tmp, nullptr, g.data(), g.size(), ctx.k, indices.data(),
+                                indices.size(), stats, stream);
+  }
+
+  template <class T, class U>
+  requires cuda::sel::device_value<T> && std::is_same_v<std::remove_const_t<U>, T>
+  static void select_accumulate(gaussiank& sel, temp_storage& tmp, device_span<T> e,
+                                device_span<U> g, const select_context& ctx,
+                                device_span<std::uint32_t> indices, selection_stats* stats,
+                                cudaStream_t stream = nullptr) {
+    cuda::sel::check_same_size("gaussiank::select_accumulate", e.size(), g.size());
+    sel.check();
+    detail::check_index_range("gaussiank", g.size());
+    check_k("gaussiank", ctx.k, g.size());
+    cuda::sel::check_device_outputs("gaussiank", indices.size(), sel.cap_at_k ? ctx.k : 0, stats);
+    cuda::sel::gaussiank_run<T>(sel, tmp, e.data(), g.data(), g.size(), ctx.k, indices.data(),
+                                indices.size(), stats, stream);
+  }
+};
+
+template <>
+struct device_policy<threshold> {
+  template <class U>
+  requires cuda::sel::device_value<std::remove_const_t<U>>
+  static void select(threshold& sel, temp_storage& tmp, device_span<U> g,
+                     const select_context& /*ctx: k unused*/, device_span<std::uint32_t> indices,
+                     selection_stats* stats, cudaStream_t stream = nullptr) {
+    using T = std::remove_const_t<U>;
+    sel.check();
+    detail::check_index_range("threshold", g.size());
+    cuda::sel::check_device_outputs("threshold", indices.size(), 0, stats);
+    cuda::sel::threshold_run<T>(sel, tmp, g.data(), g.size(), indices.data(), indices.size(), stats,
+                                stream);
+  }
+};
+
+}  // namespace gradcomp

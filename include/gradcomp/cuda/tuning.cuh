@@ -1,0 +1,43 @@
+// gradcomp/cuda/tuning.cuh: the launch shapes of the selection kernels as one constexpr
+// aggregate (STYLE.md point 6): threads per block, items per thread, bits per radix pass.
+// Every kernel that walks g does so in tiles of threads * items consecutive elements, one tile
+// per block, loaded row by row (row r of a tile is threads consecutive elements), so loads are
+// coalesced and the per-tile counts of the ordered passes line up with the tiles.
+#pragma once
+
+#include <cstddef>
+
+#include <gradcomp/detail/select_common.hpp>
+
+namespace gradcomp::cuda {
+
+struct select_tuning {
+  int threads;          // per block of the tile kernels (a multiple of 32)
+  int items;            // rows per tile (items per thread)
+  int single_threads;   // the single-block kernels (bracket, finish, scans, picks)
+  int reduce_blocks;    // at most this many blocks in the moments reduction
+  int tile_blocks;      // at most this many blocks in the gated tile kernels (grid-stride over
+                        // tiles), so that a pass the device skipped costs a short launch
+  unsigned radix_bits;  // digit width of the radix select
+
+  [[nodiscard]] constexpr std::size_t tile() const noexcept {
+    return static_cast<std::size_t>(threads) * static_cast<std::size_t>(items);
+  }
+  [[nodiscard]] constexpr unsigned buckets() const noexcept { return 1u << radix_bits; }
+};
+
+// sm_90: 256 x 16 = 4096 elements a tile (16 KiB of float) keeps enough loads in flight per SM
+// to stream g at full bandwidth; 1024 threads for the single-block kernels; 11-bit digits as
+// on the host (detail::radix_digit_bits), 2048 buckets = 8 KiB of shared counters.
+inline constexpr select_tuning default_select_tuning{256,  16,   1024,
+                                                     1024, 2048, detail::radix_digit_bits};
+
+static_assert(default_select_tuning.threads % 32 == 0);
+static_assert(default_select_tuning.tile() < (std::size_t{1} << 16),
+              "per-tile counts are packed in 16 bits");
+static_assert(default_select_tuning.radix_bits == detail::radix_digit_bits,
+              "host and device radix selects must use the same digits");
+static_assert(default_select_tuning.buckets() % default_select_tuning.single_threads == 0,
+              "the digit pick gives each thread the same number of buckets");
+
+}  // namespace gradcomp::cuda
