@@ -14,6 +14,7 @@
 // The umbrella, so that the build checks it compiles with everything it pulls in.
 #include <gradcomp/cuda.cuh>
 
+#include "../support/cuda_buffers.hpp"
 #include "../support/data.hpp"
 
 using gradcomp_test::dist;
@@ -22,20 +23,8 @@ namespace {
 
 void check_cuda(cudaError_t rc) { REQUIRE_MESSAGE(rc == cudaSuccess, cudaGetErrorString(rc)); }
 
-template <class T>
-gradcomp::device_buffer<T> upload(const std::vector<T>& v) {
-  gradcomp::device_buffer<T> d(std::max<std::size_t>(v.size(), 1));
-  if (!v.empty())
-    check_cuda(cudaMemcpy(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-
-template <class T>
-std::vector<T> download(const T* p, std::size_t n) {
-  std::vector<T> v(n);
-  if (n) check_cuda(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
+using gradcomp_test::download;
+using gradcomp_test::upload;
 
 template <class T>
 bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {

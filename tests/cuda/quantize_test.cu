@@ -21,6 +21,7 @@
 #include <gradcomp/cuda/quantize.cuh>
 #include <gradcomp/quantize.hpp>
 
+#include "../support/cuda_buffers.hpp"
 #include "../support/data.hpp"
 
 namespace {
@@ -29,24 +30,8 @@ using gradcomp::device_buffer;
 using gradcomp::device_span;
 using gradcomp::detail::cuda_check;
 
-template <class T>
-device_buffer<T> upload(const std::vector<T>& h) {
-  device_buffer<T> d(h.size() > 0 ? h.size() : 1);  // never a 0-byte cudaMalloc
-  if (!h.empty()) {
-    cuda_check(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice),
-               "cudaMemcpy H2D");
-  }
-  return d;
-}
-
-template <class T>
-std::vector<T> download(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  if (n > 0) {
-    cuda_check(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-  }
-  return h;
-}
+using gradcomp_test::download;
+using gradcomp_test::upload;
 
 std::vector<std::uint32_t> float_bits(const std::vector<float>& v) {
   std::vector<std::uint32_t> b(v.size());

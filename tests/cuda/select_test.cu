@@ -21,6 +21,7 @@
 #include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 
+#include "../support/cuda_buffers.hpp"
 #include "../support/data.hpp"
 
 using gradcomp_test::dist;
@@ -30,20 +31,8 @@ namespace {
 
 void check_cuda(cudaError_t rc) { REQUIRE_MESSAGE(rc == cudaSuccess, cudaGetErrorString(rc)); }
 
-template <class T>
-gradcomp::device_buffer<T> upload(const std::vector<T>& v) {
-  gradcomp::device_buffer<T> d(std::max<std::size_t>(v.size(), 1));
-  if (!v.empty())
-    check_cuda(cudaMemcpy(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-
-template <class T>
-std::vector<T> download(const T* p, std::size_t n) {
-  std::vector<T> v(n);
-  if (n) check_cuda(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
+using gradcomp_test::download;
+using gradcomp_test::upload;
 
 struct device_result {
   std::vector<std::uint32_t> indices;

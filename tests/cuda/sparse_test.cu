@@ -23,6 +23,7 @@
 #include <gradcomp/select/topk.hpp>
 #include <gradcomp/step.hpp>
 
+#include "../support/cuda_buffers.hpp"
 #include "../support/data.hpp"
 
 namespace {
@@ -32,24 +33,8 @@ using gradcomp::device_span;
 using gradcomp::device_validation;
 using gradcomp::detail::cuda_check;
 
-template <class T>
-device_buffer<T> upload(const std::vector<T>& h) {
-  device_buffer<T> d(h.size() > 0 ? h.size() : 1);
-  if (!h.empty()) {
-    cuda_check(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice),
-               "cudaMemcpy H2D");
-  }
-  return d;
-}
-
-template <class T>
-std::vector<T> download(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  if (n > 0) {
-    cuda_check(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-  }
-  return h;
-}
+using gradcomp_test::download;
+using gradcomp_test::upload;
 
 template <class T>
 auto bits_of(const std::vector<T>& v) {

@@ -79,7 +79,7 @@ struct device_policy<identity> {
     constexpr std::string_view where = "identity::encode (device)";
     cuda::qs::check_encode_args(where, values.size(), 32, 0, out);
     cuda::qs::scratch s(tmp.ptr);
-    if (cuda::qs::finish_size_query(where, tmp, s) || values.empty()) return;
+    if (cuda::finish_size_query(where, tmp, s) || values.empty()) return;
     detail::cuda_check(cudaMemcpyAsync(out.packed.data(), values.data(), values.size_bytes(),
                                        cudaMemcpyDeviceToDevice, stream),
                        "cudaMemcpyAsync");
@@ -92,7 +92,7 @@ struct device_policy<identity> {
     constexpr std::string_view where = "identity::decode (device)";
     cuda::qs::check_decode_args(where, decoded.size(), 32, 0, in);
     cuda::qs::scratch s(tmp.ptr);
-    if (cuda::qs::finish_size_query(where, tmp, s) || decoded.empty()) return;
+    if (cuda::finish_size_query(where, tmp, s) || decoded.empty()) return;
     detail::cuda_check(cudaMemcpyAsync(decoded.data(), in.packed.data(), decoded.size_bytes(),
                                        cudaMemcpyDeviceToDevice, stream),
                        "cudaMemcpyAsync");

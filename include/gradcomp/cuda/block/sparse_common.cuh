@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include <gradcomp/cuda/dispatch/scratch.cuh>
 #include <gradcomp/config.hpp>
 #include <gradcomp/device.hpp>
 #include <gradcomp/error.hpp>
@@ -47,44 +48,8 @@ GRADCOMP_DEVICE bool any_error(const error_record* r, unsigned count) {
   return bad;
 }
 
-// Cuts aligned pieces from the caller's scratch buffer. With base == nullptr (a size query)
-// it only counts; `bytes()` is then what the call needs, never 0, so that a second call with
-// a buffer of that size is never mistaken for another size query.
-class scratch {
- public:
-  explicit scratch(void* base) : base_(static_cast<std::byte*>(base)) {}
-
-  template <class T>
-  T* take(std::size_t n) {
-    used_ = (used_ + alignment - 1) / alignment * alignment;
-    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + used_);
-    used_ += n * sizeof(T);
-    return p;
-  }
-  // The remaining bytes from an aligned offset, for a CUB call that sized itself.
-  void* take_bytes(std::size_t n) { return take<std::byte>(n); }
-
-  [[nodiscard]] std::size_t bytes() const { return used_ > 0 ? used_ : 1; }
-
- private:
-  static constexpr std::size_t alignment = 256;
-  std::byte* base_;
-  std::size_t used_ = 0;
-};
-
-// The CUB convention: a size query sets tmp.bytes and reports true ("done"); a real call with
-// too small a buffer throws before anything is launched.
-inline bool finish_size_query(std::string_view where, temp_storage& tmp, const scratch& s) {
-  if (tmp.is_size_query()) {
-    tmp.bytes = s.bytes();
-    return true;
-  }
-  if (tmp.bytes < s.bytes()) {
-    detail::throw_invalid_argument(where, "tmp.bytes", tmp.bytes,
-                                   detail::concat(">= ", s.bytes(), " (the size query's answer)"));
-  }
-  return false;
-}
+// Pieces of the caller's scratch buffer and the size query (dispatch/scratch.cuh).
+using scratch = scratch_carver;
 
 inline unsigned grid_for(std::size_t items, unsigned threads, std::size_t max_blocks) {
   const std::size_t blocks = (items + threads - 1) / threads;

@@ -46,15 +46,7 @@ void gaussiank_run(const gaussiank& sel, temp_storage& tmp, T* e, const T* g, st
   const unsigned blocks =
       static_cast<unsigned>(std::min<std::size_t>(tiles == 0 ? 1 : tiles, tune.reduce_blocks));
   double* partials = c.take<double>(2 * std::size_t{blocks});
-  if (tmp.is_size_query()) {
-    tmp.bytes = c.bytes();
-    return;
-  }
-  if (tmp.bytes < c.end()) {
-    detail::throw_invalid_argument(
-        "gaussiank", "tmp.bytes", tmp.bytes,
-        detail::concat(">= ", c.end(), " (the size query's answer is enough)"));
-  }
+  if (finish_size_query("gaussiank", tmp, c)) return;
   if (k == 0) {
     if (e && n > 0) {
       axpy_kernel<T><<<grid_for(n, 256, 4096), 256, 0, stream>>>(e, g, n);
@@ -117,15 +109,7 @@ void threshold_run(const threshold& sel, temp_storage& tmp, const T* g, std::siz
   carver c(tmp.ptr);
   auto* st = c.take<select_state<T>>(1);
   const radix_scratch rs = carve_radix<T>(c, n);
-  if (tmp.is_size_query()) {
-    tmp.bytes = c.bytes();
-    return;
-  }
-  if (tmp.bytes < c.end()) {
-    detail::throw_invalid_argument(
-        "threshold", "tmp.bytes", tmp.bytes,
-        detail::concat(">= ", c.end(), " (the size query's answer is enough)"));
-  }
+  if (finish_size_query("threshold", tmp, c)) return;
   if (n == 0) {
     write_stats_kernel<<<1, 1, 0, stream>>>(stats, 0, sel.tau, 0, false);
     check_launch("write_stats_kernel");

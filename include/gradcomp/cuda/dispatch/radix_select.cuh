@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <gradcomp/cuda/dispatch/scratch.cuh>
 #include <gradcomp/cuda/kernels/select_kernels.cuh>
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/cuda/tuning.cuh>
@@ -25,29 +26,8 @@ inline constexpr int tile_items = tune.items;
 inline constexpr int single_threads = tune.single_threads;
 inline constexpr unsigned buckets = 1u << tune.radix_bits;
 
-// Pieces of the caller's scratch buffer, each at a 256-byte aligned address. With a null base
-// it only measures (the size query); the same sequence of take() calls then carves the real
-// buffer. bytes() has 256 bytes of slack, so a base that is not itself aligned still fits.
-class carver {
- public:
-  explicit carver(void* base) : base_(static_cast<char*>(base)) {}
-  template <class U>
-  U* take(std::size_t count) {
-    const auto addr = reinterpret_cast<std::uintptr_t>(base_) + offset_;
-    offset_ += (256 - addr % 256) % 256;
-    U* p = base_ ? reinterpret_cast<U*>(base_ + offset_) : nullptr;
-    offset_ += count * sizeof(U);
-    return p;
-  }
-  // The size query's answer.
-  [[nodiscard]] std::size_t bytes() const noexcept { return offset_ + 256; }
-  // What the carved buffer uses (at most the size query's answer).
-  [[nodiscard]] std::size_t end() const noexcept { return offset_; }
-
- private:
-  char* base_;
-  std::size_t offset_ = 0;
-};
+// Pieces of the caller's scratch buffer (dispatch/scratch.cuh).
+using carver = scratch_carver;
 
 inline std::size_t num_tiles(std::size_t n) { return (n + tune.tile() - 1) / tune.tile(); }
 

@@ -96,15 +96,7 @@ void topk_run(const topk& sel, temp_storage& tmp, T* e, const T* g, std::size_t 
         "cub::DeviceRadixSort::SortKeys (size query)");
     sort_tmp = c.take<char>(sort_bytes);
   }
-  if (tmp.is_size_query()) {
-    tmp.bytes = c.bytes();
-    return;
-  }
-  if (tmp.bytes < c.end()) {
-    detail::throw_invalid_argument(
-        "topk", "tmp.bytes", tmp.bytes,
-        detail::concat(">= ", c.end(), " (the size query's answer is enough)"));
-  }
+  if (finish_size_query("topk", tmp, c)) return;
 
   const T* values = e ? e : g;  // what holds the values once e += g is done
   if (k == 0) {
