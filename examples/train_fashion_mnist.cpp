@@ -394,8 +394,10 @@ outcome run_with(Comm& comm, const options& o, const fmnist::fashion_mnist& data
   }
   if constexpr (!shared_indices_v<typename Compressor::selector_type> ||
                 selects_all_v<typename Compressor::selector_type>) {
-    // The seed draws only the quantizer's rounding here (the selection does not depend on it):
-    // a seed per rank makes the ranks' rounding errors independent, so they average out.
+    // The selection does not depend on the seed here, so a seed per rank costs nothing. (It was
+    // this example's way to make the ranks' rounding independent; sparsified_sgd now does
+    // that itself through call_id::rank. It still varies DGC's sample positions per rank, as
+    // in the README's results.)
     opt.seed = o.seed + 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(comm.rank());
   }
 

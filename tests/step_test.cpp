@@ -299,3 +299,55 @@ TEST_CASE("sparsified_sgd: checkpoints restore the feedback state exactly, keyed
   std::stringstream in4(bytes);
   CHECK_THROWS_AS(f.load_state(in4), invalid_argument);  // another feedback policy
 }
+
+TEST_CASE("sparsified_sgd: ranks round independently (call_id::rank) but pick the same Random-k "
+          "indices") {
+  // Every rank has the same gradient. With one shared rounding stream the QSGD decodes would be
+  // equal and their mean one rank's decode; with call_id::rank each rank rounds on its own, so
+  // the mean is the reference below: rank r's payload drawn with call_id{seed, step, l, r}.
+  const std::vector<std::size_t> layers{700, 301};
+  const std::size_t n = 1001;
+  const int ranks = 3;
+  using comp_t = compressor<randomk, qsgd, no_feedback>;
+  const qsgd q(3, 128);
+  const auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, n, 77);
+  std::vector<std::vector<float>> averaged(ranks);
+  std::vector<std::vector<std::uint32_t>> picked(ranks);
+  run_in_process(ranks, [&](in_process_comm& comm) {
+    sgd_options opt;
+    opt.seed = 5;
+    sparsified_sgd<comp_t, sparse_allgather, in_process_comm> sgd(
+        comm, layers, comp_t({}, q), {}, opt, density_schedule::constant(0.25));
+    std::vector<float> theta(n, 0.0f);
+    sgd.step(theta, g);
+    const auto avg = sgd.averaged_gradient();
+    averaged[static_cast<std::size_t>(comm.rank())].assign(avg.begin(), avg.end());
+  });
+  std::vector<float> mean(n, 0.0f), rank0(n, 0.0f);
+  for (int r = 0; r < ranks; ++r) {
+    std::size_t off = 0;
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      comp_t c({}, q);
+      auto st = c.make_state(layers[l]);
+      payload p;
+      c.compress(std::span<const float>(g).subspan(off, layers[l]), st,
+                 compress_context{0.25, call_id{5, 0, static_cast<std::uint32_t>(l),
+                                                static_cast<std::uint32_t>(r)}},
+                 p);
+      if (l == 0) picked[static_cast<std::size_t>(r)] = p.indices;
+      c.decompress(p, std::span<float>(mean).subspan(off, layers[l]), decompress_mode::accumulate);
+      if (r == 0) {
+        c.decompress(p, std::span<float>(rank0).subspan(off, layers[l]),
+                     decompress_mode::accumulate);
+      }
+      off += layers[l];
+    }
+  }
+  for (float& x : mean) x /= static_cast<float>(ranks);
+  for (int r = 0; r < ranks; ++r) REQUIRE(averaged[static_cast<std::size_t>(r)] == mean);
+  CHECK(picked[1] == picked[0]);  // Random-k: the same indices on every rank
+  CHECK(picked[2] == picked[0]);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < n; ++i) differ += mean[i] != rank0[i];
+  CHECK(differ > n / 20);  // the ranks' roundings differ (about half the sent coordinates)
+}

@@ -17,6 +17,11 @@ struct call_id {
   std::uint64_t seed = 0;
   std::uint64_t step = 0;
   std::uint32_t tensor_id = 0;
+  // The calling rank. Quantizers mix it into their rounding stream, so that ranks round
+  // independently and the rounding noise averages out over ranks (rank 0 keeps the stream of
+  // (seed, step, tensor_id) alone); selectors ignore it, so every rank draws the same Random-k
+  // indices and DGC sample positions. sparsified_sgd sets it to comm.rank().
+  std::uint32_t rank = 0;
 };
 
 struct select_context {

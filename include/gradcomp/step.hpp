@@ -438,7 +438,7 @@ class sparsified_sgd {
       for (std::size_t t = 0; t < tensors_.size(); ++t) {
         const auto range = std::span<const T>(grads).subspan(offsets_[t], tensors_[t].size);
         outs[t] = std::span<T>(average_).subspan(offsets_[t], tensors_[t].size);
-        const compress_context ctx{rho, call_id{opt_.seed, step_, tensors_[t].id}};
+        const compress_context ctx{rho, call_id{opt_.seed, step_, tensors_[t].id, rank_id()}};
         cstats[t] = compressor_.compress(range, states_[t], ctx, payloads_[t]);
       }
       exchange_.exchange_tensors(*comm_, std::as_const(compressor_),
@@ -449,7 +449,7 @@ class sparsified_sgd {
       for (std::size_t t = 0; t < tensors_.size(); ++t) {
         const auto range = std::span<const T>(grads).subspan(offsets_[t], tensors_[t].size);
         const auto out = std::span<T>(average_).subspan(offsets_[t], tensors_[t].size);
-        const compress_context ctx{rho, call_id{opt_.seed, step_, tensors_[t].id}};
+        const compress_context ctx{rho, call_id{opt_.seed, step_, tensors_[t].id, rank_id()}};
         const compress_stats cs = compressor_.compress(range, states_[t], ctx, payload_);
         if constexpr (exchange_with_unused<Exchange, Compressor, Comm>) {
           // Picks the exchange left out (gTop-k) go back to the feedback: nothing is lost.
@@ -575,6 +575,9 @@ class sparsified_sgd {
                std::span<const std::uint32_t> idx, std::span<const float> v) {
         f.restore(st, idx, v);
       };
+
+  // This rank, for call_id::rank: each rank rounds with its own quantize stream.
+  std::uint32_t rank_id() const { return static_cast<std::uint32_t>(comm_->rank()); }
 
   static constexpr std::uint32_t checkpoint_magic = 0x504b4347;  // "GCKP" little-endian
   static constexpr std::uint32_t checkpoint_version = 1;

@@ -302,3 +302,27 @@ TEST_CASE("quantizer concepts: models and non-models") {
   static_assert(!gq::quantizer<int>);
   CHECK(true);
 }
+
+TEST_CASE("contract: the rounding stream depends on call_id::rank; rank 0 is the stream without it") {
+  const auto v = normal_values(4099, 31);
+  auto encode = [&](const auto& q, std::uint32_t rank) {
+    gq::payload p = blank(v.size());
+    gq::call_id id{7, 100, 2};
+    id.rank = rank;
+    q.encode(v, id, p);
+    return p.values;
+  };
+  auto check_quantizer = [&](const auto& q) {
+    gq::payload plain = blank(v.size());
+    q.encode(v, gq::call_id{7, 100, 2}, plain);
+    CHECK(encode(q, 0) == plain.values);   // rank 0: the stream of (seed, step, tensor id)
+    CHECK(encode(q, 1) == encode(q, 1));   // a function of the rank
+    CHECK(encode(q, 1) != plain.values);   // other ranks round differently
+    CHECK(encode(q, 2) != encode(q, 1));
+  };
+  check_quantizer(gq::qsgd(3, 256));
+  check_quantizer(gq::terngrad{});
+  // Deterministic quantizers do not draw at all.
+  CHECK(encode(gq::fp16{}, 3) == encode(gq::fp16{}, 0));
+  CHECK(encode(gq::scaled_sign{}, 3) == encode(gq::scaled_sign{}, 0));
+}

@@ -37,8 +37,12 @@ GRADCOMP_HOST_DEVICE std::uint64_t stream_key(std::uint64_t seed, std::uint64_t 
   return mix64(k ^ static_cast<std::uint64_t>(tag));
 }
 
+// The stream of one call. Only the quantize stream depends on id.rank (see call_id); rank 0's
+// is the stream of (seed, step, tensor_id) alone.
 inline std::uint64_t stream_key(const call_id& id, stream_tag tag) {
-  return stream_key(id.seed, id.step, id.tensor_id, tag);
+  const std::uint64_t key = stream_key(id.seed, id.step, id.tensor_id, tag);
+  if (tag != stream_tag::quantize || id.rank == 0) return key;
+  return mix64(key ^ (0xd1b54a32d192ed03ULL * static_cast<std::uint64_t>(id.rank)));
 }
 
 struct counter_rng {
