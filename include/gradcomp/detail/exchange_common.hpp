@@ -26,6 +26,14 @@ namespace detail {
 
 // The payload's coordinates with their decoded values, in payload (index) order. The indices
 // are validated first, so a malformed payload cannot make a later scatter write out of bounds.
+// The dense output of an exchange must be as long as the payload's tensor.
+inline void check_out_size(std::string_view where, std::string_view arg, std::size_t size,
+                           const payload& p) {
+  if (p.dense_size != size) {
+    throw_invalid_argument(where, arg, size, concat("the payload's dense_size (", p.dense_size, ")"));
+  }
+}
+
 template <class Compressor>
 void decode_pairs(std::string_view where, const Compressor& c, const payload& p,
                   std::vector<float>& scratch, std::vector<index_value>& out) {

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
@@ -150,6 +151,27 @@ inline exchange_header header_of(const payload& p, exchange_id x, std::size_t va
     h.hash = detail::fnv1a(std::span<const std::uint32_t>(p.indices));
   }
   return h;
+}
+
+// A rank's own checks before agree_on_header: their error message (empty when they passed)
+// and whether it was a malformed payload (payload_error) rather than a bad argument.
+struct local_check {
+  std::string error;
+  bool is_payload = false;
+};
+
+// Runs a rank's own checks, catching their invalid_argument or payload_error, so that the rank
+// still joins agree_on_header (which rethrows it there) instead of leaving the others waiting.
+template <class Checks>
+local_check check_locally(Checks&& checks) {
+  try {
+    std::forward<Checks>(checks)();
+  } catch (const invalid_argument& e) {
+    return {e.what(), false};
+  } catch (const payload_error& e) {
+    return {e.what(), true};
+  }
+  return {};
 }
 
 // Allgathers every rank's header (exchange_header_bytes each, in rank order) and checks that

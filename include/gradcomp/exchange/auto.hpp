@@ -107,30 +107,20 @@ class auto_exchange {
     detail::stopwatch clock;
     unused.clear();
 
-    std::string local_error;
-    bool is_payload = false;
-    try {
-      if (p.dense_size != out.size()) {
-        detail::throw_invalid_argument("auto_exchange::exchange", "out.size()", out.size(),
-                                       detail::concat("the payload's dense_size (", p.dense_size, ")"));
-      }
+    const local_check local = check_locally([&] {
+      detail::check_out_size("auto_exchange::exchange", "out.size()", out.size(), p);
       if constexpr (Compressor::summable) {
         dense_allreduce::check_local<Compressor>(p, out);
       }
       // Decoding now means no later step can fail on this rank alone.
       detail::decode_pairs("auto_exchange::exchange", c, p, decoded_, pairs_);
-    } catch (const invalid_argument& e) {
-      local_error = e.what();
-    } catch (const payload_error& e) {
-      local_error = e.what();
-      is_payload = true;
-    }
+    });
     const unsigned must_agree =
         agree::dense_size | (Compressor::summable ? agree::quantizer | agree::count | agree::indices : 0u);
     const auto headers = agree_on_header(
         comm, "auto_exchange",
         header_of(p, exchange_id::automatic, sizeof(T), /*with_index_hash=*/Compressor::summable),
-        must_agree, header_scratch_, local_error, is_payload);
+        must_agree, header_scratch_, local.error, local.is_payload);
 
     shape_ = shape_of(headers, p, sizeof(T), Compressor::summable, comm.size());
     last_ = predict(shape_, *link_, options_.candidates);

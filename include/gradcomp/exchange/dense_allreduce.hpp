@@ -14,6 +14,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/detail/exchange_common.hpp>
 #include <gradcomp/exchange/agreement.hpp>
 #include <gradcomp/sparse.hpp>
 
@@ -40,22 +41,13 @@ struct dense_allreduce {
       detail::stopwatch clock;
       exchange_stats st;
       if (check_agreement) {
-        std::string local_error;
-        bool is_payload = false;
-        try {
-          check_local<Compressor>(p, out);
-        } catch (const invalid_argument& e) {
-          local_error = e.what();
-        } catch (const payload_error& e) {
-          local_error = e.what();
-          is_payload = true;
-        }
+        const local_check local = check_locally([&] { check_local<Compressor>(p, out); });
         std::vector<std::byte> scratch;
         const auto headers = agree_on_header(
             comm, "dense_allreduce",
             header_of(p, exchange_id::dense_allreduce, sizeof(out[0]), /*with_index_hash=*/true),
             agree::dense_size | agree::quantizer | agree::count | agree::indices, scratch,
-            local_error, is_payload);
+            local.error, local.is_payload);
         st = exchange_agreed<Compressor>(comm, p, out);
         st.bytes_sent += exchange_header_bytes;
         st.bytes_received += exchange_header_bytes * (headers.size() - 1);
@@ -104,10 +96,7 @@ struct dense_allreduce {
   template <class Compressor>
   static void check_local(const payload& p, std::span<const typename Compressor::value_type> out) {
     using W = typename Compressor::quantizer_type::sum_type;
-    if (p.dense_size != out.size()) {
-      detail::throw_invalid_argument("dense_allreduce::exchange", "out.size()", out.size(),
-                                     detail::concat("the payload's dense_size (", p.dense_size, ")"));
-    }
+    detail::check_out_size("dense_allreduce::exchange", "out.size()", out.size(), p);
     validate_indices("dense_allreduce::exchange", p);
     if (p.values.size() != p.count * sizeof(W)) {
       detail::throw_payload_error("dense_allreduce::exchange", "values hold ", p.values.size(),

@@ -127,23 +127,13 @@ class gtopk {
   exchange_stats exchange(Comm& comm, const Compressor& c, const payload& p,
                           std::span<typename Compressor::value_type> out, unused_picks& unused) {
     detail::stopwatch clock;
-    std::string local_error;
-    bool is_payload = false;
-    try {
-      if (p.dense_size != out.size()) {
-        detail::throw_invalid_argument("gtopk::exchange", "out.size()", out.size(),
-                                       detail::concat("the payload's dense_size (", p.dense_size, ")"));
-      }
+    const local_check local = check_locally([&] {
+      detail::check_out_size("gtopk::exchange", "out.size()", out.size(), p);
       detail::decode_pairs("gtopk::exchange", c, p, decoded_, mine_);
-    } catch (const invalid_argument& e) {
-      local_error = e.what();
-    } catch (const payload_error& e) {
-      local_error = e.what();
-      is_payload = true;
-    }
+    });
     const auto headers =
         agree_on_header(comm, "gtopk", header_of(p, exchange_id::gtopk, sizeof(out[0])),
-                        agree::dense_size, header_scratch_, local_error, is_payload);
+                        agree::dense_size, header_scratch_, local.error, local.is_payload);
     exchange_stats st = exchange_agreed(comm, headers, out, unused);
     st.bytes_sent += exchange_header_bytes;
     st.bytes_received += exchange_header_bytes * (headers.size() - 1);

@@ -78,20 +78,11 @@ class topk_a2a {
                                 std::span<const payload* const> payloads,
                                 std::span<const std::span<typename Compressor::value_type>> outs) {
     detail::stopwatch clock;
-    std::string local_error;
-    bool is_payload = false;
     exchange_header mine;
-    try {
-      mine = prepare(c, payloads, outs);
-    } catch (const invalid_argument& e) {
-      local_error = e.what();
-    } catch (const payload_error& e) {
-      local_error = e.what();
-      is_payload = true;
-    }
+    const local_check local = check_locally([&] { mine = prepare(c, payloads, outs); });
     const auto headers =
         agree_on_header(comm, "topk_a2a", mine, agree::dense_size | agree::tensor_sizes,
-                        header_scratch_, local_error, is_payload);
+                        header_scratch_, local.error, local.is_payload);
     exchange_stats st = exchange_agreed(comm, outs);
     st.bytes_sent += exchange_header_bytes;
     st.bytes_received += exchange_header_bytes * (headers.size() - 1);
@@ -174,11 +165,8 @@ class topk_a2a {
     std::uint64_t offset = 0, count = 0;
     for (std::size_t t = 0; t < outs.size(); ++t) {
       const payload& p = *payloads[t];
-      if (p.dense_size != outs[t].size()) {
-        detail::throw_invalid_argument(
-            "topk_a2a::exchange", detail::concat("outs[", t, "].size()"), outs[t].size(),
-            detail::concat("the payload's dense_size (", p.dense_size, ")"));
-      }
+      detail::check_out_size("topk_a2a::exchange", detail::concat("outs[", t, "].size()"),
+                             outs[t].size(), p);
       detail::decode_pairs("topk_a2a::exchange", c, p, decoded_, tensor_pairs_);
       for (const auto& e : tensor_pairs_) {
         pairs_.push_back(index_value{static_cast<std::uint32_t>(offset + e.index), e.value});
