@@ -39,16 +39,7 @@ std::vector<std::uint32_t> float_bits(const std::vector<float>& v) {
   return b;
 }
 
-struct scratch_buffer {
-  device_buffer<std::byte> buf;
-  gradcomp::temp_storage tmp;
-  // After a size query in tmp: allocate and point tmp at it.
-  void allocate() {
-    REQUIRE(tmp.bytes > 0);
-    buf.resize(tmp.bytes);
-    tmp.ptr = buf.data();
-  }
-};
+using gradcomp_test::scratch_buffer;
 
 // Device encode and decode of v, compared with the host's.
 template <class Q>

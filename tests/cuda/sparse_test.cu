@@ -66,15 +66,7 @@ std::vector<std::uint32_t> random_indices(std::size_t n, std::size_t k, std::mt1
   return all;
 }
 
-struct scratch_buffer {
-  device_buffer<std::byte> buf;
-  gradcomp::temp_storage tmp;
-  void allocate() {
-    REQUIRE(tmp.bytes > 0);
-    buf.resize(tmp.bytes);
-    tmp.ptr = buf.data();
-  }
-};
+using gradcomp_test::scratch_buffer;
 
 // P payloads of one tensor, concatenated in rank order.
 struct received {

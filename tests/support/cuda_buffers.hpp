@@ -3,6 +3,8 @@
 // as a failure of the running test case.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -34,5 +36,17 @@ std::vector<T> download(const T* p, std::size_t n) {
   }
   return v;
 }
+
+// The scratch of a device call, CUB style: make the size query with `tmp`, then allocate()
+// points tmp at a buffer of the size it asked for.
+struct scratch_buffer {
+  gradcomp::device_buffer<std::byte> buf;
+  gradcomp::temp_storage tmp;
+  void allocate() {
+    REQUIRE(tmp.bytes > 0);
+    buf.resize(tmp.bytes);
+    tmp.ptr = buf.data();
+  }
+};
 
 }  // namespace gradcomp_test
