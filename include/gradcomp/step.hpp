@@ -293,6 +293,52 @@ struct tensor_spec {
   std::size_t size = 0;
 };
 
+namespace detail {
+
+// The checks every SGD driver (sparsified_sgd, periodic_averaging) makes of its options.
+inline void check_sgd_options(std::string_view where, const sgd_options& opt) {
+  if (!(opt.lr > 0.0 && std::isfinite(opt.lr))) {
+    throw_invalid_argument(where, "lr", opt.lr, "0 < lr < inf");
+  }
+  if (!(opt.momentum >= 0.0 && opt.momentum < 1.0)) {
+    throw_invalid_argument(where, "momentum", opt.momentum, "0 <= momentum < 1");
+  }
+  if (!(opt.weight_decay >= 0.0 && std::isfinite(opt.weight_decay))) {
+    throw_invalid_argument(where, "weight_decay", opt.weight_decay, "0 <= weight_decay < inf");
+  }
+  if (opt.nesterov && opt.momentum == 0.0) {
+    throw_invalid_argument(where, "nesterov", "true", "nesterov needs momentum > 0");
+  }
+}
+
+// Where each tensor starts in the flat parameter buffer, after checking that the tensor ids
+// (which key the feedback state and the random streams) are unique.
+inline std::vector<std::size_t> tensor_offsets(std::string_view where,
+                                               std::span<const tensor_spec> tensors) {
+  std::vector<std::size_t> offsets;
+  offsets.reserve(tensors.size());
+  std::size_t offset = 0;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    for (std::size_t u = 0; u < t; ++u) {
+      if (tensors[u].id == tensors[t].id) {
+        throw_invalid_argument(where, "tensor id", tensors[t].id, "ids unique across tensors");
+      }
+    }
+    offsets.push_back(offset);
+    offset += tensors[t].size;
+  }
+  return offsets;
+}
+
+// The flat parameter buffer's length.
+inline std::size_t total_size(std::span<const tensor_spec> tensors) {
+  std::size_t n = 0;
+  for (const tensor_spec& t : tensors) n += t.size;
+  return n;
+}
+
+}  // namespace detail
+
 struct tensor_stats {
   std::uint32_t id = 0;
   std::size_t n = 0;
@@ -358,19 +404,9 @@ class sparsified_sgd {
       : comm_(&comm), tensors_(tensors.begin(), tensors.end()), compressor_(std::move(c)),
         exchange_(std::move(x)), opt_(opt), schedule_(schedule) {
     check_options();
-    std::size_t offset = 0;
-    for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      for (std::size_t j = 0; j < i; ++j) {
-        if (tensors_[j].id == tensors_[i].id) {
-          detail::throw_invalid_argument("sparsified_sgd", "tensor id", tensors_[i].id,
-                                         "ids unique across tensors");
-        }
-      }
-      offsets_.push_back(offset);
-      offset += tensors_[i].size;
-      states_.push_back(compressor_.make_state(tensors_[i].size));
-    }
-    total_ = offset;
+    offsets_ = detail::tensor_offsets("sparsified_sgd", tensors_);
+    for (const tensor_spec& t : tensors_) states_.push_back(compressor_.make_state(t.size));
+    total_ = detail::total_size(tensors_);
     average_.assign(total_, T(0));
     if (opt_.momentum > 0.0) velocity_.assign(total_, T(0));
   }
@@ -591,19 +627,7 @@ class sparsified_sgd {
   }
 
   void check_options() const {
-    if (!(opt_.lr > 0.0 && std::isfinite(opt_.lr))) {
-      detail::throw_invalid_argument("sparsified_sgd", "lr", opt_.lr, "0 < lr < inf");
-    }
-    if (!(opt_.momentum >= 0.0 && opt_.momentum < 1.0)) {
-      detail::throw_invalid_argument("sparsified_sgd", "momentum", opt_.momentum, "0 <= momentum < 1");
-    }
-    if (!(opt_.weight_decay >= 0.0 && std::isfinite(opt_.weight_decay))) {
-      detail::throw_invalid_argument("sparsified_sgd", "weight_decay", opt_.weight_decay,
-                                     "0 <= weight_decay < inf");
-    }
-    if (opt_.nesterov && opt_.momentum == 0.0) {
-      detail::throw_invalid_argument("sparsified_sgd", "nesterov", "true", "nesterov needs momentum > 0");
-    }
+    detail::check_sgd_options("sparsified_sgd", opt_);
     if constexpr (requires { requires Compressor::feedback_type::applies_momentum; }) {
       if (opt_.momentum != 0.0) {
         detail::throw_invalid_argument(

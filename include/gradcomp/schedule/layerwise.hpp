@@ -127,21 +127,13 @@ class layerwise_sgd {
       detail::throw_invalid_argument("layerwise_sgd", "densities.size()", densities.size(),
                                      detail::concat("tensors.size() (", tensors.size(), ")"));
     }
-    std::size_t offset = 0;
+    offsets_ = detail::tensor_offsets("layerwise_sgd", tensors_);
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
-      for (std::size_t u = 0; u < t; ++u) {
-        if (tensors_[u].id == tensors_[t].id) {
-          detail::throw_invalid_argument("layerwise_sgd", "tensor id", tensors_[t].id,
-                                         "ids unique across tensors");
-        }
-      }
-      offsets_.push_back(offset);
-      offset += tensors_[t].size;
       optimizers_.push_back(std::make_unique<optimizer_type>(
           comm, std::span<const tensor_spec>(&tensors_[t], 1), c, x, opt,
           density_schedule::constant(densities_[t])));
     }
-    total_ = offset;
+    total_ = detail::total_size(tensors_);
     timings_.resize(tensors_.size());
     tensor_stats_.resize(tensors_.size());
     is_ready_.assign(tensors_.size(), false);

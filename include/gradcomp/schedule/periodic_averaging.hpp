@@ -60,37 +60,15 @@ class periodic_averaging {
     if (avg_.subsets < 1) {
       detail::throw_invalid_argument("periodic_averaging", "subsets", avg_.subsets, ">= 1");
     }
-    if (!(opt_.lr > 0.0 && std::isfinite(opt_.lr))) {
-      detail::throw_invalid_argument("periodic_averaging", "lr", opt_.lr, "0 < lr < inf");
-    }
-    if (!(opt_.momentum >= 0.0 && opt_.momentum < 1.0)) {
-      detail::throw_invalid_argument("periodic_averaging", "momentum", opt_.momentum,
-                                     "0 <= momentum < 1");
-    }
-    if (!(opt_.weight_decay >= 0.0 && std::isfinite(opt_.weight_decay))) {
-      detail::throw_invalid_argument("periodic_averaging", "weight_decay", opt_.weight_decay,
-                                     "0 <= weight_decay < inf");
-    }
-    if (opt_.nesterov && opt_.momentum == 0.0) {
-      detail::throw_invalid_argument("periodic_averaging", "nesterov", "true",
-                                     "nesterov needs momentum > 0");
-    }
-    std::size_t offset = 0;
+    detail::check_sgd_options("periodic_averaging", opt_);
+    offsets_ = detail::tensor_offsets("periodic_averaging", tensors_);
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
-      for (std::size_t u = 0; u < t; ++u) {
-        if (tensors_[u].id == tensors_[t].id) {
-          detail::throw_invalid_argument("periodic_averaging", "tensor id", tensors_[t].id,
-                                         "ids unique across tensors");
-        }
-      }
-      offsets_.push_back(offset);
-      offset += tensors_[t].size;
       for (unsigned c = 0; c < avg_.subsets; ++c) {
         const auto [begin, end] = slice(t, c);
         states_.push_back(compressor_.make_state(end - begin));
       }
     }
-    total_ = offset;
+    total_ = detail::total_size(tensors_);
     if (opt_.momentum > 0.0) velocity_.assign(total_, T(0));
   }
 
