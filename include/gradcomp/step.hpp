@@ -330,6 +330,24 @@ inline std::vector<std::size_t> tensor_offsets(std::string_view where,
   return offsets;
 }
 
+// params -= lr * d with d = g + weight_decay * params, through heavy-ball (or Nesterov)
+// momentum when `velocity` is not empty: the update of every SGD driver.
+template <class T>
+void sgd_update(std::span<T> params, std::span<const T> g, std::span<T> velocity,
+                const sgd_options& opt) {
+  const T lr = static_cast<T>(opt.lr);
+  const T wd = static_cast<T>(opt.weight_decay);
+  const T m = static_cast<T>(opt.momentum);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    T d = g[i] + wd * params[i];
+    if (!velocity.empty()) {
+      velocity[i] = m * velocity[i] + d;
+      d = opt.nesterov ? d + m * velocity[i] : velocity[i];
+    }
+    params[i] -= lr * d;
+  }
+}
+
 // The flat parameter buffer's length.
 inline std::size_t total_size(std::span<const tensor_spec> tensors) {
   std::size_t n = 0;
@@ -643,17 +661,7 @@ class sparsified_sgd {
   }
 
   void apply_update(std::span<T> params) {
-    const T lr = static_cast<T>(opt_.lr);
-    const T wd = static_cast<T>(opt_.weight_decay);
-    const T m = static_cast<T>(opt_.momentum);
-    for (std::size_t i = 0; i < total_; ++i) {
-      T d = average_[i] + wd * params[i];
-      if (!velocity_.empty()) {
-        velocity_[i] = m * velocity_[i] + d;
-        d = opt_.nesterov ? d + m * velocity_[i] : velocity_[i];
-      }
-      params[i] -= lr * d;
-    }
+    detail::sgd_update<T>(params.first(total_), average_, velocity_, opt_);
   }
 
   [[noreturn]] static void fail_load(const std::string& why) {

@@ -89,17 +89,7 @@ class periodic_averaging {
     stats_.n = total_;
 
     detail::stopwatch clock;
-    const T lr = static_cast<T>(opt_.lr);
-    const T wd = static_cast<T>(opt_.weight_decay);
-    const T m = static_cast<T>(opt_.momentum);
-    for (std::size_t i = 0; i < total_; ++i) {
-      T d = grads[i] + wd * params[i];
-      if (!velocity_.empty()) {
-        velocity_[i] = m * velocity_[i] + d;
-        d = opt_.nesterov ? d + m * velocity_[i] : velocity_[i];
-      }
-      params[i] -= lr * d;
-    }
+    detail::sgd_update<T>(params.first(total_), grads, velocity_, opt_);
     stats_.seconds.update = clock.lap();
     ++step_;
     if (step_ % avg_.period == 0) run_round(params);
