@@ -48,12 +48,7 @@ void gaussiank_run(const gaussiank& sel, temp_storage& tmp, T* e, const T* g, st
   double* partials = c.take<double>(2 * std::size_t{blocks});
   if (finish_size_query("gaussiank", tmp, c)) return;
   if (k == 0) {
-    if (e && n > 0) {
-      axpy_kernel<T><<<grid_for(n, 256, 4096), 256, 0, stream>>>(e, g, n);
-      check_launch("axpy_kernel");
-    }
-    write_stats_kernel<<<1, 1, 0, stream>>>(stats, 0, 0.0, 0, false);
-    check_launch("write_stats_kernel");
+    launch_empty_selection<T>(e, g, n, stats, stream);
     return;
   }
   const T* values = e ? e : g;

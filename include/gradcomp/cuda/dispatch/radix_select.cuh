@@ -44,6 +44,19 @@ inline unsigned grid_for(std::size_t items, unsigned threads, unsigned max_block
 
 inline void check_launch(const char* what) { detail::cuda_check(cudaGetLastError(), what); }
 
+// A selection of nothing (k == 0): with e (select_accumulate) it still leaves e = e + g; the
+// stats say 0 selected.
+template <class T>
+void launch_empty_selection(T* e, const T* g, std::size_t n, selection_stats* stats,
+                            cudaStream_t stream) {
+  if (e && n > 0) {
+    axpy_kernel<T><<<grid_for(n, 256, 4096), 256, 0, stream>>>(e, g, n);
+    check_launch("axpy_kernel");
+  }
+  write_stats_kernel<<<1, 1, 0, stream>>>(stats, 0, 0.0, 0, false);
+  check_launch("write_stats_kernel");
+}
+
 // The scratch of the radix select and the take.
 struct radix_scratch {
   unsigned long long* hist = nullptr;   // passes * buckets, zeroed by launch_radix_topk

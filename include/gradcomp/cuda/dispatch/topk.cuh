@@ -100,12 +100,7 @@ void topk_run(const topk& sel, temp_storage& tmp, T* e, const T* g, std::size_t 
 
   const T* values = e ? e : g;  // what holds the values once e += g is done
   if (k == 0) {
-    if (e && n > 0) {
-      axpy_kernel<T><<<grid_for(n, 256, 4096), 256, 0, stream>>>(e, g, n);
-      check_launch("axpy_kernel");
-    }
-    write_stats_kernel<<<1, 1, 0, stream>>>(stats, 0, 0.0, 0, false);
-    check_launch("write_stats_kernel");
+    launch_empty_selection<T>(e, g, n, stats, stream);
     return;
   }
   constexpr unsigned passes = detail::radix_passes(detail::abs_key_traits<T>::bits);
