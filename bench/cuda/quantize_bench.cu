@@ -26,6 +26,8 @@
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/quantize.hpp>
 
+#include "timing.cuh"
+
 namespace {
 
 using gradcomp::device_buffer;
@@ -53,26 +55,7 @@ device_buffer<float> normal_input(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-// Times `work` (enqueued on `stream`) with events, one warm-up call first.
-template <class Work>
-void timed(benchmark::State& state, cudaStream_t stream, Work&& work) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  cuda_check(cudaEventCreate(&start), "cudaEventCreate");
-  cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
-  work();
-  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  for (auto _ : state) {
-    cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
-    work();
-    cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0.0f;
-    cuda_check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    state.SetIterationTime(static_cast<double>(ms) / 1e3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-}
+using gradcomp_bench::timed_events;
 
 struct stream_holder {
   cudaStream_t s = nullptr;
@@ -109,7 +92,7 @@ void bench_encode(benchmark::State& state, Q q) {
   q.encode(tmp, values, call, enc.view(), stream.s);
   device_buffer<std::byte> scratch(tmp.bytes);
   tmp.ptr = scratch.data();
-  timed(state, stream.s, [&] { q.encode(tmp, values, call, enc.view(), stream.s); });
+  timed_events(state, stream.s, [&] { q.encode(tmp, values, call, enc.view(), stream.s); });
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(n * sizeof(float)));
   state.counters["packed_bytes"] = static_cast<double>(enc.size.packed_bytes);
@@ -134,7 +117,7 @@ void bench_decode(benchmark::State& state, Q q) {
   q.decode(dtmp, enc.view(), decoded, stream.s, gradcomp::device_validation::trusted);
   device_buffer<std::byte> dscratch(dtmp.bytes);
   dtmp.ptr = dscratch.data();
-  timed(state, stream.s, [&] {
+  timed_events(state, stream.s, [&] {
     q.decode(dtmp, enc.view(), decoded, stream.s, gradcomp::device_validation::trusted);
   });
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
@@ -146,7 +129,7 @@ void bench_copy(benchmark::State& state) {
   stream_holder stream;
   const auto input = normal_input(n, 3);
   device_buffer<float> out(n);
-  timed(state, stream.s, [&] {
+  timed_events(state, stream.s, [&] {
     cuda_check(cudaMemcpyAsync(out.data(), input.data(), n * sizeof(float),
                                cudaMemcpyDeviceToDevice, stream.s),
                "cudaMemcpyAsync");
@@ -197,7 +180,7 @@ void bench_gather(benchmark::State& state) {
   gradcomp::cuda::gather(tmp, gs, is, vs, stream.s, trusted);
   device_buffer<std::byte> scratch(tmp.bytes);
   tmp.ptr = scratch.data();
-  timed(state, stream.s, [&] { gradcomp::cuda::gather(tmp, gs, is, vs, stream.s, trusted); });
+  timed_events(state, stream.s, [&] { gradcomp::cuda::gather(tmp, gs, is, vs, stream.s, trusted); });
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(k * 12));
 }
@@ -232,7 +215,7 @@ void bench_scatter(benchmark::State& state) {
   call(tmp);
   device_buffer<std::byte> scratch(tmp.bytes);
   tmp.ptr = scratch.data();
-  timed(state, stream.s, [&] { call(tmp); });
+  timed_events(state, stream.s, [&] { call(tmp); });
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(m * 8));
   state.counters["entries"] = static_cast<double>(m);

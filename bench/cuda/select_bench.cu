@@ -43,6 +43,8 @@
 #include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 
+#include "timing.cuh"
+
 namespace {
 
 using gradcomp::detail::cuda_check;
@@ -96,28 +98,12 @@ const float* input(std::size_t n) {
   return slot->data();
 }
 
-// Times body() with events on `stream` per iteration.
+// Times body() with events on `stream` per iteration; GB/s of the n-float gradient.
 template <class Body>
 void timed(benchmark::State& state, std::size_t n, cudaStream_t stream, Body body) {
-  cudaEvent_t start = nullptr;
-  cudaEvent_t stop = nullptr;
-  cuda_check(cudaEventCreate(&start), "cudaEventCreate");
-  cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
-  body();  // warm-up (allocations, first-launch costs)
-  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  for (auto _ : state) {
-    cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
-    body();
-    cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0.0f;
-    cuda_check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    state.SetIterationTime(static_cast<double>(ms) / 1e3);
-  }
+  gradcomp_bench::timed_events(state, stream, body);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(n * sizeof(float)));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
 }
 
 std::size_t k_of(std::size_t n, std::int64_t ppm) {
