@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs examples/torch/train_ddp.py once per row and seed (1, 2, 3) of the PyTorch results
+# table, one run after the other (they share the machine's cores), and keeps each run's output
+# in docs/results/torch/<row>_seed<S>.txt; then examples/torch/summarize.py writes the table
+# (docs/results/torch/table.md) and examples/torch/plot.sh draws docs/torch_ddp.png.
+# Usage: examples/torch/results.sh [row...]   (default: every row)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+out=docs/results/torch
+mkdir -p "$out"
+
+# row name | train_ddp.py arguments (4 gloo workers, 3 epochs, batch 32, lr 0.05, momentum 0.9)
+rows=(
+  "cnn_allreduce|--model cnn --hook allreduce"
+  "cnn_fp16|--model cnn --hook fp16"
+  "cnn_powersgd1|--model cnn --hook powersgd:1"
+  "cnn_powersgd4|--model cnn --hook powersgd:4"
+  "cnn_topk_0.01|--model cnn --hook gradcomp:topk:0.01"
+  "cnn_topk_0.001|--model cnn --hook gradcomp:topk:0.001"
+  "cnn_dgc_0.001|--model cnn --hook gradcomp:dgc:0.001"
+  "cnn_gaussiank_0.001|--model cnn --hook gradcomp:gaussiank:0.001"
+  "cnn_qsgd_4bit|--model cnn --hook gradcomp:dense,quantizer=qsgd,bits=4,feedback=none"
+  "mlp_allreduce|--model mlp --hook allreduce"
+  "mlp_topk_0.01|--model mlp --hook gradcomp:topk:0.01"
+  "mlp_dgc_0.001|--model mlp --hook gradcomp:dgc:0.001"
+)
+
+want=("$@")
+for row in "${rows[@]}"; do
+  name=${row%%|*}
+  args=${row#*|}
+  if [ "${#want[@]}" -gt 0 ] && [[ ! " ${want[*]} " == *" ${name} "* ]]; then
+    continue
+  fi
+  for seed in 1 2 3; do
+    echo "=== ${name} seed ${seed}: scripts/train_ddp.sh ${args} --seed ${seed}"
+    # shellcheck disable=SC2086
+    scripts/train_ddp.sh ${args} --seed "${seed}" | tee "${out}/${name}_seed${seed}.txt"
+  done
+done
+python="$(sed -n 's/^GRADCOMP_TORCH_PYTHON:FILEPATH=//p' build/default/CMakeCache.txt)"
+"$python" examples/torch/summarize.py "$out" > "$out/table.md"
+cat "$out/table.md"
+examples/torch/plot.sh

@@ -1,0 +1,288 @@
+// gradcomp/torch/process_group.hpp: a gradcomp::communicator over a torch.distributed process
+// group (c10d::ProcessGroup: gloo on CPU), so that every exchange (dense_allreduce,
+// sparse_allgather, gtopk, topk_a2a, auto_exchange) runs over the group a PyTorch program
+// already has. Same semantics as in_process_comm and mpi_comm's default: allreduce folds in
+// rank order, so sums are bit-identical to a sequential loop over ranks on every rank.
+//
+// Everything moves as bytes through alltoall_base (an alltoallv), the one variable-size
+// collective gloo in PyTorch 1.13 offers: _allgather_base is not implemented for gloo, the
+// list form of allgather needs equal sizes and dies (SIGFPE) on zero-sized tensors, and the list
+// form of alltoall is not implemented. alltoall_base takes uneven splits and zero-sized
+// contributions, also from every rank at once, so a rank that selected nothing is an ordinary
+// case here. The group's own timeout bounds every wait: a peer that died or never arrives
+// makes each collective throw communicator_error on the others instead of hanging.
+//
+// One thread at a time may call a process_group_comm; its collectives must be called by every
+// rank of the group in the same order, like any gradcomp communicator.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/types.h>
+
+#include <gradcomp/comm/in_process.hpp>  // detail::combine, share_begin, bytes_overlap: one fold rule
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/error.hpp>
+
+namespace gradcomp {
+
+namespace detail {
+
+template <class T>
+concept pg_element = std::is_trivially_copyable_v<T> && std::copyable<T> && !std::same_as<T, bool>;
+
+template <class T>
+concept pg_reducible = pg_element<T> && requires(const T& a, const T& b) {
+  { a + b } -> std::convertible_to<T>;
+  { a < b } -> std::convertible_to<bool>;
+};
+
+// A uint8 tensor over [p, p + bytes) that torch neither owns nor frees.
+inline at::Tensor byte_tensor(const void* p, std::size_t bytes) {
+  if (bytes == 0) return at::empty({0}, at::TensorOptions().dtype(at::kByte));
+  // gloo reads send buffers only; from_blob wants a mutable pointer.
+  return at::from_blob(const_cast<void*>(p), {static_cast<std::int64_t>(bytes)},
+                       at::TensorOptions().dtype(at::kByte));
+}
+
+}  // namespace detail
+
+class process_group_comm {
+ public:
+  explicit process_group_comm(c10::intrusive_ptr<c10d::ProcessGroup> group)
+      : group_(std::move(group)) {
+    if (!group_) {
+      throw invalid_argument(
+          "gradcomp::process_group_comm: argument 'group' is null; allowed: a process group "
+          "(torch.distributed's default group, or one from new_group())");
+    }
+    rank_ = group_->getRank();
+    size_ = group_->getSize();
+  }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] const c10::intrusive_ptr<c10d::ProcessGroup>& group() const noexcept {
+    return group_;
+  }
+  // The backend's name ("gloo", "nccl", ...), for messages.
+  [[nodiscard]] std::string backend() const { return group_->getBackendName(); }
+
+  // Element-wise reduction in place: each rank folds its 1/P share of the elements in rank
+  // order, ((x0 op x1) op x2) ..., then the folded shares go to every rank. Two alltoall_base
+  // calls; bit-identical to in_process_comm and mpi_comm's rank_order reduction.
+  template <detail::pg_reducible T>
+  void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
+    if (size_ == 1 || data.empty()) return;
+    const auto p = static_cast<std::size_t>(size_);
+    const auto r = static_cast<std::size_t>(rank_);
+    const std::size_t n = data.size();
+    const std::size_t begin = detail::share_begin(n, p, r);
+    const std::size_t mine = detail::share_begin(n, p, r + 1) - begin;
+    std::vector<std::int64_t> to_each(p), from_each(p, bytes_of<T>(mine));
+    for (std::size_t s = 0; s < p; ++s) {
+      to_each[s] = bytes_of<T>(detail::share_begin(n, p, s + 1) - detail::share_begin(n, p, s));
+    }
+    // Scatter: rank s receives share s of every rank's data, rank 0's first.
+    shares_.resize(p * mine * sizeof(T));
+    alltoall_bytes(data.data(), n * sizeof(T), to_each, shares_.data(), shares_.size(), from_each,
+                   "allreduce (shares)");
+    std::vector<T> acc(mine);
+    if (mine > 0) {
+      std::memcpy(acc.data(), shares_.data(), mine * sizeof(T));
+      std::vector<T> x(mine);
+      for (std::size_t s = 1; s < p; ++s) {
+        std::memcpy(x.data(), shares_.data() + s * mine * sizeof(T), mine * sizeof(T));
+        detail::combine(acc.data(), x.data(), mine, op);
+      }
+    }
+    // Gather: every rank receives every folded share, in place.
+    stage_repeated(std::as_bytes(std::span<const T>(acc)), p);
+    alltoall_bytes(staging_.data(), staging_.size(), from_each, data.data(), n * sizeof(T), to_each,
+                   "allreduce (gather)");
+  }
+
+  // recv is resized to the total and receives rank 0's elements, then rank 1's, ...;
+  // recv_counts[r] is rank r's count. Counts may differ, and be zero on any or every rank.
+  template <detail::pg_element T>
+  void allgatherv(std::span<const std::type_identity_t<T>> send, std::vector<T>& recv,
+                  std::vector<std::size_t>& recv_counts) {
+    const auto p = static_cast<std::size_t>(size_);
+    // Staged first: resizing recv may move a send buffer that lives inside it.
+    stage_repeated(std::as_bytes(send), p);
+    const std::vector<std::uint64_t> counts = everyone_s(static_cast<std::uint64_t>(send.size()));
+    std::vector<std::int64_t> to_each(p, bytes_of<T>(send.size())), from_each(p);
+    std::size_t total = 0;
+    for (std::size_t s = 0; s < p; ++s) {
+      from_each[s] = bytes_of<T>(static_cast<std::size_t>(counts[s]));
+      total += static_cast<std::size_t>(counts[s]);
+    }
+    recv.resize(total);
+    recv_counts.assign(counts.begin(), counts.end());
+    if (total == 0) return;
+    alltoall_bytes(staging_.data(), staging_.size(), to_each, recv.data(), total * sizeof(T),
+                   from_each, "allgatherv");
+  }
+
+  // The same count on every rank into a caller-sized buffer: recv.size() == size() * send.size().
+  template <detail::pg_element T>
+  void allgather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    const auto p = static_cast<std::size_t>(size_);
+    if (recv.size() != p * send.size()) {
+      detail::throw_invalid_argument("process_group_comm::allgather", "recv.size()", recv.size(),
+                                     detail::concat("size() * send.size() = ", p, " * ", send.size()));
+    }
+    if (send.empty()) return;
+    stage_repeated(std::as_bytes(send), p);
+    const std::vector<std::int64_t> each(p, bytes_of<T>(send.size()));
+    alltoall_bytes(staging_.data(), staging_.size(), each, recv.data(), recv.size_bytes(), each,
+                   "allgather");
+  }
+
+  // send holds the blocks for rank 0, 1, ... back to back (send_counts[s] elements for rank s,
+  // summing to send.size()); recv is resized and receives the blocks addressed to this rank in
+  // source rank order, recv_counts[s] from rank s.
+  template <detail::pg_element T>
+  void alltoallv(std::span<const std::type_identity_t<T>> send,
+                 std::span<const std::size_t> send_counts, std::vector<T>& recv,
+                 std::vector<std::size_t>& recv_counts) {
+    const auto p = static_cast<std::size_t>(size_);
+    if (send_counts.size() != p) {
+      detail::throw_invalid_argument("process_group_comm::alltoallv", "send_counts.size()",
+                                     send_counts.size(), detail::concat("size() = ", p));
+    }
+    std::size_t total = 0;
+    bool sum_ok = true;
+    for (std::size_t s = 0; s < p && sum_ok; ++s) {
+      sum_ok = send_counts[s] <= send.size() - total;  // cannot wrap
+      if (sum_ok) total += send_counts[s];
+    }
+    if (!sum_ok || total != send.size()) {
+      std::size_t sum = 0;
+      for (const std::size_t c : send_counts) sum += c;  // for the message only; may wrap
+      detail::throw_invalid_argument("process_group_comm::alltoallv", "sum of send_counts", sum,
+                                     detail::concat("send.size() = ", send.size()));
+    }
+    if (detail::bytes_overlap(send.data(), send.size_bytes(), recv.data(),
+                              recv.capacity() * sizeof(T))) {
+      const auto bytes = std::as_bytes(send);
+      staging_.assign(bytes.begin(), bytes.end());
+      send = std::span<const T>(reinterpret_cast<const T*>(staging_.data()), send.size());
+    }
+    // Counts first: every rank tells each peer how many elements it sends it.
+    std::vector<std::uint64_t> out_counts(send_counts.begin(), send_counts.end());
+    std::vector<std::uint64_t> in_counts(p);
+    const std::vector<std::int64_t> one_each(p, sizeof(std::uint64_t));
+    alltoall_bytes(out_counts.data(), p * sizeof(std::uint64_t), one_each, in_counts.data(),
+                   p * sizeof(std::uint64_t), one_each, "alltoallv (counts)");
+    std::vector<std::int64_t> to_each(p), from_each(p);
+    std::size_t in_total = 0;
+    for (std::size_t s = 0; s < p; ++s) {
+      to_each[s] = bytes_of<T>(send_counts[s]);
+      from_each[s] = bytes_of<T>(static_cast<std::size_t>(in_counts[s]));
+      in_total += static_cast<std::size_t>(in_counts[s]);
+    }
+    recv.resize(in_total);
+    recv_counts.assign(in_counts.begin(), in_counts.end());
+    if (in_total == 0 && send.empty()) {
+      // Still a collective for the others, who may send or receive: take part.
+      std::byte none{};
+      alltoall_bytes(&none, 0, to_each, &none, 0, from_each, "alltoallv");
+      return;
+    }
+    alltoall_bytes(send.data(), send.size_bytes(), to_each, recv.data(), in_total * sizeof(T),
+                   from_each, "alltoallv");
+  }
+
+  // Copies root's data into every other rank's data; counts must agree.
+  template <detail::pg_element T>
+  void broadcast(std::span<T> data, int root) {
+    if (root < 0 || root >= size_) {
+      detail::throw_invalid_argument("process_group_comm::broadcast", "root", root,
+                                     detail::concat("0 <= root < size() = ", size_));
+    }
+    if (size_ == 1 || data.empty()) return;  // gloo cannot move zero bytes; counts agree
+    std::vector<at::Tensor> tensors{detail::byte_tensor(data.data(), data.size_bytes())};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    run("broadcast", [&] { return group_->broadcast(tensors, opts); });
+  }
+
+  void barrier() {
+    if (size_ == 1) return;
+    run("barrier", [&] { return group_->barrier(); });
+  }
+
+ private:
+  template <class T>
+  static std::int64_t bytes_of(std::size_t elements) {
+    return static_cast<std::int64_t>(elements * sizeof(T));
+  }
+
+  // `value` from every rank, in rank order.
+  std::vector<std::uint64_t> everyone_s(std::uint64_t value) {
+    const auto p = static_cast<std::size_t>(size_);
+    std::vector<std::uint64_t> out(p, value), in(p);
+    const std::vector<std::int64_t> one_each(p, sizeof(std::uint64_t));
+    alltoall_bytes(out.data(), p * sizeof(std::uint64_t), one_each, in.data(),
+                   p * sizeof(std::uint64_t), one_each, "allgatherv (counts)");
+    return in;
+  }
+
+  // staging_ = `bytes` repeated p times: what every peer should receive of ours.
+  void stage_repeated(std::span<const std::byte> bytes, std::size_t p) {
+    std::vector<std::byte> staged(bytes.size() * p);
+    for (std::size_t s = 0; s < p; ++s) {
+      if (!bytes.empty()) std::memcpy(staged.data() + s * bytes.size(), bytes.data(), bytes.size());
+    }
+    staging_ = std::move(staged);
+  }
+
+  void alltoall_bytes(const void* send, std::size_t send_bytes, std::vector<std::int64_t> to_each,
+                      void* recv, std::size_t recv_bytes, std::vector<std::int64_t> from_each,
+                      const char* what) {
+    if (size_ == 1) {
+      // One rank: its block to itself.
+      const auto n = static_cast<std::size_t>(to_each[0]);
+      if (n > 0 && send != recv) std::memmove(recv, send, n);
+      return;
+    }
+    at::Tensor in = detail::byte_tensor(send, send_bytes);
+    at::Tensor out = detail::byte_tensor(recv, recv_bytes);
+    run(what, [&] { return group_->alltoall_base(out, in, from_each, to_each); });
+  }
+
+  template <class Start>
+  void run(const char* what, Start&& start) {
+    try {
+      c10::intrusive_ptr<c10d::Work> work = start();
+      work->wait();
+    } catch (const gradcomp::error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw communicator_error(detail::concat("gradcomp::process_group_comm: ", what, " over ",
+                                              group_->getBackendName(), " failed on rank ", rank_,
+                                              " of ", size_, ": ", e.what()));
+    }
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<std::byte> staging_;
+  std::vector<std::byte> shares_;
+};
+
+static_assert(communicator<process_group_comm>);
+
+}  // namespace gradcomp

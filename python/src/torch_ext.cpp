@@ -1,0 +1,185 @@
+// gradcomp._torch_ext: the C++ side of gradcomp.torch. It takes torch.distributed's Python
+// ProcessGroup as c10::intrusive_ptr<c10d::ProcessGroup> (torch's own pybind holder type),
+// runs gradcomp's compressor and exchanges over it (process_group_comm), and offers the
+// in-process reference that the tests compare the hook with. The GIL is released while a bucket
+// is compressed and exchanged, so that DDP's backward pass goes on meanwhile.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/extension.h>
+
+#include <gradcomp/comm/in_process.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/torch/bucket_engine.hpp>
+#include <gradcomp/torch/process_group.hpp>
+#include <gradcomp/torch/tensor.hpp>
+
+namespace py = pybind11;
+namespace rt = gradcomp::runtime;
+
+namespace {
+
+py::dict to_dict(const rt::bucket_stats& s) {
+  py::dict d;
+  d["bucket"] = s.bucket;
+  d["n"] = s.n;
+  d["selected"] = s.selected;
+  d["density"] = s.density;
+  d["threshold"] = s.threshold;
+  d["bytes_sent"] = s.bytes_sent;
+  d["bytes_received"] = s.bytes_received;
+  d["restored"] = s.restored;
+  d["exchange"] = s.exchange;
+  py::dict sec;
+  sec["accumulate"] = s.seconds_accumulate;
+  sec["select"] = s.seconds_select;
+  sec["encode"] = s.seconds_encode;
+  sec["exchange"] = s.seconds_exchange;
+  d["seconds"] = sec;
+  return d;
+}
+
+std::vector<at::Tensor> copies(const std::vector<std::span<float>>& buffers) {
+  std::vector<at::Tensor> out;
+  for (const auto& b : buffers) {
+    at::Tensor t = at::empty({static_cast<std::int64_t>(b.size())}, at::kFloat);
+    std::copy(b.begin(), b.end(), t.data_ptr<float>());
+    out.push_back(t);
+  }
+  return out;
+}
+
+// One rank's engine over a process group.
+class engine {
+ public:
+  engine(c10::intrusive_ptr<c10d::ProcessGroup> group, rt::engine_config config)
+      : comm_(std::move(group)), engine_(comm_, std::move(config)) {}
+
+  py::dict run(std::int64_t bucket, const at::Tensor& grad, std::uint64_t step, double density) {
+    const std::span<float> g = gradcomp::torch_views::as_span<float>(grad, "gradcomp_hook", "bucket");
+    rt::bucket_stats st;
+    {
+      py::gil_scoped_release no_gil;
+      st = engine_.run(bucket, g, step, density);
+    }
+    return to_dict(st);
+  }
+
+  std::vector<at::Tensor> state(std::int64_t bucket) { return copies(engine_.feedback().buffers(bucket)); }
+
+  void set_state(std::int64_t bucket, const std::vector<at::Tensor>& buffers) {
+    auto& fb = engine_.feedback();
+    if (buffers.size() != fb.buffer_count()) {
+      gradcomp::detail::throw_invalid_argument(
+          "engine.set_state", "len(buffers)", buffers.size(),
+          gradcomp::detail::concat(fb.buffer_count(), " (the feedback's buffer count)"));
+    }
+    std::size_t n = 0;
+    std::vector<std::span<float>> views;
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      views.push_back(gradcomp::torch_views::as_span<float>(buffers[i], "engine.set_state",
+                                                            gradcomp::detail::concat("buffers[", i, "]")));
+      if (i == 0) n = views.back().size();
+      if (views.back().size() != n) {
+        gradcomp::detail::throw_invalid_argument("engine.set_state", "buffers sizes",
+                                                 views.back().size(),
+                                                 gradcomp::detail::concat("all equal (", n, ")"));
+      }
+    }
+    if (views.empty()) return;
+    auto dest = fb.reset(bucket, n);
+    for (std::size_t i = 0; i < views.size(); ++i) std::copy(views[i].begin(), views[i].end(), dest[i].begin());
+  }
+
+  void clear() { engine_.feedback().clear(); }
+  [[nodiscard]] std::size_t buffer_count() { return engine_.feedback().buffer_count(); }
+  [[nodiscard]] int rank() const { return comm_.rank(); }
+  [[nodiscard]] int size() const { return comm_.size(); }
+
+ private:
+  gradcomp::process_group_comm comm_;
+  rt::bucket_engine<gradcomp::process_group_comm> engine_;
+};
+
+// What P ranks of gradcomp's own in-process runtime produce for the same gradients: grads[s][r]
+// is rank r's bucket at step s (float32, contiguous), the result out[s][r] the averaged bucket
+// that rank r gets. Threads play the ranks; in_process_comm folds in rank order.
+std::vector<std::vector<at::Tensor>> reference(const rt::engine_config& config, std::int64_t bucket,
+                                               const std::vector<std::vector<at::Tensor>>& grads,
+                                               std::uint64_t first_step, double density) {
+  if (grads.empty()) return {};
+  const std::size_t ranks = grads.front().size();
+  std::vector<std::vector<at::Tensor>> out(grads.size());
+  std::vector<std::vector<std::span<float>>> views(grads.size());
+  for (std::size_t s = 0; s < grads.size(); ++s) {
+    if (grads[s].size() != ranks) {
+      gradcomp::detail::throw_invalid_argument("reference", "len(grads[s])", grads[s].size(),
+                                               gradcomp::detail::concat(ranks, " (as grads[0])"));
+    }
+    for (std::size_t r = 0; r < ranks; ++r) {
+      out[s].push_back(grads[s][r].clone());
+      views[s].push_back(gradcomp::torch_views::as_span<float>(out[s].back(), "reference", "grads"));
+    }
+  }
+  rt::check_config(config);
+  py::gil_scoped_release no_gil;
+  gradcomp::run_in_process(static_cast<int>(ranks), [&](gradcomp::in_process_comm& comm) {
+    rt::bucket_engine<gradcomp::in_process_comm> e(comm, config);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    for (std::size_t s = 0; s < views.size(); ++s) e.run(bucket, views[s][r], first_step + s, density);
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_torch_ext, m) {
+  m.doc() = "gradcomp's compressors and exchanges over torch.distributed process groups";
+  m.attr("version") = gradcomp::detail::concat(GRADCOMP_VERSION_MAJOR, ".", GRADCOMP_VERSION_MINOR, ".", GRADCOMP_VERSION_PATCH);
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const gradcomp::invalid_argument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const gradcomp::payload_error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  py::class_<rt::engine_config>(m, "EngineConfig")
+      .def(py::init<>())
+      .def_readwrite("selector", &rt::engine_config::selector)
+      .def_readwrite("quantizer", &rt::engine_config::quantizer)
+      .def_readwrite("feedback", &rt::engine_config::feedback)
+      .def_readwrite("exchange", &rt::engine_config::exchange)
+      .def_readwrite("bits", &rt::engine_config::bits)
+      .def_readwrite("bucket_size", &rt::engine_config::bucket_size)
+      .def_readwrite("threshold", &rt::engine_config::threshold)
+      .def_readwrite("dgc_momentum", &rt::engine_config::dgc_momentum)
+      .def_readwrite("dgc_clip_norm", &rt::engine_config::dgc_clip_norm)
+      .def_readwrite("seed", &rt::engine_config::seed);
+
+  m.def("check_config", &rt::check_config, py::arg("config"),
+        "Raises ValueError when the names, their combination or a parameter are not valid.");
+
+  py::class_<engine>(m, "Engine")
+      .def(py::init<c10::intrusive_ptr<c10d::ProcessGroup>, rt::engine_config>(),
+           py::arg("process_group"), py::arg("config"))
+      .def("run", &engine::run, py::arg("bucket"), py::arg("grad"), py::arg("step"),
+           py::arg("density"))
+      .def("state", &engine::state, py::arg("bucket"))
+      .def("set_state", &engine::set_state, py::arg("bucket"), py::arg("buffers"))
+      .def("clear", &engine::clear)
+      .def_property_readonly("buffer_count", &engine::buffer_count)
+      .def_property_readonly("rank", &engine::rank)
+      .def_property_readonly("size", &engine::size);
+
+  m.def("reference", &reference, py::arg("config"), py::arg("bucket"), py::arg("grads"),
+        py::arg("first_step"), py::arg("density"));
+}

@@ -1,0 +1,216 @@
+// process_group_comm over gloo, with P ranks as processes: `process_group_comm --ranks P`
+// forks P children that meet through a c10d::FileStore in a fresh temporary directory, each
+// running every test case in the same order (so their collectives match) over a
+// ProcessGroupGloo on loopback. The communicator passes the same property suites as mpi_comm
+// (tests/support/comm_properties.hpp, exchange_properties.hpp); the tensor views refuse what
+// they cannot view. The exit status is the worst over the ranks.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/torch.h>
+
+// LibTorch pulls in glog, whose CHECK macros would shadow doctest's (and count nothing):
+// doctest's are the ones this file means.
+#undef CHECK
+#undef CHECK_EQ
+#undef CHECK_NE
+#undef CHECK_LT
+#undef CHECK_LE
+#undef CHECK_GT
+#undef CHECK_GE
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <gradcomp/torch/bucket_engine.hpp>
+#include <gradcomp/torch/process_group.hpp>
+#include <gradcomp/torch/tensor.hpp>
+
+#include "../support/comm_properties.hpp"
+#include "../support/exchange_properties.hpp"
+
+namespace {
+
+using namespace gradcomp;
+
+std::unique_ptr<process_group_comm> the_comm;
+
+process_group_comm& comm() { return *the_comm; }
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_group(const std::string& store_path, int rank, int size) {
+  auto store = c10::make_intrusive<c10d::FileStore>(store_path, size);
+  auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(60000));
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("tensor views: contiguous float32/float64 CPU tensors only, with a clear refusal") {
+  at::Tensor f = at::arange(10, at::kFloat);
+  const auto s = torch_views::as_span<float>(f, "test", "f");
+  CHECK(s.size() == 10);
+  CHECK(s[3] == 3.0f);
+  CHECK(torch_views::as_span<double>(at::zeros({2, 3}, at::kDouble), "test", "d").size() == 6);
+  CHECK(torch_views::as_span<float>(at::empty({0}, at::kFloat), "test", "e").empty());
+
+  const std::string dtype = message_of([] { (void)torch_views::as_span<float>(at::zeros({4}, at::kDouble), "f", "grad"); });
+  CHECK(dtype.find("'grad'") != std::string::npos);
+  CHECK(dtype.find("dtype Double") != std::string::npos);
+  CHECK(dtype.find("device cpu") != std::string::npos);
+  CHECK(dtype.find("layout Strided") != std::string::npos);
+  const std::string strided = message_of([] { (void)torch_views::as_span<float>(at::zeros({4, 4}).t(), "f", "g"); });
+  CHECK(strided.find("not contiguous") != std::string::npos);
+  const std::string sparse = message_of([] { (void)torch_views::as_span<float>(at::zeros({4, 4}).to_sparse(), "f", "g"); });
+  CHECK(sparse.find("layout Sparse") != std::string::npos);
+  const std::string half = message_of([] { (void)torch_views::as_span<float>(at::zeros({4}, at::kHalf), "f", "g"); });
+  CHECK(half.find("dtype Half") != std::string::npos);
+}
+
+TEST_CASE("process_group_comm models the communicator concept over the whole group") {
+  static_assert(communicator<process_group_comm>);
+  CHECK(comm().backend() == "gloo");
+  CHECK(comm().size() >= 1);
+  CHECK_THROWS_AS(process_group_comm(c10::intrusive_ptr<c10d::ProcessGroup>()), invalid_argument);
+}
+
+TEST_CASE("rank-order allreduce over gloo is the sequential fold over ranks, bit for bit") {
+  gradcomp_test::comm_properties::rank_order_allreduce(comm());
+}
+
+TEST_CASE("allgatherv, allgather, alltoallv, broadcast and barrier over gloo, empty contributions too") {
+  gradcomp_test::comm_properties::variable_collectives(comm());
+}
+
+TEST_CASE("bad arguments throw invalid_argument before any message") {
+  gradcomp_test::comm_properties::bad_arguments(comm());
+}
+
+TEST_CASE("every exchange over gloo equals the single-process reference") {
+  gradcomp_test::exchange_properties::every_exchange_equals_reference(comm());
+}
+
+TEST_CASE("a P-rank gloo run of sparsified_sgd equals the P-thread in-process run") {
+  gradcomp_test::exchange_properties::training_equals_in_process(comm());
+}
+
+TEST_CASE("a rank with another tensor size makes every rank throw over gloo, none hangs") {
+  gradcomp_test::exchange_properties::disagreeing_size_throws_everywhere(comm());
+}
+
+TEST_CASE("bucket_engine over gloo equals bucket_engine in process, every exchange, steps carried") {
+  namespace rt = gradcomp::runtime;
+  const std::size_t n = 5003;
+  for (const char* ex : {"allreduce", "allgather", "gtopk", "a2a", "auto"}) {
+    for (const char* sel : {"topk", "randomk", "dgc"}) {
+      rt::engine_config c;
+      c.exchange = ex;
+      c.selector = sel;
+      c.feedback = std::string(sel) == "dgc" ? "dgc" : "residual";
+      c.quantizer = std::string(sel) == "randomk" ? "fp16" : "fp32";
+      if (c.exchange == "allreduce" && c.selector != "randomk") continue;  // not summable
+      CAPTURE(ex);
+      CAPTURE(sel);
+      auto grad = [&](int rank, int step) {
+        return gradcomp_test::make_input<float>(rank % 2 ? gradcomp_test::dist::laplace : gradcomp_test::dist::normal,
+                                                n, static_cast<std::uint64_t>(1000 * step + rank));
+      };
+      rt::bucket_engine<process_group_comm> mine(comm(), c);
+      std::vector<std::vector<float>> got;
+      for (int s = 0; s < 3; ++s) {
+        auto g = grad(comm().rank(), s);
+        mine.run(7, std::span<float>(g), static_cast<std::uint64_t>(s), 0.01);
+        got.push_back(g);
+      }
+      std::vector<std::vector<std::vector<float>>> want(static_cast<std::size_t>(comm().size()));
+      run_in_process(comm().size(), [&](in_process_comm& ic) {
+        rt::bucket_engine<in_process_comm> e(ic, c);
+        for (int s = 0; s < 3; ++s) {
+          auto g = grad(ic.rank(), s);
+          e.run(7, std::span<float>(g), static_cast<std::uint64_t>(s), 0.01);
+          want[static_cast<std::size_t>(ic.rank())].push_back(g);
+        }
+      });
+      for (int s = 0; s < 3; ++s) {
+        CHECK(gradcomp_test::same_bits(got[static_cast<std::size_t>(s)],
+                                       want[static_cast<std::size_t>(comm().rank())][static_cast<std::size_t>(s)]));
+      }
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  int ranks = 1;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) == "--ranks" && i + 1 < argc) {
+      ranks = std::atoi(argv[++i]);
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  if (ranks < 1 || ranks > 64) {
+    std::fprintf(stderr, "process_group_comm: --ranks must be 1..64\n");
+    return 2;
+  }
+  char dir_template[] = "/tmp/gradcomp_pg_XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  if (dir == nullptr) {
+    std::perror("process_group_comm: mkdtemp");
+    return 2;
+  }
+  const std::string store = std::string(dir) + "/store";
+  std::vector<pid_t> children;
+  for (int r = 0; r < ranks; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("process_group_comm: fork");
+      return 2;
+    }
+    if (pid == 0) {
+      int status = 1;
+      try {
+        auto group = make_group(store, r, ranks);
+        the_comm = std::make_unique<process_group_comm>(group);
+        doctest::Context context(static_cast<int>(args.size()), args.data());
+        if (r != 0) context.setOption("minimal", true);
+        status = context.run();
+        the_comm.reset();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      }
+      std::fflush(nullptr);
+      _exit(status);
+    }
+    children.push_back(pid);
+  }
+  int worst = 0;
+  for (std::size_t r = 0; r < children.size(); ++r) {
+    int status = 0;
+    waitpid(children[r], &status, 0);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code != 0) std::fprintf(stderr, "process_group_comm: rank %zu exited with %d\n", r, code);
+    worst = std::max(worst, code);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return worst;
+}
