@@ -169,6 +169,8 @@ class GradcompState:
         # Feedback buffers loaded from a checkpoint or left by DDP's rebuild, keyed by
         # parameter, waiting for the bucket that now holds the parameter.
         self._pending: Dict[str, List[torch.Tensor]] = {}
+        # The buckets (parameter keys by bucket index) of the run a checkpoint came from.
+        self._resume_groups: Dict[int, List[str]] = {}
 
     # ---- runtime (not part of a checkpoint) -----------------------------------------
 
@@ -182,6 +184,7 @@ class GradcompState:
         self._timeline: List[Tuple[float, float]] = []  # (start, end) of each bucket's work
         self._last_ready = 0.0  # when DDP handed over the last bucket of the backward pass
         self._last_overlap: Optional[float] = None
+        self.rebuilds = 0  # times DDP re-formed the buckets and the feedback followed
 
     def _group(self) -> dist.ProcessGroup:
         return self.process_group if self.process_group is not None else dist.group.WORLD
@@ -271,8 +274,32 @@ class GradcompState:
                 at += numel
         self._layouts.clear()
         engine.clear()
+        self.rebuilds += 1
 
     # ---- the work of one bucket -------------------------------------------------------
+
+    def _groups_for(self, params: List[torch.Tensor], index: int) -> Optional[List[Tuple[int, List[int]]]]:
+        """After a checkpoint was loaded: DDP's first iteration puts every parameter in one
+        bucket, while the run that saved the checkpoint had rebuilt buckets. To continue exactly
+        as it would have, such a bucket is compressed as the saved buckets were: a list of
+        (saved bucket index, positions of its parameters in this bucket). None when this bucket
+        is compressed whole (it is one of the saved buckets, or nothing was saved)."""
+        if not self._resume_groups:
+            return None
+        keys = [self._key(p, index, j) for j, p in enumerate(params)]
+        if self._resume_groups.get(index) == keys:
+            return None
+        where = {k: j for j, k in enumerate(keys)}
+        groups = []
+        covered = 0
+        for g_index in sorted(self._resume_groups):
+            g_keys = self._resume_groups[g_index]
+            if g_keys and all(k in where for k in g_keys):
+                groups.append((g_index, [where[k] for k in g_keys]))
+                covered += len(g_keys)
+        if covered != len(keys) or len(groups) < 2:
+            return None
+        return groups
 
     def _run_bucket(
         self, index: int, buffer: torch.Tensor, params: List[torch.Tensor], step: int, is_last: bool
@@ -281,19 +308,37 @@ class GradcompState:
         # and from state_dict()/load_state_dict() once the thread is idle.
         start = time.perf_counter()
         engine = self._engine
-        self._prepare_bucket(engine, index, params, buffer.numel())
         staged = buffer if buffer.dtype == torch.float32 else buffer.to(torch.float32)
-        stats = engine.run(index, staged, step, self._density_at(step))
+        density = self._density_at(step)
+        groups = self._groups_for(params, index)
+        if groups is None:
+            self._prepare_bucket(engine, index, params, buffer.numel())
+            results = [engine.run(index, staged, step, density)]
+        else:
+            offsets = [0]
+            for p in params:
+                offsets.append(offsets[-1] + p.numel())
+            results = []
+            for g_index, positions in groups:
+                part = torch.cat([staged[offsets[j] : offsets[j + 1]] for j in positions])
+                self._prepare_bucket(engine, g_index, [params[j] for j in positions], part.numel())
+                results.append(engine.run(g_index, part, step, density))
+                at = 0
+                for j in positions:
+                    n = offsets[j + 1] - offsets[j]
+                    staged[offsets[j] : offsets[j + 1]].copy_(part[at : at + n])
+                    at += n
         if staged is not buffer:
             buffer.copy_(staged)
         end = time.perf_counter()
         with self._lock:
-            self._last[index] = stats
+            for stats in results:
+                self._last[stats["bucket"]] = stats
+                self._totals["bytes_sent"] += stats["bytes_sent"]
+                self._totals["bytes_received"] += stats["bytes_received"]
+                self._totals["selected"] += stats["selected"]
+                self._totals["elements"] += stats["n"]
             self._timeline.append((start, end))
-            self._totals["bytes_sent"] += stats["bytes_sent"]
-            self._totals["bytes_received"] += stats["bytes_received"]
-            self._totals["selected"] += stats["selected"]
-            self._totals["elements"] += stats["n"]
             if is_last:
                 self._finish_iteration()
         return buffer
@@ -368,6 +413,7 @@ class GradcompState:
             "iteration": self.iteration,
             "world_size": self.world_size,
             "feedback": feedback,
+            "buckets": {index: [self._keys[pid] for pid, _ in layout] for index, layout in self._layouts.items()},
             "totals": dict(self._totals),
         }
 
@@ -395,6 +441,7 @@ class GradcompState:
             self._engine.clear()
         self._layouts.clear()
         self._pending = {k: [b.clone().to(torch.float32) for b in v] for k, v in state["feedback"].items()}
+        self._resume_groups = {int(i): list(keys) for i, keys in state.get("buckets", {}).items()}
         self.iteration = int(state["iteration"])
         self.world_size = state["world_size"]
         self._totals = dict(state["totals"])
@@ -432,9 +479,10 @@ def _allreduce_mean(group: dist.ProcessGroup, buffer: torch.Tensor) -> "torch.fu
 def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook: ``ddp.register_comm_hook(state, gradcomp_hook)``."""
     buffer = bucket.buffer()
-    if buffer.is_cuda:
+    if buffer.device.type != "cpu":
         raise RuntimeError(
-            f"gradcomp.torch: the bucket is on {buffer.device}; this build of gradcomp has no "
+            f"gradcomp.torch: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
+            f"{buffer.layout}; this build of gradcomp has no "
             "device path for the hook (CPU tensors only). Train on CPU with gloo, or register "
             "PyTorch's own hooks for CUDA models."
         )

@@ -62,13 +62,16 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 60.
 
 
 class Net(torch.nn.Module):
-    """Five parameter tensors of different sizes, so that a small bucket_cap_mb splits them."""
+    """Five parameter tensors of different sizes, so that a small bucket_cap_mb splits them.
+    The layers are registered in the reverse of their use, so that DDP's first buckets (formed
+    in reverse registration order) differ from the ones it rebuilds in the order the gradients
+    became ready."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.a = torch.nn.Linear(20, 64)
-        self.b = torch.nn.Linear(64, 48)
         self.c = torch.nn.Linear(48, 5, bias=False)
+        self.b = torch.nn.Linear(64, 48)
+        self.a = torch.nn.Linear(20, 64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c(torch.relu(self.b(torch.relu(self.a(x)))))

@@ -112,14 +112,14 @@ class compress_impl final : public compress_half {
   compress_stats compress(std::int64_t bucket, std::span<const float> g,
                           const compress_context& ctx, payload& out) override {
     auto it = states_.find(bucket);
-    if (it == states_.end()) it = states_.emplace(bucket, c_.make_state(g.size())).first;
-    if (bucket_size(it->second) != g.size()) {
+    if (it == states_.end()) it = states_.emplace(bucket, entry{c_.make_state(g.size()), g.size()}).first;
+    if (it->second.n != g.size()) {
       detail::throw_invalid_argument(
           "bucket_engine", "bucket size", g.size(),
-          detail::concat("the size bucket ", bucket, " had before (", bucket_size(it->second),
+          detail::concat("the size bucket ", bucket, " had before (", it->second.n,
                          "); its feedback state is kept per bucket id"));
     }
-    return c_.compress(g, it->second, ctx, out);
+    return c_.compress(g, it->second.st, ctx, out);
   }
 
   void restore(std::int64_t bucket, std::span<const std::uint32_t> idx,
@@ -127,19 +127,19 @@ class compress_impl final : public compress_half {
     if constexpr (requires(const F& f, typename C::state_type& st) {
                     f.restore(st, idx, values);
                   }) {
-      c_.feedback_policy().restore(states_.at(bucket), idx, values);
+      c_.feedback_policy().restore(states_.at(bucket).st, idx, values);
     }
   }
 
   std::vector<std::span<float>> buffers(std::int64_t bucket) override {
     const auto it = states_.find(bucket);
     if (it == states_.end()) return {};
-    return it->second.buffers();
+    return it->second.st.buffers();
   }
 
   std::vector<std::span<float>> reset(std::int64_t bucket, std::size_t n) override {
-    states_.insert_or_assign(bucket, c_.make_state(n));
-    return states_.at(bucket).buffers();
+    states_.insert_or_assign(bucket, entry{c_.make_state(n), n});
+    return states_.at(bucket).st.buffers();
   }
 
   void clear() override { states_.clear(); }
@@ -149,13 +149,13 @@ class compress_impl final : public compress_half {
   [[nodiscard]] bool summable() const override { return C::summable; }
 
  private:
-  static std::size_t bucket_size(typename C::state_type& st) {
-    auto b = st.buffers();
-    return b.empty() ? static_cast<std::size_t>(-1) : b.front().size();
-  }
+  struct entry {
+    typename C::state_type st;
+    std::size_t n = 0;  // the bucket's size (a feedback without buffers has no other record)
+  };
 
   C c_;
-  std::map<std::int64_t, typename C::state_type> states_;
+  std::map<std::int64_t, entry> states_;
 };
 
 // ---- the exchanging half ----------------------------------------------------------------

@@ -1,0 +1,355 @@
+"""gradcomp.torch's DDP hook over gloo ranks (processes):
+
+- the hook's averaged bucket equals gradcomp's own in-process reference bit for bit, for
+  every exchange, at P = 2 and 4, over several steps (feedback carried);
+- a model split over several buckets, across DDP's rebuild: for every parameter, what was
+  applied plus what is left in the residuals equals the sum of its gradients;
+- a checkpoint taken at step s and loaded into a fresh model, optimizer and state continues
+  bit for bit as the uninterrupted run; pickling keeps the state;
+- bad input is refused with a clear error and changes nothing;
+- a rank that raises inside the hook makes the others fail within the group's timeout.
+"""
+
+import io
+import pickle
+import time
+import unittest
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradcomp.torch as gct
+from gradcomp import _torch_ext as ext
+from support import Net, batch, spawn
+
+
+class FakeBucket:
+    """What DDP hands a hook (index, buffer, parameters, is_last), for driving the hook
+    directly with gradients the test chooses."""
+
+    def __init__(self, index: int, buffer: torch.Tensor, params: List[torch.Tensor], last: bool = True):
+        self._index, self._buffer, self._params, self._last = index, buffer, params, last
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def parameters(self) -> List[torch.Tensor]:
+        return self._params
+
+    def gradients(self) -> List[torch.Tensor]:
+        return [self._buffer]
+
+    def is_last(self) -> bool:
+        return self._last
+
+
+def grad_for(rank: int, step: int, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7919 * step + rank)
+    if rank % 2:  # heavy tails on odd ranks, normal on even ones
+        return torch.randn(n, generator=g) ** 3
+    return torch.randn(n, generator=g)
+
+
+CONFIGS = [
+    dict(selector="topk", quantizer="fp32", exchange="allgather"),
+    dict(selector="topk", quantizer="fp32", exchange="gtopk"),
+    dict(selector="topk", quantizer="fp32", exchange="a2a"),
+    dict(selector="topk", quantizer="fp32", exchange="auto"),
+    dict(selector="randomk", quantizer="fp16", exchange="allreduce"),
+    dict(selector="dense", quantizer="fp32", feedback="none", exchange="allreduce"),
+    dict(selector="dense", quantizer="qsgd", feedback="none", exchange="allgather", bits=4),
+    dict(selector="gaussiank", quantizer="bf16", exchange="allgather"),
+    dict(selector="dgc", quantizer="fp32", exchange="gtopk"),
+    dict(selector="threshold", quantizer="sign", exchange="a2a", threshold=1.5),
+]
+
+
+def _reference_worker(rank: int, world: int) -> int:
+    n, steps, density = 4099, 3, 0.02
+    param = torch.nn.Parameter(torch.zeros(n))
+    checked = 0
+    for i, cfg in enumerate(CONFIGS):
+        state = gct.GradcompState(density=density, seed=11, overlap=bool(i % 2), **cfg)
+        outs = []
+        for s in range(steps):
+            buf = grad_for(rank, s, n).clone()
+            outs.append(gct.gradcomp_hook(state, FakeBucket(0, buf, [param])).wait().clone())
+        state.close()
+        grads = [[grad_for(r, s, n) for r in range(world)] for s in range(steps)]
+        want = ext.reference(state._config, 0, grads, 0, density)
+        for s in range(steps):
+            if not torch.equal(outs[s], want[s][rank]):
+                diff = (outs[s] - want[s][rank]).abs().max().item()
+                raise AssertionError(f"{cfg} step {s}: hook differs from the in-process reference by {diff}")
+            checked += 1
+        assert state.stats()["totals"]["steps"] == steps
+    return checked
+
+
+class ReferenceTest(unittest.TestCase):
+    def test_every_exchange_matches_in_process_reference_p2(self) -> None:
+        out = spawn(_reference_worker, 2)
+        self.assertEqual(out[0], len(CONFIGS) * 3)
+
+    def test_every_exchange_matches_in_process_reference_p4(self) -> None:
+        out = spawn(_reference_worker, 4)
+        self.assertEqual(out[3], len(CONFIGS) * 3)
+
+
+# ---- DDP: several buckets, the rebuild, conservation ---------------------------------------
+
+
+def _train(rank: int, world: int, steps: int, cap_bytes: int, state: gct.GradcompState,
+           model: torch.nn.Module, opt: torch.optim.Optimizer, first_step: int = 0,
+           record: Dict[str, torch.Tensor] = None) -> DDP:
+    dist._DEFAULT_FIRST_BUCKET_BYTES = cap_bytes
+    ddp = DDP(model, bucket_cap_mb=cap_bytes / (1024 * 1024))
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def hook(st: gct.GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if record is not None:
+            for p, g in zip(bucket.parameters(), bucket.gradients()):
+                record[names[id(p)]] = record.get(names[id(p)], 0) + g.detach().double()
+        return gct.gradcomp_hook(st, bucket)
+
+    ddp.register_comm_hook(state, hook)
+    for s in range(first_step, first_step + steps):
+        x, y = batch(rank, s)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return ddp
+
+
+def _conservation_worker(rank: int, world: int) -> Dict[str, Any]:
+    torch.manual_seed(0)
+    model = Net()
+    start = {n: p.detach().double().clone() for n, p in model.named_parameters()}
+    lr = 0.25
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    state = gct.GradcompState(selector="topk", density=0.05, module=model)
+    grads: Dict[str, torch.Tensor] = {}
+    _train(rank, world, 8, 4096, state, model, opt, record=grads)
+    feedback = state.state_dict()["feedback"]
+    buckets = len(state.stats()["buckets"])
+    worst = 0.0
+    for name, p in model.named_parameters():
+        applied = (start[name] - p.detach().double()) / lr  # sum over steps of the averaged update
+        left = feedback[name][0].double().reshape(p.shape).clone()
+        total = grads[name].clone()
+        dist.all_reduce(left)
+        dist.all_reduce(total)
+        err = (applied + left / world - total / world).abs().max().item()
+        scale = total.abs().max().item() / world + 1e-12
+        worst = max(worst, err / scale)
+    state.close()
+    return {"worst": worst, "buckets": buckets, "rebuilds": state.rebuilds}
+
+
+class DDPTest(unittest.TestCase):
+    def test_applied_plus_residual_is_the_sum_of_gradients_across_the_rebuild(self) -> None:
+        out = spawn(_conservation_worker, 2)
+        for rank in (0, 1):
+            self.assertGreater(out[rank]["buckets"], 1, "the model must span several buckets")
+            # Net registers its layers in the reverse of their use, so the rebuilt buckets
+            # differ from the first ones: the feedback had to follow its parameters.
+            self.assertGreaterEqual(out[rank]["rebuilds"], 1)
+            self.assertLess(out[rank]["worst"], 1e-5)
+
+
+def _checkpoint_worker(rank: int, world: int) -> bool:
+    cap = 4096  # several buckets after the rebuild; DDP's first iteration has one
+
+    def fresh() -> tuple:
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        state = gct.GradcompState(selector="topk", density=0.1, module=model)
+        return model, opt, state
+
+    model, opt, state = fresh()
+    _train(rank, world, 6, cap, state, model, opt)
+    uninterrupted = [p.detach().clone() for p in model.parameters()]
+    state.close()
+
+    model, opt, state = fresh()
+    _train(rank, world, 3, cap, state, model, opt)
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gradcomp": state.state_dict()}, saved)
+    pickled = pickle.dumps(state)
+    state.close()
+    saved.seek(0)
+    ckpt = torch.load(saved)
+
+    model, opt, state = fresh()
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    state.load_state_dict(ckpt["gradcomp"])
+    _train(rank, world, 3, cap, state, model, opt, first_step=3)
+    resumed = [p.detach().clone() for p in model.parameters()]
+    state.close()
+    for a, b in zip(uninterrupted, resumed):
+        if not torch.equal(a, b):
+            raise AssertionError(f"resumed run differs by {(a - b).abs().max().item()}")
+
+    unpickled = pickle.loads(pickled)
+    again = unpickled.state_dict()
+    want = ckpt["gradcomp"]
+    assert again["iteration"] == want["iteration"] == 3
+    assert again["config"] == want["config"]
+    assert set(again["feedback"]) == set(want["feedback"])
+    for k in want["feedback"]:
+        assert all(torch.equal(x, y) for x, y in zip(again["feedback"][k], want["feedback"][k]))
+    return True
+
+
+class CheckpointTest(unittest.TestCase):
+    def test_resumed_run_is_bit_identical(self) -> None:
+        spawn(_checkpoint_worker, 2)
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+
+def _bad_input_worker(rank: int, world: int) -> int:
+    checks = 0
+
+    def refuses(kind: type, fragments: List[str], fn: Any) -> None:
+        nonlocal checks
+        try:
+            fn()
+        except kind as e:
+            text = str(e)
+            for f in fragments:
+                assert f in text, f"{f!r} not in {text!r}"
+            checks += 1
+            return
+        raise AssertionError(f"expected {kind.__name__} with {fragments}")
+
+    refuses(ValueError, ["selector 'top_k'", "'topk'", "'gaussiank'", "'dense'"],
+            lambda: gct.GradcompState(selector="top_k"))
+    refuses(ValueError, ["quantizer", "'qsgd'", "'sign'"], lambda: gct.GradcompState(quantizer="int8"))
+    refuses(ValueError, ["exchange", "'allgather'", "'a2a'"], lambda: gct.GradcompState(exchange="ring"))
+    refuses(ValueError, ["feedback", "'residual'"], lambda: gct.GradcompState(feedback="ef21"))
+    for bad in (0.0, -0.5, 1.5, float("nan")):
+        refuses(ValueError, ["density", "0 < density <= 1"], lambda: gct.GradcompState(density=bad))
+    refuses(ValueError, ["'allreduce'", "'allgather'"], lambda: gct.GradcompState(selector="topk", exchange="allreduce"))
+    refuses(ValueError, ["'allreduce'"], lambda: gct.GradcompState(selector="randomk", quantizer="qsgd", exchange="allreduce"))
+    refuses(ValueError, ["selector 'dgc'", "feedback 'none'"], lambda: gct.GradcompState(selector="dgc", feedback="none"))
+    refuses(ValueError, ["bits"], lambda: gct.GradcompState(quantizer="qsgd", bits=1))
+    refuses(ValueError, ["threshold"], lambda: gct.GradcompState(selector="threshold"))
+
+    n = 1000
+    param = torch.nn.Parameter(torch.zeros(n))
+    state = gct.GradcompState(selector="topk", density=0.01, overlap=False)
+    gct.gradcomp_hook(state, FakeBucket(0, grad_for(0, 0, n), [param])).wait()
+    before = state.state_dict()
+
+    def unchanged() -> None:
+        after = state.state_dict()
+        assert after["iteration"] == before["iteration"]
+        for k, v in before["feedback"].items():
+            assert all(torch.equal(a, b) for a, b in zip(v, after["feedback"][k]))
+
+    refuses(ValueError, ["dtype torch.int32", "device cpu"],
+            lambda: gct.gradcomp_hook(state, FakeBucket(0, torch.zeros(n, dtype=torch.int32), [param])))
+    unchanged()
+    strided = torch.zeros(2 * n)[::2]
+    refuses(ValueError, ["contiguous=False"], lambda: gct.gradcomp_hook(state, FakeBucket(0, strided, [param])))
+    unchanged()
+    refuses(RuntimeError, ["device meta", "CPU tensors only"],
+            lambda: gct.gradcomp_hook(state, FakeBucket(0, torch.zeros(n, device="meta"), [param])))
+    unchanged()
+    # The C++ view itself names dtype, device and layout.
+    engine = state._engine
+    refuses(ValueError, ["'bucket'", "dtype Double", "device cpu", "layout Strided"],
+            lambda: engine.run(0, torch.zeros(n, dtype=torch.float64), 1, 0.01))
+    refuses(ValueError, ["not contiguous"], lambda: engine.run(0, torch.zeros(n, 2)[:, 0], 1, 0.01))
+    unchanged()
+    # A bucket id that changes size keeps its state and is refused.
+    refuses(ValueError, ["bucket size", "1000"], lambda: engine.run(0, torch.zeros(n + 1), 1, 0.01))
+    unchanged()
+
+    # A group of another size than the one the state was registered (checkpointed) with.
+    other = state.state_dict()
+    other["world_size"] = world + 3
+    fresh = gct.GradcompState(selector="topk", density=0.01, overlap=False)
+    fresh.load_state_dict(other)
+    refuses(ValueError, [f"has {world} ranks", f"with {world + 3}"],
+            lambda: gct.gradcomp_hook(fresh, FakeBucket(0, grad_for(0, 1, n), [param])))
+    assert fresh.iteration == other["iteration"]
+    refuses(ValueError, [f"made with {world + 3} ranks"], lambda: state.load_state_dict(other))
+    unchanged()
+    # A checkpoint of another configuration.
+    refuses(ValueError, ["selector"], lambda: gct.GradcompState(selector="gaussiank").load_state_dict(before))
+    return checks
+
+
+def _mixed_precision_worker(rank: int, world: int) -> bool:
+    """fp16, bf16 and fp64 buckets are compressed through float32 staging: the result is the
+    float32 result of the same values, cast back."""
+    n = 3001
+    param = torch.nn.Parameter(torch.zeros(n))
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        a = gct.GradcompState(selector="topk", density=0.05, overlap=False)
+        b = gct.GradcompState(selector="topk", density=0.05, overlap=False)
+        for s in range(2):
+            g = grad_for(rank, s, n).to(dtype)
+            low = gct.gradcomp_hook(a, FakeBucket(0, g.clone(), [param])).wait()
+            high = gct.gradcomp_hook(b, FakeBucket(0, g.float(), [param])).wait()
+            assert low.dtype == dtype
+            assert torch.equal(low, high.to(dtype)), dtype
+    return True
+
+
+class BadInputTest(unittest.TestCase):
+    def test_bad_input_is_refused_and_changes_nothing(self) -> None:
+        out = spawn(_bad_input_worker, 1)
+        self.assertEqual(out[0], 22)
+
+    def test_half_precision_buckets_go_through_float32(self) -> None:
+        spawn(_mixed_precision_worker, 2)
+
+
+# ---- a rank that fails ----------------------------------------------------------------------
+
+
+def _raising_worker(rank: int, world: int) -> str:
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = gct.GradcompState(selector="topk", density=0.05)
+    ddp = DDP(model)
+
+    def hook(st: gct.GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if rank == 1 and st.iteration == 2:
+            raise RuntimeError("injected failure on rank 1")
+        return gct.gradcomp_hook(st, bucket)
+
+    ddp.register_comm_hook(state, hook)
+    for s in range(5):
+        x, y = batch(rank, s)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return "finished"
+
+
+class FailureTest(unittest.TestCase):
+    def test_a_rank_that_raises_makes_the_others_fail_not_hang(self) -> None:
+        t0 = time.perf_counter()
+        out = spawn(_raising_worker, 2, timeout_s=10.0, allow_failure=True)
+        elapsed = time.perf_counter() - t0
+        self.assertIn("injected failure on rank 1", str(out.get(1)))
+        self.assertIsInstance(out.get(0), tuple, f"rank 0 should have failed, got {out.get(0)!r}")
+        self.assertIn("error", out[0][0])
+        self.assertLess(elapsed, 60.0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
