@@ -18,7 +18,9 @@ communication hooks or gradcomp's, from one command line so that the comparison 
 One line per epoch on rank 0, then one JSON line with test_accuracy, bytes_sent_per_worker
 (gradcomp's own statistics; for PyTorch's hooks the bytes of the tensors their collectives
 were given, the same convention), dense_bytes_per_worker (4 bytes per parameter per step),
-step_ms_median and, for gradcomp, the share of its work that overlapped the backward pass.
+step_ms_median and comm_hidden_mean: the mean over steps of the share of the hook's
+communication (from each bucket's hand-over to its future's completion) that ran before the
+last bucket was handed over, i.e. behind the backward pass.
 """
 
 from __future__ import annotations
@@ -138,17 +140,42 @@ def _install_byte_counter() -> None:
     dist.all_reduce = counting_all_reduce  # type: ignore[assignment]
 
 
-def _counting(hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+# When each bucket was handed to the hook and when its future completed, for the step in
+# progress: the share of communication that ran before the last bucket was handed over (by
+# then the backward pass has computed every gradient) is the share it hid.
+_timeline = {"spans": [], "last_ready": 0.0, "hidden": []}
+
+
+def _instrumented(hook: Callable[[Any, Any], Any], count_bytes: bool) -> Callable[[Any, Any], Any]:
     # functools.wraps keeps the hook's signature, which DDP checks.
     @functools.wraps(hook)
     def wrapped(state, bucket):  # type: ignore[no-untyped-def]
-        _counted["active"] = True
+        start = time.perf_counter()
+        if bucket.is_last():
+            _timeline["last_ready"] = start
+        _counted["active"] = count_bytes
         try:
-            return hook(state, bucket)
+            fut = hook(state, bucket)
         finally:
             _counted["active"] = False
+        span = [start, start]
+        _timeline["spans"].append(span)
+
+        def done(f: Any) -> None:
+            span[1] = time.perf_counter()
+
+        fut.then(done)
+        return fut
 
     return wrapped
+
+
+def _close_step() -> None:
+    spans, last = _timeline["spans"], _timeline["last_ready"]
+    total = sum(e - s for s, e in spans)
+    if total > 0:
+        _timeline["hidden"].append(sum(max(0.0, min(e, last) - s) for s, e in spans) / total)
+    _timeline["spans"] = []
 
 
 def parse_value(text: str) -> Any:
@@ -166,15 +193,15 @@ def make_hook(spec: str, model: nn.Module, steps_per_epoch: int) -> Tuple[Any, A
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 
     if spec == "allreduce":
-        return None, _counting(default_hooks.allreduce_hook), {"counted": True}
+        return None, _instrumented(default_hooks.allreduce_hook, True), {"counted": True}
     if spec == "fp16":
-        return None, _counting(default_hooks.fp16_compress_hook), {"counted": True}
+        return None, _instrumented(default_hooks.fp16_compress_hook, True), {"counted": True}
     if spec.startswith("powersgd:"):
         rank = int(spec.split(":", 1)[1])
         state = powerSGD.PowerSGDState(
             process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2
         )
-        return state, _counting(powerSGD.powerSGD_hook), {"counted": True}
+        return state, _instrumented(powerSGD.powerSGD_hook, True), {"counted": True}
     if spec.startswith("gradcomp:"):
         import gradcomp.torch as gct
 
@@ -189,7 +216,7 @@ def make_hook(spec: str, model: nn.Module, steps_per_epoch: int) -> Tuple[Any, A
         if kwargs.get("warmup_epochs") and "steps_per_epoch" not in kwargs:
             kwargs["steps_per_epoch"] = steps_per_epoch
         state = gct.GradcompState(**kwargs)
-        return state, gct.gradcomp_hook, {"counted": False, "gradcomp": state}
+        return state, _instrumented(gct.gradcomp_hook, False), {"counted": False, "gradcomp": state}
     raise ValueError(
         f"unknown --hook {spec!r}; allowed: allreduce, fp16, powersgd:R, gradcomp:SEL[:DENSITY][,KEY=VALUE...]"
     )
@@ -230,7 +257,9 @@ def worker(rank: int, args: argparse.Namespace, store_path: str, out_path: str) 
     per_worker = x_train.shape[0] // world
     steps_per_epoch = per_worker // args.batch
 
-    ddp = DDP(model)
+    # DDP's first bucket (after its rebuild) is capped by a separate 1 MB limit.
+    dist._DEFAULT_FIRST_BUCKET_BYTES = min(dist._DEFAULT_FIRST_BUCKET_BYTES, int(args.bucket_cap_mb * 1024 * 1024))
+    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
     state, hook, info = make_hook(args.hook, model, steps_per_epoch)
     ddp.register_comm_hook(state, hook)
     gradcomp_state = info.get("gradcomp")
@@ -240,7 +269,6 @@ def worker(rank: int, args: argparse.Namespace, store_path: str, out_path: str) 
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=momentum)
 
     step_ms: List[float] = []
-    overlaps: List[float] = []
     steps = 0
     start = time.perf_counter()
     lines: List[str] = []
@@ -257,12 +285,9 @@ def worker(rank: int, args: argparse.Namespace, store_path: str, out_path: str) 
             loss.backward()
             opt.step()
             step_ms.append(1000.0 * (time.perf_counter() - t0))
+            _close_step()
             loss_sum += loss.item()
             steps += 1
-            if gradcomp_state is not None:
-                o = gradcomp_state.stats()["overlap"]
-                if o is not None:
-                    overlaps.append(o)
         accuracy = evaluate(ddp.module, x_test, y_test, rank, world)
         sent = gradcomp_state.stats()["totals"]["bytes_sent"] if gradcomp_state else _counted["bytes"]
         line = (
@@ -289,8 +314,10 @@ def worker(rank: int, args: argparse.Namespace, store_path: str, out_path: str) 
         "step_ms_median": round(statistics.median(step_ms), 3),
         "seconds": round(time.perf_counter() - start, 2),
     }
+    hidden = _timeline["hidden"]
+    result["buckets"] = len(gradcomp_state.stats()["buckets"]) if gradcomp_state else None
+    result["comm_hidden_mean"] = round(statistics.mean(hidden), 4) if hidden else None
     if gradcomp_state is not None:
-        result["overlap_mean"] = round(statistics.mean(overlaps), 4) if overlaps else None
         gradcomp_state.close()
     if rank == 0:
         print(json.dumps(result), flush=True)
@@ -310,8 +337,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--batch", type=int, default=32, help="per worker")
-    p.add_argument("--data", default=os.environ.get("GRADCOMP_FASHION_MNIST", DEFAULT_DATA))
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket size (its default: 25)")
+    p.add_argument("--data", default=os.environ.get("GRADCOMP_FASHION_MNIST_DIR", DEFAULT_DATA))
     p.add_argument("--limit", type=int, default=0, help="use only this many examples (tests)")
+    p.add_argument("--min-accuracy", type=float, default=0.0,
+                   help="exit with status 1 when the final test accuracy is below this (tests)")
     args = p.parse_args(argv)
     if args.workers < 1 or args.epochs < 1 or args.batch < 1:
         p.error("--workers, --epochs and --batch must be >= 1")
@@ -321,6 +351,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gradcomp_ddp_") as tmp:
         out = os.path.join(tmp, "result.json")
         mp.spawn(worker, args=(args, os.path.join(tmp, "store"), out), nprocs=args.workers)
+        with open(out) as f:
+            accuracy = json.load(f)["test_accuracy"]
+    if accuracy < args.min_accuracy:
+        print(f"train_ddp.py: test accuracy {accuracy} is below --min-accuracy {args.min_accuracy}", file=sys.stderr)
+        return 1
     return 0
 
 

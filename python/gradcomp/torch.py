@@ -178,6 +178,7 @@ class GradcompState:
         self._engine: Optional[Any] = None
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._layouts: Dict[int, Tuple[Tuple[int, int], ...]] = {}
+        self._owner: Dict[int, int] = {}  # id(parameter) -> the bucket index holding it
         self._keys: Dict[int, str] = {}  # id(parameter) -> checkpoint key
         self._lock = threading.Lock()
         self._last: Dict[int, Dict[str, Any]] = {}
@@ -201,11 +202,27 @@ class GradcompState:
                 f"{self.world_size} ranks"
             )
         if self._engine is None:
-            self._engine = _ext.Engine(group, self._config)
+            self._engine = _ext.Engine(self._exchange_group(group), self._config)
             if self._module is not None:
                 for name, p in self._module.named_parameters():
                     self._keys[id(p)] = _strip_ddp_prefix(name)
         return self._engine
+
+    def _exchange_group(self, group: dist.ProcessGroup) -> dist.ProcessGroup:
+        """The group the exchanges run over. DDP issues collectives of its own on its group
+        (find_unused_parameters' allreduce right after the last bucket, buffer broadcasts),
+        from the autograd thread, while the state's thread may still exchange buckets: gloo
+        matches collectives by the order in which they are issued, so the two threads would
+        interleave differently on different ranks. With the default group, the state makes a
+        group of its own over the same ranks (every rank reaches this at its first bucket).
+        A group passed as process_group is used as it is: it must not be DDP's."""
+        if self.process_group is not None:
+            return group
+        try:
+            timeout = dist.distributed_c10d._get_default_store().timeout
+        except Exception:
+            timeout = dist.default_pg_timeout
+        return dist.new_group(ranks=list(range(dist.get_world_size())), timeout=timeout, backend="gloo")
 
     def _density_at(self, step: int) -> float:
         if self.warmup_epochs == 0:
@@ -225,56 +242,65 @@ class GradcompState:
         return key
 
     def _prepare_bucket(self, engine: Any, index: int, params: List[torch.Tensor], n: int) -> None:
-        """Make the engine's state for bucket `index` follow its parameters."""
+        """Make the engine's state for bucket `index` follow its parameters. Everything is
+        built and checked first; nothing changes when it raises."""
         layout = tuple((id(p), p.numel()) for p in params)
         if self._layouts.get(index) == layout:
             return
-        if index in self._layouts:
-            # DDP rebuilt its buckets: every parameter's feedback goes to the pending pool,
-            # from which the new buckets take theirs.
-            self._release_all(engine)
+        if sum(numel for _, numel in layout) != n:
+            raise ValueError(
+                f"gradcomp.torch: bucket {index} holds {n} elements but its parameters "
+                f"{sum(numel for _, numel in layout)}"
+            )
+        # DDP rebuilt its buckets when this index now holds other parameters, or these
+        # parameters were in another bucket: then every parameter's feedback is released to
+        # the pending pool, from which the new buckets take theirs.
+        rebuild = index in self._layouts or any(self._owner.get(pid, index) != index for pid, _ in layout)
+        pending = dict(self._pending)
+        if rebuild:
+            pending.update(self._released(engine))
         keys = [self._key(p, index, j) for j, p in enumerate(params)]
-        self._layouts[index] = layout
-        if engine.buffer_count == 0:
-            return
-        if any(k in self._pending for k in keys):
+        buffers = None
+        if engine.buffer_count > 0:
             buffers = []
             for b in range(engine.buffer_count):
                 parts = []
                 for k, p in zip(keys, params):
-                    saved = self._pending.get(k)
+                    saved = pending.get(k)
                     if saved is not None and saved[b].numel() != p.numel():
                         raise ValueError(
                             f"gradcomp.torch: checkpoint entry {k!r} has {saved[b].numel()} "
                             f"elements, the parameter has {p.numel()}"
                         )
-                    parts.append(saved[b] if saved is not None else torch.zeros(p.numel()))
-                buffers.append(torch.cat(parts) if parts else torch.zeros(0))
-            if sum(x.numel() for x in buffers[:1]) != n:
-                raise ValueError(
-                    f"gradcomp.torch: bucket {index} holds {n} elements but its parameters "
-                    f"{sum(p.numel() for p in params)}"
-                )
+                    parts.append(saved[b] if saved is not None else torch.zeros(p.numel(), dtype=torch.float32))
+                buffers.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32))
+        # Commit.
+        if rebuild:
+            self._layouts.clear()
+            self._owner.clear()
+            engine.clear()
+            self.rebuilds += 1
+        if buffers is not None:
             engine.set_state(index, buffers)
-            for k in keys:
-                self._pending.pop(k, None)
-        else:
-            engine.set_state(index, [torch.zeros(n) for _ in range(engine.buffer_count)])
+        for k in keys:
+            pending.pop(k, None)
+        self._pending = pending
+        self._layouts[index] = layout
+        for pid, _ in layout:
+            self._owner[pid] = index
 
-    def _release_all(self, engine: Any) -> None:
-        """Moves every bucket's feedback buffers into the per-parameter pending pool."""
+    def _released(self, engine: Any) -> Dict[str, List[torch.Tensor]]:
+        """Every bucket's feedback buffers, split by parameter (nothing changes)."""
+        out: Dict[str, List[torch.Tensor]] = {}
         for index, layout in self._layouts.items():
             state = engine.state(index)
             if not state:
                 continue
             at = 0
             for pid, numel in layout:
-                key = self._keys[pid]
-                self._pending[key] = [b[at : at + numel].clone() for b in state]
+                out[self._keys[pid]] = [b[at : at + numel].clone() for b in state]
                 at += numel
-        self._layouts.clear()
-        engine.clear()
-        self.rebuilds += 1
+        return out
 
     # ---- the work of one bucket -------------------------------------------------------
 
@@ -341,7 +367,18 @@ class GradcompState:
             self._timeline.append((start, end))
             if is_last:
                 self._finish_iteration()
+        if is_last:
+            self._check_pending()
         return buffer
+
+    def _check_pending(self) -> None:
+        if self._pending:
+            names = sorted(self._pending)
+            raise ValueError(
+                f"gradcomp.torch: {len(names)} checkpoint entries matched no parameter of the "
+                f"buckets of a whole step (first: {names[0]!r}); a checkpoint keyed by parameter "
+                "name needs module=model (or state.attach_module(model) after unpickling)"
+            )
 
     def _finish_iteration(self) -> None:
         # Overlap: the part of the bucket work that ran before DDP handed over the last bucket
@@ -413,7 +450,9 @@ class GradcompState:
             "iteration": self.iteration,
             "world_size": self.world_size,
             "feedback": feedback,
-            "buckets": {index: [self._keys[pid] for pid, _ in layout] for index, layout in self._layouts.items()},
+            # The buckets in use, or (nothing run since a checkpoint was loaded) those it had.
+            "buckets": {index: [self._keys[pid] for pid, _ in layout] for index, layout in self._layouts.items()}
+            or {i: list(keys) for i, keys in self._resume_groups.items()},
             "totals": dict(self._totals),
         }
 
@@ -436,16 +475,38 @@ class GradcompState:
                 f"gradcomp.torch: the checkpoint was made with {state['world_size']} ranks, this "
                 f"state's group has {self.world_size}; allowed: a group of the same size"
             )
+        try:
+            pending = {
+                str(k): [torch.as_tensor(b).detach().to(torch.float32).flatten().clone() for b in v]
+                for k, v in state["feedback"].items()
+            }
+            resume_groups = {int(i): [str(k) for k in keys] for i, keys in state.get("buckets", {}).items()}
+            iteration = int(state["iteration"])
+            totals = {k: int(state["totals"][k]) for k in self._totals}
+            world_size = state["world_size"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"gradcomp.torch: malformed checkpoint ({type(e).__name__}: {e}); the state is unchanged") from e
+        if iteration < 0:
+            raise ValueError(f"gradcomp.torch: checkpoint iteration {iteration}; allowed: >= 0")
         self._wait_idle()
         if self._engine is not None:
             self._engine.clear()
         self._layouts.clear()
-        self._pending = {k: [b.clone().to(torch.float32) for b in v] for k, v in state["feedback"].items()}
-        self._resume_groups = {int(i): list(keys) for i, keys in state.get("buckets", {}).items()}
-        self.iteration = int(state["iteration"])
-        self.world_size = state["world_size"]
-        self._totals = dict(state["totals"])
+        self._owner.clear()
+        self._pending = pending
+        self._resume_groups = resume_groups
+        self.iteration = iteration
+        self.world_size = world_size
+        self._totals = totals
         self._last = {}
+
+    def attach_module(self, module: torch.nn.Module) -> None:
+        """Names the parameters by `module` (as module= does): needed after unpickling a state
+        whose checkpoint is keyed by parameter name, before its first step."""
+        self._module = module
+        if self._engine is not None:
+            for name, p in module.named_parameters():
+                self._keys[id(p)] = _strip_ddp_prefix(name)
 
     def __getstate__(self) -> Dict[str, Any]:
         # As PowerSGD's state: the process group and the threads do not travel.
@@ -512,7 +573,11 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
         state._last_ready = time.perf_counter()
     if not state.overlap:
         fut: "torch.futures.Future[torch.Tensor]" = torch.futures.Future()
-        fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
+        try:
+            fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
+        except BaseException:
+            state.iteration = min(state.iteration, step)  # a retry runs this step again
+            raise
         return fut
 
     if state._executor is None:
@@ -525,6 +590,7 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
         try:
             fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
         except BaseException as e:  # the training loop sees it when DDP waits on the future
+            state.iteration = min(state.iteration, step)  # a retry runs this step again
             fut.set_exception(e)
 
     state._executor.submit(work)

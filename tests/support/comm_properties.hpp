@@ -208,6 +208,7 @@ void bad_arguments(Comm& comm) {
   }
   try {
     comm.broadcast(std::span<float>(v), 99);
+    FAIL("broadcast to root 99 did not throw");
   } catch (const invalid_argument& e) {
     CHECK(std::string(e.what()).find("root") != std::string::npos);
   }

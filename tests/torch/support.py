@@ -62,10 +62,9 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 60.
 
 
 class Net(torch.nn.Module):
-    """Five parameter tensors of different sizes, so that a small bucket_cap_mb splits them.
-    The layers are registered in the reverse of their use, so that DDP's first buckets (formed
-    in reverse registration order) differ from the ones it rebuilds in the order the gradients
-    became ready."""
+    """Five parameter tensors of different sizes, so that a small bucket_cap_mb splits them
+    (after DDP's first iteration, which has one bucket). The layers are registered in the
+    reverse of their use, so that registration order and gradient order differ too."""
 
     def __init__(self) -> None:
         super().__init__()

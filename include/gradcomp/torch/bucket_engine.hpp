@@ -100,6 +100,10 @@ class compress_half {
   virtual void clear() = 0;
   [[nodiscard]] virtual std::size_t buffer_count() const = 0;
   [[nodiscard]] virtual bool summable() const = 0;
+  // Whether restore() gives values back (the feedback has restore(); no_feedback has not).
+  [[nodiscard]] virtual bool restores() const = 0;
+  // The decoded values of p in payload order (what the feedback subtracted).
+  virtual void decode(const payload& p, std::vector<float>& values) const = 0;
 };
 
 template <class S, class Q, class F>
@@ -124,11 +128,7 @@ class compress_impl final : public compress_half {
 
   void restore(std::int64_t bucket, std::span<const std::uint32_t> idx,
                std::span<const float> values) override {
-    if constexpr (requires(const F& f, typename C::state_type& st) {
-                    f.restore(st, idx, values);
-                  }) {
-      c_.feedback_policy().restore(states_.at(bucket).st, idx, values);
-    }
+    if constexpr (can_restore) c_.feedback_policy().restore(states_.at(bucket).st, idx, values);
   }
 
   std::vector<std::span<float>> buffers(std::int64_t bucket) override {
@@ -147,8 +147,17 @@ class compress_impl final : public compress_half {
     return c_.make_state(0).buffers().size();
   }
   [[nodiscard]] bool summable() const override { return C::summable; }
+  [[nodiscard]] bool restores() const override { return can_restore; }
+  void decode(const payload& p, std::vector<float>& values) const override {
+    values.resize(p.count);
+    c_.decode_values(p, values);
+  }
 
  private:
+  static constexpr bool can_restore =
+      requires(const F& f, typename C::state_type& st, std::span<const std::uint32_t> i,
+               std::span<const float> v) { f.restore(st, i, v); };
+
   struct entry {
     typename C::state_type st;
     std::size_t n = 0;  // the bucket's size (a feedback without buffers has no other record)
@@ -337,7 +346,15 @@ class bucket_engine {
     const compress_context ctx{density, call_id{config_.seed, step, static_cast<std::uint32_t>(bucket),
                                                 static_cast<std::uint32_t>(comm_->rank())}};
     const compress_stats cs = compress_->compress(bucket, g, ctx, payload_);
-    const exchange_stats xs = exchange_->exchange(*comm_, payload_, g, unused_);
+    exchange_stats xs;
+    try {
+      xs = exchange_->exchange(*comm_, payload_, g, unused_);
+    } catch (...) {
+      // The feedback already took out what was sent: give it back, so that a failed exchange
+      // (a peer gone, a timeout, a rejected payload) loses nothing.
+      give_back_sent(bucket);
+      throw;
+    }
     if (!unused_.indices.empty()) compress_->restore(bucket, unused_.indices, unused_.values);
     bucket_stats st;
     st.bucket = bucket;
@@ -347,7 +364,7 @@ class bucket_engine {
     st.threshold = cs.selection.threshold;
     st.bytes_sent = xs.bytes_sent;
     st.bytes_received = xs.bytes_received;
-    st.restored = unused_.indices.size();
+    st.restored = compress_->restores() ? unused_.indices.size() : 0;
     st.exchange = std::string(xs.name);
     st.seconds_accumulate = cs.seconds_accumulate;
     st.seconds_select = cs.seconds_select;
@@ -357,6 +374,25 @@ class bucket_engine {
   }
 
   [[nodiscard]] compress_half& feedback() noexcept { return *compress_; }
+
+ private:
+  void give_back_sent(std::int64_t bucket) noexcept {
+    try {
+      if (!compress_->restores()) return;
+      std::vector<float> values;
+      compress_->decode(payload_, values);
+      if (payload_.layout == index_layout::dense) {
+        std::vector<std::uint32_t> all(payload_.count);
+        for (std::uint32_t i = 0; i < payload_.count; ++i) all[i] = i;
+        compress_->restore(bucket, all, values);
+      } else {
+        compress_->restore(bucket, payload_.indices, values);
+      }
+    } catch (...) {  // the exchange's error is the one to report
+    }
+  }
+
+ public:
   [[nodiscard]] const engine_config& config() const noexcept { return config_; }
   [[nodiscard]] Comm& comm() noexcept { return *comm_; }
 
