@@ -23,8 +23,10 @@ rows=(
   "dgc_0.001|gradcomp DGC 0.001"
   "gaussiank_0.001|gradcomp Gaussian-k 0.001"
   "qsgd_4bit|gradcomp QSGD 4-bit"
+  "topk_0.01_dgcfb|gradcomp top-k 0.01, DGC momentum"
+  "dgc_0.001_warmup|gradcomp DGC 0.001, warm-up"
 )
-colours=("#000000" "#999999" "#984ea3" "#f781bf" "#e41a1c" "#ff7f00" "#377eb8" "#a65628" "#4daf4a")
+colours=("#000000" "#999999" "#984ea3" "#f781bf" "#e41a1c" "#ff7f00" "#377eb8" "#a65628" "#4daf4a" "#17becf" "#bcbd22")
 
 plots() {  # $1: model
   local out=() i=0

@@ -27,7 +27,15 @@ LABELS = {
     "dgc_0.001": "gradcomp DGC 0.001",
     "gaussiank_0.001": "gradcomp Gaussian-k 0.001",
     "qsgd_4bit": "gradcomp QSGD 4-bit (dense)",
+    "topk_0.01_dgcfb": "gradcomp top-k 0.01, DGC momentum correction",
+    "dgc_0.001_warmup": "gradcomp DGC 0.001, 1-epoch warm-up",
 }
+
+
+MODELS = {"cnn": "CNN", "cnnsplit": "CNN, 0.05 MB buckets", "mlp": "MLP"}
+
+
+FAILED: Dict[str, List[int]] = {}  # row -> seeds whose run ended without its JSON line
 
 
 def load(folder: str) -> Dict[str, List[Dict[str, Any]]]:
@@ -39,6 +47,7 @@ def load(folder: str) -> Dict[str, List[Dict[str, Any]]]:
         with open(os.path.join(folder, name)) as f:
             lines = [line for line in f.read().splitlines() if line.startswith("{")]
         if not lines:
+            FAILED.setdefault(m.group(1), []).append(int(m.group(2)))
             continue
         rows.setdefault(m.group(1), []).append(json.loads(lines[-1]))
     return rows
@@ -85,20 +94,26 @@ def main() -> int:
             "bytes": statistics.mean(r["bytes_sent_per_worker"] for r in runs),
             "dense": statistics.mean(r["dense_bytes_per_worker"] for r in runs),
             "step_ms": statistics.mean(r["step_ms_median"] for r in runs),
+            "hidden": statistics.mean(r.get("comm_hidden_mean") or 0.0 for r in runs),
             "hook": runs[0]["hook"],
         }
-    print("| model | method | `--hook` | test accuracy (seeds 1, 2, 3) | mean | vs allreduce | bytes per worker | of allreduce's | median step | vs allreduce |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | method | `--hook` | test accuracy (seeds 1, 2, 3) | mean | vs allreduce | bytes per worker | of allreduce's | median step | vs allreduce | communication hidden |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row, s in summary.items():
         base = summary.get(f"{s['model']}_allreduce")
         d_acc = f"{100 * (s['accuracy'] - base['accuracy']):+.2f} pt" if base else ""
         d_step = f"{s['step_ms'] / base['step_ms']:.2f}x" if base else ""
         accs = ", ".join(f"{a:.4f}" for a in s["accuracies"])
+        if row in FAILED:
+            accs += "; seed " + ", ".join(map(str, FAILED[row])) + ": diverged (stopped at a non-finite gradient)"
         print(
-            f"| {s['model'].upper()} | {LABELS.get(s['method'], s['method'])} | `{s['hook']}` | {accs} | "
+            f"| {MODELS.get(s['model'], s['model'])} | {LABELS.get(s['method'], s['method'])} | `{s['hook']}` | {accs} | "
             f"{s['accuracy']:.4f} | {d_acc} | {s['bytes'] / 1e6:.2f} MB | {100 * s['bytes'] / s['dense']:.2f}% | "
-            f"{s['step_ms']:.1f} ms | {d_step} |"
+            f"{s['step_ms']:.1f} ms | {d_step} | {100 * s['hidden']:.0f}% |"
         )
+    for row, seeds in FAILED.items():
+        if row not in summary:
+            print(f"| {row} | every run diverged (seeds {', '.join(map(str, seeds))}) | | | | | | | | | |")
     return 0
 
 

@@ -125,7 +125,8 @@ MODELS: Dict[str, Callable[[], nn.Module]] = {"cnn": CNN, "mlp": MLP}
 
 # ---- hooks ---------------------------------------------------------------------------------
 
-# Bytes of the tensors PyTorch's hooks hand to all_reduce, counted only inside a hook call.
+# Bytes of the tensors PyTorch's hooks hand to all_reduce, counted during backward() only
+# (PowerSGD issues its second allreduce from a callback, after the hook has returned).
 _counted = {"active": False, "bytes": 0}
 
 
@@ -146,18 +147,14 @@ def _install_byte_counter() -> None:
 _timeline = {"spans": [], "last_ready": 0.0, "hidden": []}
 
 
-def _instrumented(hook: Callable[[Any, Any], Any], count_bytes: bool) -> Callable[[Any, Any], Any]:
+def _instrumented(hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     # functools.wraps keeps the hook's signature, which DDP checks.
     @functools.wraps(hook)
     def wrapped(state, bucket):  # type: ignore[no-untyped-def]
         start = time.perf_counter()
         if bucket.is_last():
             _timeline["last_ready"] = start
-        _counted["active"] = count_bytes
-        try:
-            fut = hook(state, bucket)
-        finally:
-            _counted["active"] = False
+        fut = hook(state, bucket)
         span = [start, start]
         _timeline["spans"].append(span)
 
@@ -193,15 +190,15 @@ def make_hook(spec: str, model: nn.Module, steps_per_epoch: int) -> Tuple[Any, A
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 
     if spec == "allreduce":
-        return None, _instrumented(default_hooks.allreduce_hook, True), {"counted": True}
+        return None, _instrumented(default_hooks.allreduce_hook), {"counted": True}
     if spec == "fp16":
-        return None, _instrumented(default_hooks.fp16_compress_hook, True), {"counted": True}
+        return None, _instrumented(default_hooks.fp16_compress_hook), {"counted": True}
     if spec.startswith("powersgd:"):
         rank = int(spec.split(":", 1)[1])
         state = powerSGD.PowerSGDState(
             process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2
         )
-        return state, _instrumented(powerSGD.powerSGD_hook, True), {"counted": True}
+        return state, _instrumented(powerSGD.powerSGD_hook), {"counted": True}
     if spec.startswith("gradcomp:"):
         import gradcomp.torch as gct
 
@@ -216,7 +213,7 @@ def make_hook(spec: str, model: nn.Module, steps_per_epoch: int) -> Tuple[Any, A
         if kwargs.get("warmup_epochs") and "steps_per_epoch" not in kwargs:
             kwargs["steps_per_epoch"] = steps_per_epoch
         state = gct.GradcompState(**kwargs)
-        return state, _instrumented(gct.gradcomp_hook, False), {"counted": False, "gradcomp": state}
+        return state, _instrumented(gct.gradcomp_hook), {"counted": False, "gradcomp": state}
     raise ValueError(
         f"unknown --hook {spec!r}; allowed: allreduce, fp16, powersgd:R, gradcomp:SEL[:DENSITY][,KEY=VALUE...]"
     )
@@ -269,6 +266,7 @@ def worker(rank: int, args: argparse.Namespace, store_path: str, out_path: str) 
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=momentum)
 
     step_ms: List[float] = []
+    picked: List[int] = []
     steps = 0
     start = time.perf_counter()
     lines: List[str] = []
@@ -282,10 +280,14 @@ def worker(rank: int, args: argparse.Namespace, store_path: str, out_path: str) 
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(ddp(x_train[idx]), y_train[idx])
+            _counted["active"] = info["counted"]
             loss.backward()
+            _counted["active"] = False
             opt.step()
             step_ms.append(1000.0 * (time.perf_counter() - t0))
             _close_step()
+            if gradcomp_state is not None:
+                picked.append(gradcomp_state.stats()["selected"])
             loss_sum += loss.item()
             steps += 1
         accuracy = evaluate(ddp.module, x_test, y_test, rank, world)
@@ -295,6 +297,9 @@ def worker(rank: int, args: argparse.Namespace, store_path: str, out_path: str) 
             f"bytes_sent {sent} ({100.0 * sent / (4.0 * params * steps):.2f}% of dense) "
             f"elapsed {time.perf_counter() - start:.1f}s"
         )
+        if gradcomp_state is not None:  # what the selector picked: mean, min, max per step
+            line += f" selected {statistics.mean(picked):.0f} [{min(picked)}, {max(picked)}] of {params}"
+            picked.clear()
         lines.append(line)
         if rank == 0:
             print(line, flush=True)

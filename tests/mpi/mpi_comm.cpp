@@ -21,6 +21,7 @@
 namespace {
 
 using namespace gradcomp;
+using gradcomp_test::comm_properties::check_rank_order;
 using gradcomp_test::comm_properties::input;
 using gradcomp_test::comm_properties::rank_order_all_ops;
 using gradcomp_test::comm_properties::same_bytes;

@@ -19,17 +19,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
-// LibTorch pulls in glog, whose CHECK macros would shadow doctest's (and count nothing):
-// doctest's are the ones this file means.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
+#include "doctest_torch.hpp"
 
 #include <gradcomp/torch/bucket_engine.hpp>
 #include <gradcomp/torch/process_group.hpp>

@@ -38,14 +38,14 @@ namespace gradcomp {
 
 namespace detail {
 
+// What the collectives move and reduce: in_process_comm's element rules (bytes copied as they
+// are; sum needs a + b, max and min need a < b), without bool (std::vector<bool> has no
+// contiguous storage).
 template <class T>
-concept pg_element = std::is_trivially_copyable_v<T> && std::copyable<T> && !std::same_as<T, bool>;
+concept pg_element = in_process_element<T> && !std::same_as<T, bool>;
 
 template <class T>
-concept pg_reducible = pg_element<T> && requires(const T& a, const T& b) {
-  { a + b } -> std::convertible_to<T>;
-  { a < b } -> std::convertible_to<bool>;
-};
+concept pg_reducible = pg_element<T> && in_process_reducible<T>;
 
 // A uint8 tensor over [p, p + bytes) that torch neither owns nor frees.
 inline at::Tensor byte_tensor(const void* p, std::size_t bytes) {

@@ -1,0 +1,508 @@
+// gradcomp/torch/module.hpp: gradcomp's SGD drivers over a torch::nn::Module, for C++
+// training loops written with LibTorch.
+//
+//     gradcomp::torch_module::module_sgd<compressor<topk, identity, residual>, sparse_allgather,
+//                                        in_process_comm> opt(model, comm, {}, {}, options);
+//     loss.backward();
+//     opt.step();        // reads every parameter's .grad(), exchanges, updates in place
+//     opt.zero_grad();
+//
+// The module's named parameters become gradcomp tensors with ids taken from their names
+// (FNV-1a), so that checkpoints are keyed by name and survive a change of registration order.
+// Tensors are one per parameter, or merged groups of consecutive parameters (a merge_plan,
+// schedule/merged.hpp), ordered by name. With the flat layout (the default) every parameter's data and gradient
+// become views into two contiguous buffers, so a step reads the gradients and writes the
+// parameters where they are, with no copy; the per-parameter layout leaves the module's
+// tensors alone and copies through scratch buffers.
+//
+// module_lags drives layerwise_sgd (LAGS-SGD) from autograd: a post-hook on every
+// parameter's gradient accumulator tells it when a gradient is complete, so communication
+// overlaps the real backward pass. Every rank must hand the tensors over in the same order: the
+// hooks release them in one fixed order (the reverse of registration, the order a sequential
+// model's backward pass produces them), holding back a tensor whose predecessors are not ready.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <istream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <ostream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+
+#include <gradcomp/error.hpp>
+#include <gradcomp/schedule/layerwise.hpp>
+#include <gradcomp/schedule/merged.hpp>
+#include <gradcomp/step.hpp>
+#include <gradcomp/torch/tensor.hpp>
+
+namespace gradcomp::torch_module {
+
+// A parameter's stable tensor id: FNV-1a (32-bit) of its name.
+constexpr std::uint32_t tensor_id_of(std::string_view name) noexcept {
+  std::uint32_t h = 2166136261u;
+  for (const char c : name) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 16777619u;
+  }
+  return h;
+}
+
+struct parameter {
+  std::string name;
+  at::Tensor tensor;
+  std::size_t offset = 0;  // in the flat order (registration order)
+  std::size_t size = 0;
+};
+
+// One gradcomp tensor: a parameter, or a group of consecutive ones.
+struct tensor_group {
+  std::string name;  // the parameter's name, or the names joined by '+'
+  std::size_t first = 0;
+  std::size_t count = 1;
+  tensor_spec spec{};
+  std::size_t offset = 0;
+};
+
+enum class module_layout {
+  flat,           // parameters and gradients become views into two contiguous buffers
+  per_parameter,  // the module's tensors stay as they are; steps copy through scratch buffers
+};
+
+// The module's parameters (recursively, in registration order), checked: of dtype T, dense,
+// on the CPU, at least one.
+template <class T>
+std::vector<parameter> parameters_of(torch::nn::Module& m) {
+  std::vector<parameter> out;
+  std::size_t offset = 0;
+  for (const auto& item : m.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& t = item.value();
+    if (auto why = torch_views::why_not_viewable<T>(t.contiguous()); !why.empty() || !t.is_contiguous()) {
+      throw invalid_argument(detail::concat(
+          "gradcomp::torch_module: parameter '", item.key(), "' is ", torch_views::describe(t),
+          "; allowed: contiguous ", c10::toString(torch_views::scalar_type_of<T>()),
+          " CPU tensors with the strided layout", why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
+    }
+    out.push_back(parameter{item.key(), t, offset, static_cast<std::size_t>(t.numel())});
+    offset += static_cast<std::size_t>(t.numel());
+  }
+  if (out.empty()) {
+    throw invalid_argument("gradcomp::torch_module: the module has no parameters");
+  }
+  return out;
+}
+
+// Tensors for the drivers: one per parameter, or the groups of a merge plan (layers = the
+// parameters in registration order). Ids come from the names; a collision is refused. The
+// tensors are ordered by name, and the parameters' offsets in the flat buffers follow that
+// order (a group's parameters stay together, in registration order): the drivers' state and
+// checkpoints then do not depend on the order in which the module registered its parameters.
+inline std::vector<tensor_group> tensor_groups(std::vector<parameter>& ps,
+                                               const std::optional<merge_plan>& plan) {
+  std::vector<tensor_group> out;
+  auto add = [&](std::size_t first, std::size_t count) {
+    tensor_group g;
+    g.first = first;
+    g.count = count;
+    for (std::size_t i = first; i < first + count; ++i) {
+      g.name += (i == first ? "" : "+") + ps[i].name;
+      g.spec.size += ps[i].size;
+    }
+    g.spec.id = tensor_id_of(g.name);
+    for (const tensor_group& h : out) {
+      if (h.spec.id == g.spec.id) {
+        throw invalid_argument(detail::concat("gradcomp::torch_module: the names '", h.name, "' and '",
+                                              g.name, "' hash to the same tensor id ", g.spec.id,
+                                              "; rename one"));
+      }
+    }
+    out.push_back(g);
+  };
+  if (!plan) {
+    for (std::size_t i = 0; i < ps.size(); ++i) add(i, 1);
+  } else {
+    std::size_t next = 0;
+    for (const layer_group& g : plan->groups) {
+      if (g.first != next || g.count == 0 || g.first + g.count > ps.size()) {
+        detail::throw_invalid_argument("torch_module", "merge plan", detail::concat("group at ", g.first, " of ", g.count),
+                                       detail::concat("consecutive groups covering the ", ps.size(), " parameters"));
+      }
+      add(g.first, g.count);
+      next = g.first + g.count;
+    }
+    if (next != ps.size()) {
+      detail::throw_invalid_argument("torch_module", "merge plan", detail::concat("covers ", next, " parameters"),
+                                     detail::concat("all ", ps.size()));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const tensor_group& a, const tensor_group& b) { return a.name < b.name; });
+  std::size_t offset = 0;
+  for (tensor_group& g : out) {
+    g.offset = offset;
+    for (std::size_t i = g.first; i < g.first + g.count; ++i) {
+      ps[i].offset = offset;
+      offset += ps[i].size;
+    }
+  }
+  return out;
+}
+
+// Flat buffers for parameters and gradients. With module_layout::flat every parameter's data
+// and .grad() are made views into them (values kept); otherwise they are scratch.
+template <class T>
+struct flat_buffers {
+  at::Tensor params;
+  at::Tensor grads;
+
+  flat_buffers(std::vector<parameter>& ps, module_layout layout) {
+    std::size_t total = 0;
+    for (const parameter& p : ps) total = std::max(total, p.offset + p.size);
+    const auto options = at::TensorOptions().dtype(torch_views::scalar_type_of<T>());
+    params = at::empty({static_cast<std::int64_t>(total)}, options);
+    grads = at::zeros({static_cast<std::int64_t>(total)}, options);
+    for (parameter& p : ps) {
+      params.narrow(0, static_cast<std::int64_t>(p.offset), static_cast<std::int64_t>(p.size))
+          .copy_(p.tensor.detach().reshape({-1}));
+      if (layout != module_layout::flat) continue;
+      at::NoGradGuard no_grad;
+      at::Tensor data = params.narrow(0, static_cast<std::int64_t>(p.offset), static_cast<std::int64_t>(p.size))
+                            .view(p.tensor.sizes());
+      if (p.tensor.grad().defined()) {
+        grads.narrow(0, static_cast<std::int64_t>(p.offset), static_cast<std::int64_t>(p.size))
+            .copy_(p.tensor.grad().reshape({-1}));
+      }
+      p.tensor.set_data(data);
+      p.tensor.mutable_grad() = grad_view(p);
+    }
+  }
+
+  at::Tensor grad_view(const parameter& p) const {
+    return grads.narrow(0, static_cast<std::int64_t>(p.offset), static_cast<std::int64_t>(p.size))
+        .view(p.tensor.sizes());
+  }
+  at::Tensor param_view(const parameter& p) const {
+    return params.narrow(0, static_cast<std::int64_t>(p.offset), static_cast<std::int64_t>(p.size))
+        .view(p.tensor.sizes());
+  }
+};
+
+namespace detail_module {
+
+inline std::vector<tensor_spec> specs(const std::vector<tensor_group>& groups) {
+  std::vector<tensor_spec> out;
+  for (const tensor_group& g : groups) out.push_back(g.spec);
+  return out;
+}
+
+// Brings the flat buffers up to date with the module before a step: with the flat layout only
+// what the user replaced (a .grad() that autograd or the user re-created, parameters loaded by
+// assignment) is copied back; with the per-parameter layout everything is gathered.
+template <class T>
+void gather(std::vector<parameter>& ps, flat_buffers<T>& flat, module_layout layout) {
+  at::NoGradGuard no_grad;
+  for (parameter& p : ps) {
+    at::Tensor pv = flat.param_view(p);
+    at::Tensor gv = flat.grad_view(p);
+    if (layout == module_layout::per_parameter || p.tensor.data_ptr() != pv.data_ptr()) {
+      pv.copy_(p.tensor.detach());
+      if (layout == module_layout::flat) p.tensor.set_data(pv);
+    }
+    const at::Tensor& g = p.tensor.grad();
+    if (!g.defined()) {
+      gv.zero_();  // a parameter the loss did not reach has a zero gradient
+      if (layout == module_layout::flat) p.tensor.mutable_grad() = gv;
+    } else if (layout == module_layout::per_parameter || g.data_ptr() != gv.data_ptr()) {
+      gv.copy_(g);
+      if (layout == module_layout::flat) p.tensor.mutable_grad() = gv;
+    }
+  }
+}
+
+template <class T>
+void scatter(std::vector<parameter>& ps, flat_buffers<T>& flat, module_layout layout) {
+  if (layout == module_layout::flat) return;  // the parameters are the flat buffer
+  at::NoGradGuard no_grad;
+  for (parameter& p : ps) p.tensor.detach().copy_(flat.param_view(p));
+}
+
+// The checkpoint's name table: magic, count, then per tensor its name and size; then the
+// driver's own checkpoint (keyed by id).
+inline constexpr std::uint32_t names_magic = 0x4e4d4347;  // "GCMN"
+
+inline void save_names(std::ostream& os, const std::vector<tensor_group>& groups) {
+  auto put32 = [&](std::uint32_t v) { os.write(reinterpret_cast<const char*>(&v), sizeof v); };
+  put32(names_magic);
+  put32(static_cast<std::uint32_t>(groups.size()));
+  for (const tensor_group& g : groups) {
+    put32(static_cast<std::uint32_t>(g.name.size()));
+    os.write(g.name.data(), static_cast<std::streamsize>(g.name.size()));
+    const auto size = static_cast<std::uint64_t>(g.spec.size);
+    os.write(reinterpret_cast<const char*>(&size), sizeof size);
+  }
+}
+
+// Reads the name table and checks it against ours as sets (order is free: the driver's
+// checkpoint is keyed by id); the first mismatch is named.
+inline void check_names(std::istream& is, const std::vector<tensor_group>& groups) {
+  auto fail = [](const std::string& why) {
+    throw invalid_argument("gradcomp::torch_module::load: " + why + "; the optimizer state is unchanged");
+  };
+  auto get32 = [&]() {
+    std::uint32_t v = 0;
+    if (!is.read(reinterpret_cast<char*>(&v), sizeof v)) fail("the checkpoint is truncated");
+    return v;
+  };
+  if (get32() != names_magic) fail("not a gradcomp module checkpoint (bad magic)");
+  const std::uint32_t count = get32();
+  if (count > (1u << 24)) fail(detail::concat("the checkpoint claims ", count, " tensors"));
+  std::vector<std::string> names(count);
+  std::vector<std::uint64_t> sizes(count);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const std::uint32_t len = get32();
+    if (len > (1u << 16)) fail(detail::concat("a tensor name of ", len, " bytes"));
+    names[i].resize(len);
+    if (!is.read(names[i].data(), static_cast<std::streamsize>(len)) ||
+        !is.read(reinterpret_cast<char*>(&sizes[i]), sizeof sizes[i])) {
+      fail("the checkpoint is truncated");
+    }
+  }
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const auto g = std::find_if(groups.begin(), groups.end(), [&](const tensor_group& t) { return t.name == names[i]; });
+    if (g == groups.end()) {
+      fail(detail::concat("the checkpoint's tensor '", names[i], "' is not a tensor of this model"));
+    }
+    if (g->spec.size != sizes[i]) {
+      fail(detail::concat("tensor '", names[i], "' has ", sizes[i], " elements in the checkpoint, ",
+                          g->spec.size, " in this model"));
+    }
+  }
+  for (const tensor_group& g : groups) {
+    if (std::find(names.begin(), names.end(), g.name) == names.end()) {
+      fail(detail::concat("this model's tensor '", g.name, "' is not in the checkpoint"));
+    }
+  }
+}
+
+}  // namespace detail_module
+
+struct module_options {
+  sgd_options sgd{};
+  density_schedule schedule = density_schedule::constant(1.0);
+  module_layout layout = module_layout::flat;
+  std::optional<merge_plan> groups{};  // merged groups of consecutive parameters
+};
+
+// sparsified_sgd over a module's parameters.
+template <class Compressor, class Exchange, class Comm>
+class module_sgd {
+ public:
+  using T = typename Compressor::value_type;
+  using driver_type = sparsified_sgd<Compressor, Exchange, Comm>;
+
+  module_sgd(torch::nn::Module& m, Comm& comm, Compressor c = {}, Exchange x = {},
+             module_options options = {})
+      : params_(parameters_of<T>(m)), groups_(tensor_groups(params_, options.groups)),
+        layout_(options.layout), flat_(params_, layout_),
+        driver_(comm, detail_module::specs(groups_), std::move(c), std::move(x), options.sgd, options.schedule) {}
+
+  // One step on every rank: each parameter's .grad() (zero where undefined) is compressed,
+  // exchanged and averaged, and the parameters are updated in place.
+  const step_stats& step() {
+    detail_module::gather(params_, flat_, layout_);
+    const step_stats& s = driver_.step(torch_views::as_span<T>(flat_.params, "module_sgd::step", "parameters"),
+                                       torch_views::as_span<T>(flat_.grads, "module_sgd::step", "gradients"));
+    detail_module::scatter(params_, flat_, layout_);
+    return s;
+  }
+
+  // Zeroes every gradient in place (the flat layout's views stay).
+  void zero_grad() {
+    at::NoGradGuard no_grad;
+    flat_.grads.zero_();
+    for (parameter& p : params_) {
+      if (layout_ == module_layout::flat) {
+        p.tensor.mutable_grad() = flat_.grad_view(p);
+      } else if (p.tensor.grad().defined()) {
+        p.tensor.mutable_grad().zero_();
+      }
+    }
+  }
+
+  // Checkpoints keyed by tensor name: a module whose parameters were registered in another
+  // order loads it; one with other parameters is refused, naming the first mismatch.
+  void save(std::ostream& os) const {
+    detail_module::save_names(os, groups_);
+    driver_.save_state(os);
+  }
+  void load(std::istream& is) {
+    detail_module::check_names(is, groups_);
+    driver_.load_state(is);
+  }
+
+  [[nodiscard]] driver_type& driver() noexcept { return driver_; }
+  [[nodiscard]] const std::vector<parameter>& parameters() const noexcept { return params_; }
+  [[nodiscard]] const std::vector<tensor_group>& tensors() const noexcept { return groups_; }
+  [[nodiscard]] const at::Tensor& flat_parameters() const noexcept { return flat_.params; }
+  [[nodiscard]] const at::Tensor& flat_gradients() const noexcept { return flat_.grads; }
+
+ private:
+  std::vector<parameter> params_;
+  std::vector<tensor_group> groups_;
+  module_layout layout_;
+  flat_buffers<T> flat_;
+  driver_type driver_;
+};
+
+// layerwise_sgd (LAGS) over a module's parameters, driven by autograd. A step:
+//
+//     lags.begin_step();       // before backward()
+//     loss.backward();         // hooks hand each tensor over as its gradient completes
+//     lags.finish_step();      // waits for the exchanges in flight; parameters are updated
+//
+// Always the flat layout: the communication thread updates a tensor's parameters while the
+// backward pass goes on with earlier layers, which do not read them (a module that uses one
+// parameter in several layers must not use LAGS).
+template <class Compressor, class Exchange, class Comm>
+class module_lags {
+ public:
+  using T = typename Compressor::value_type;
+  using driver_type = layerwise_sgd<Compressor, Exchange, Comm>;
+
+  // densities[t] for tensor t (parameters, or the plan's groups, in registration order).
+  module_lags(torch::nn::Module& m, Comm& comm, std::span<const double> densities, Compressor c = {},
+              Exchange x = {}, sgd_options sgd = {}, std::optional<merge_plan> groups = {})
+      : params_(parameters_of<T>(m)), groups_(tensor_groups(params_, groups)),
+        flat_(params_, module_layout::flat),
+        driver_(comm, detail_module::specs(groups_), densities, std::move(c), std::move(x), sgd) {
+    group_of_.resize(params_.size());
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      for (std::size_t i = groups_[g].first; i < groups_[g].first + groups_[g].count; ++i) group_of_[i] = g;
+    }
+    missing_.resize(groups_.size());
+    // The release order: the reverse of registration.
+    for (std::size_t g = 0; g < groups_.size(); ++g) order_.push_back(g);
+    std::sort(order_.begin(), order_.end(),
+              [this](std::size_t a, std::size_t b) { return groups_[a].first > groups_[b].first; });
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
+      if (!acc) {
+        throw invalid_argument(detail::concat("gradcomp::torch_module::module_lags: parameter '",
+                                              params_[i].name, "' has no gradient accumulator (requires_grad is false?)"));
+      }
+      acc->add_post_hook(std::make_unique<post_hook>(target_, i));
+      accumulators_.push_back(std::move(acc));  // the hooks live as long as these nodes
+    }
+  }
+
+  module_lags(const module_lags&) = delete;
+  module_lags& operator=(const module_lags&) = delete;
+
+  // The hooks stay on the parameters' gradient accumulators (autograd has no way to remove
+  // them); from now on they do nothing.
+  ~module_lags() {
+    const std::lock_guard lock(target_->mu);
+    target_->owner = nullptr;
+  }
+
+  // Before backward(): gradients are zeroed (in place) and the hooks armed.
+  void begin_step() {
+    detail_module::gather(params_, flat_, module_layout::flat);
+    {
+      at::NoGradGuard no_grad;
+      flat_.grads.zero_();
+    }
+    const std::lock_guard lock(mu_);
+    for (std::size_t g = 0; g < groups_.size(); ++g) missing_[g] = groups_[g].count;
+    cursor_ = 0;
+    armed_ = true;
+    driver_.begin_step(torch_views::as_span<T>(flat_.params, "module_lags", "parameters"),
+                       torch_views::as_span<T>(flat_.grads, "module_lags", "gradients"));
+  }
+
+  // After backward(): every tensor must have been handed over.
+  const layerwise_stats& finish_step() {
+    {
+      const std::lock_guard lock(mu_);
+      armed_ = false;
+    }
+    if (cursor_ != order_.size()) {
+      // Hand the rest over so the driver's step can end, then report which gradient is missing.
+      const std::size_t g = order_[cursor_];
+      try {
+        while (cursor_ < order_.size()) driver_.ready(order_[cursor_++]);
+        driver_.finish_step();
+      } catch (...) {
+      }
+      throw invalid_argument(detail::concat(
+          "gradcomp::torch_module::module_lags::finish_step: the gradient of '", groups_[g].name,
+          "' was not produced by the backward pass; every parameter must take part in the loss"));
+    }
+    return driver_.finish_step();
+  }
+
+  [[nodiscard]] driver_type& driver() noexcept { return driver_; }
+  [[nodiscard]] const std::vector<tensor_group>& tensors() const noexcept { return groups_; }
+
+ private:
+  // What the hooks call, for as long as it lives.
+  struct hook_target {
+    std::mutex mu;
+    module_lags* owner = nullptr;
+  };
+
+  struct post_hook final : torch::autograd::FunctionPostHook {
+    post_hook(std::shared_ptr<hook_target> target, std::size_t param)
+        : target_(std::move(target)), param_(param) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list& /*inputs*/) override {
+      const std::lock_guard lock(target_->mu);
+      if (target_->owner) target_->owner->gradient_done(param_);
+      return outputs;
+    }
+    std::shared_ptr<hook_target> target_;
+    std::size_t param_;
+  };
+
+  void gradient_done(std::size_t param) {
+    const std::lock_guard lock(mu_);
+    if (!armed_) return;  // a backward pass outside begin_step()/finish_step()
+    const std::size_t g = group_of_[param];
+    if (missing_[g] > 0) --missing_[g];
+    // Release, in the fixed order, every tensor whose gradients are all complete.
+    while (cursor_ < order_.size() && missing_[order_[cursor_]] == 0) {
+      driver_.ready(order_[cursor_++]);
+    }
+  }
+
+  std::vector<parameter> params_;
+  std::vector<tensor_group> groups_;
+  flat_buffers<T> flat_;
+  driver_type driver_;
+  std::vector<std::size_t> group_of_;
+  std::vector<std::size_t> missing_;
+  std::vector<std::size_t> order_;
+  std::size_t cursor_ = 0;
+  bool armed_ = false;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::shared_ptr<hook_target> target_ = make_target(this);
+
+  static std::shared_ptr<hook_target> make_target(module_lags* self) {
+    auto t = std::make_shared<hook_target>();
+    t->owner = self;
+    return t;
+  }
+};
+
+}  // namespace gradcomp::torch_module

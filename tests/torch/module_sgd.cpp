@@ -1,0 +1,287 @@
+// gradcomp/torch/module.hpp: module_sgd over a torch::nn::Module equals torch::optim::SGD on
+// averaged gradients (dense, identity, dense_allreduce), in both layouts; checkpoints are keyed
+// by parameter name; module_lags, driven by autograd's hooks, starts exchanging before the
+// backward pass ends and equals module_sgd bit for bit. Ranks are threads (in_process_comm).
+#include <torch/torch.h>
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include "doctest_torch.hpp"
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gradcomp/comm/in_process.hpp>
+#include <gradcomp/exchange.hpp>
+#include <gradcomp/feedback.hpp>
+#include <gradcomp/quantize.hpp>
+#include <gradcomp/select.hpp>
+#include <gradcomp/torch/module.hpp>
+
+namespace {
+
+using namespace gradcomp;
+namespace tm = gradcomp::torch_module;
+
+struct NetImpl : torch::nn::Module {
+  NetImpl(int in, int hidden, bool reversed = false) {
+    // The same parameters and names, registered in either order.
+    if (reversed) {
+      fc2 = register_module("fc2", torch::nn::Linear(hidden, 3));
+      fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
+    } else {
+      fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
+      fc2 = register_module("fc2", torch::nn::Linear(hidden, 3));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Net);
+
+// Rank r's batch at step s: the same on every thread that asks.
+std::pair<torch::Tensor, torch::Tensor> batch(int rank, int step, int in) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(1000 * step + rank + 1));
+  auto x = at::randn({8, in}, gen);
+  auto y = at::randn({8, 3}, gen).pow(3);
+  return {x, y};
+}
+
+void copy_parameters(Net& from, Net& to) {
+  torch::NoGradGuard no_grad;
+  auto src = from->named_parameters();
+  for (auto& p : to->named_parameters()) p.value().copy_(src[p.key()]);
+}
+
+double max_relative_difference(Net& a, Net& b) {
+  double worst = 0.0;
+  auto pb = b->named_parameters();
+  for (auto& p : a->named_parameters()) {
+    const auto& q = pb[p.key()];
+    const double scale = q.abs().max().item<double>() + 1e-12;
+    worst = std::max(worst, (p.value() - q).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+bool same_bits(Net& a, Net& b) {
+  auto pb = b->named_parameters();
+  for (auto& p : a->named_parameters()) {
+    if (!torch::equal(p.value(), pb[p.key()])) return false;
+  }
+  return true;
+}
+
+using dense_c = compressor<dense, identity, no_feedback>;
+
+}  // namespace
+
+TEST_CASE("module_sgd with dense, identity and dense_allreduce equals torch::optim::SGD on averaged gradients") {
+  torch::manual_seed(3);
+  const int in = 13, hidden = 17, ranks = 2, steps = 20;
+  for (tm::module_layout layout : {tm::module_layout::flat, tm::module_layout::per_parameter}) {
+    for (bool nesterov : {false, true}) {
+      CAPTURE(static_cast<int>(layout));
+      CAPTURE(nesterov);
+      Net initial(in, hidden);
+      const sgd_options opt{.lr = 0.05, .momentum = 0.9, .nesterov = nesterov, .weight_decay = 1e-3};
+      // Reference: one model, torch::optim::SGD, fed the mean of the ranks' gradients.
+      Net ref(in, hidden);
+      copy_parameters(initial, ref);
+      torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(opt.lr)
+                                                   .momentum(opt.momentum)
+                                                   .nesterov(opt.nesterov)
+                                                   .weight_decay(opt.weight_decay));
+      for (int s = 0; s < steps; ++s) {
+        std::vector<torch::Tensor> sum;
+        for (int r = 0; r < ranks; ++r) {
+          ref->zero_grad();
+          auto [x, y] = batch(r, s, in);
+          torch::mse_loss(ref->forward(x), y).backward();
+          auto ps = ref->parameters();
+          for (std::size_t i = 0; i < ps.size(); ++i) {
+            if (r == 0) sum.push_back(ps[i].grad().clone());
+            else sum[i] += ps[i].grad();
+          }
+        }
+        auto ps = ref->parameters();
+        for (std::size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = sum[i] / ranks;
+        sgd.step();
+      }
+      std::vector<Net> models;
+      for (int r = 0; r < ranks; ++r) {
+        models.emplace_back(in, hidden);
+        copy_parameters(initial, models.back());
+      }
+      run_in_process(ranks, [&](in_process_comm& comm) {
+        Net& m = models[static_cast<std::size_t>(comm.rank())];
+        tm::module_sgd<dense_c, dense_allreduce, in_process_comm> o(
+            *m, comm, {}, {}, tm::module_options{.sgd = opt, .layout = layout});
+        for (int s = 0; s < steps; ++s) {
+          o.zero_grad();
+          auto [x, y] = batch(comm.rank(), s, in);
+          torch::mse_loss(m->forward(x), y).backward();
+          o.step();
+        }
+      });
+      for (int r = 0; r < ranks; ++r) CHECK(max_relative_difference(models[static_cast<std::size_t>(r)], ref) < 1e-5);
+      CHECK(same_bits(models[0], models[1]));
+    }
+  }
+}
+
+TEST_CASE("module_sgd: stable ids from names; the flat layout makes parameters and gradients views") {
+  Net m(5, 4);
+  run_in_process(1, [&](in_process_comm& comm) {
+    tm::module_sgd<compressor<topk, identity, residual>, sparse_allgather, in_process_comm> o(*m, comm);
+    REQUIRE(o.tensors().size() == 4);
+    // Ordered by name: fc1.bias (4), fc1.weight (20), fc2.bias (3), fc2.weight (12).
+    CHECK(o.tensors()[0].name == "fc1.bias");
+    CHECK(o.tensors()[1].spec.id == tm::tensor_id_of("fc1.weight"));
+    const float* base = o.flat_parameters().data_ptr<float>();
+    CHECK(m->fc1->bias.data_ptr<float>() == base);
+    CHECK(m->fc1->weight.data_ptr<float>() == base + 4);
+    CHECK(m->fc2->bias.data_ptr<float>() == base + 24);
+    auto [x, y] = batch(0, 0, 5);
+    torch::mse_loss(m->forward(x), y).backward();
+    CHECK(m->fc1->weight.grad().data_ptr<float>() == o.flat_gradients().data_ptr<float>() + 4);
+    const auto before = m->fc1->weight.clone();
+    o.step();
+    CHECK(!torch::equal(before, m->fc1->weight));  // updated in place
+  });
+}
+
+TEST_CASE("checkpoints are keyed by parameter name: another registration order loads, other parameters are refused") {
+  const int in = 6, hidden = 5;
+  using C = compressor<topk, identity, residual>;
+  Net a(in, hidden), b(in, hidden, /*reversed=*/true);
+  copy_parameters(a, b);
+  std::stringstream saved;
+  run_in_process(1, [&](in_process_comm& comm) {
+    const tm::module_options o{.sgd = {.lr = 0.1, .momentum = 0.5}, .schedule = density_schedule::constant(0.2)};
+    tm::module_sgd<C, sparse_allgather, in_process_comm> oa(*a, comm, {}, {}, o);
+    tm::module_sgd<C, sparse_allgather, in_process_comm> ob(*b, comm, {}, {}, o);
+    CHECK(a->parameters()[0].sizes() != b->parameters()[0].sizes());  // registered in another order
+    for (int s = 0; s < 3; ++s) {
+      oa.zero_grad();
+      auto [x, y] = batch(0, s, in);
+      torch::mse_loss(a->forward(x), y).backward();
+      oa.step();
+    }
+    oa.save(saved);
+    copy_parameters(a, b);
+    ob.load(saved);
+    for (int s = 3; s < 6; ++s) {
+      auto [x, y] = batch(0, s, in);
+      oa.zero_grad();
+      torch::mse_loss(a->forward(x), y).backward();
+      oa.step();
+      ob.zero_grad();
+      torch::mse_loss(b->forward(x), y).backward();
+      ob.step();
+    }
+    CHECK(same_bits(a, b));
+
+    // A model with other parameters: the first mismatch is named, nothing changes.
+    Net c(in, hidden + 1);
+    tm::module_sgd<C, sparse_allgather, in_process_comm> oc(*c, comm, {}, {}, o);
+    std::stringstream again;
+    oa.save(again);
+    std::string what;
+    try {
+      oc.load(again);
+    } catch (const invalid_argument& e) {
+      what = e.what();
+    }
+    // The names match; the sizes do not.
+    CHECK(what.find("tensor 'fc1.bias' has 5 elements in the checkpoint, 6 in this model") != std::string::npos);
+
+    struct OtherImpl : torch::nn::Module {
+      OtherImpl() { fc3 = register_module("fc3", torch::nn::Linear(6, 3)); }
+      torch::nn::Linear fc3{nullptr};
+    };
+    auto other = std::make_shared<OtherImpl>();
+    tm::module_sgd<C, sparse_allgather, in_process_comm> oo(*other, comm, {}, {}, o);
+    std::stringstream third;
+    oa.save(third);
+    what.clear();
+    try {
+      oo.load(third);
+    } catch (const invalid_argument& e) {
+      what = e.what();
+    }
+    CHECK(what.find("the checkpoint's tensor 'fc1.bias' is not a tensor of this model") != std::string::npos);
+  });
+}
+
+TEST_CASE("module_lags: autograd hooks hand tensors over during backward; equals module_sgd bit for bit") {
+  torch::manual_seed(5);
+  // A first layer whose weight gradient takes a while, so that the backward pass is still
+  // computing it when the last layer's tensors are handed over.
+  const int in = 2048, hidden = 2048, ranks = 2, steps = 3;
+  Net initial(in, hidden);
+  std::vector<Net> lags_models, sgd_models;
+  for (int r = 0; r < ranks; ++r) {
+    lags_models.emplace_back(in, hidden);
+    sgd_models.emplace_back(in, hidden);
+    copy_parameters(initial, lags_models.back());
+    copy_parameters(initial, sgd_models.back());
+  }
+  using C = compressor<topk, identity, residual>;
+  const sgd_options opt{.lr = 0.05};
+  std::vector<int> started_during_backward(ranks, 0);
+  run_in_process(ranks, [&](in_process_comm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    const std::vector<double> densities(4, 0.05);
+    tm::module_lags<C, sparse_allgather, in_process_comm> lags(*lags_models[r], comm, densities, {}, {}, opt);
+    for (int s = 0; s < steps; ++s) {
+      auto [x, y] = batch(comm.rank(), s, in);
+      x = x.repeat({8, 1});
+      y = y.repeat({8, 1});
+      lags.begin_step();
+      torch::mse_loss(lags_models[r]->forward(x), y).backward();
+      const layerwise_stats& st = lags.finish_step();
+      REQUIRE(st.layers.size() == 4);
+      // The last layer's tensors went first.
+      CHECK(st.layers[0].id == tm::tensor_id_of("fc2.bias"));
+      // Handed over by the hooks during backward(), and (unless the thread was not scheduled
+      // in time on a busy machine) taken up before it ended.
+      CHECK(st.layers[0].ready < st.backward_seconds);
+      if (st.layers[0].comm_begin < st.backward_seconds) ++started_during_backward[r];
+    }
+  });
+  for (int r = 0; r < ranks; ++r) CHECK(started_during_backward[static_cast<std::size_t>(r)] >= 1);
+  run_in_process(ranks, [&](in_process_comm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    tm::module_sgd<C, sparse_allgather, in_process_comm> o(
+        *sgd_models[r], comm, {}, {}, tm::module_options{.sgd = opt, .schedule = density_schedule::constant(0.05)});
+    for (int s = 0; s < steps; ++s) {
+      o.zero_grad();
+      auto [x, y] = batch(comm.rank(), s, in);
+      x = x.repeat({8, 1});
+      y = y.repeat({8, 1});
+      torch::mse_loss(sgd_models[r]->forward(x), y).backward();
+      o.step();
+    }
+  });
+  for (int r = 0; r < ranks; ++r) CHECK(same_bits(lags_models[static_cast<std::size_t>(r)], sgd_models[static_cast<std::size_t>(r)]));
+}
+
+TEST_CASE("module_lags: a parameter the loss did not reach is named") {
+  Net m(4, 3);
+  run_in_process(1, [&](in_process_comm& comm) {
+    const std::vector<double> densities(4, 0.5);
+    tm::module_lags<compressor<topk, identity, residual>, sparse_allgather, in_process_comm> lags(*m, comm, densities);
+    lags.begin_step();
+    auto [x, y] = batch(0, 0, 4);
+    torch::mse_loss(m->fc1->forward(x).narrow(1, 0, 3), y).backward();  // fc2 unused
+    std::string what;
+    try {
+      lags.finish_step();
+    } catch (const invalid_argument& e) {
+      what = e.what();
+    }
+    CHECK(what.find("'fc2.bias'") != std::string::npos);
+  });
+}
