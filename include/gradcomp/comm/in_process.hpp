@@ -105,6 +105,23 @@ inline bool bytes_overlap(const void* a, std::size_t na, const void* b, std::siz
   return before(pa, pb + nb) && before(pb, pa + na);
 }
 
+// An alltoallv's send_counts (one per rank) must add up to the send buffer's size: checked
+// without the sum wrapping, and refused with invalid_argument naming `where`.
+inline void check_send_counts(std::string_view where, std::span<const std::size_t> send_counts,
+                              std::size_t send_size) {
+  std::size_t total = 0;
+  bool sum_ok = true;
+  for (std::size_t s = 0; s < send_counts.size() && sum_ok; ++s) {
+    sum_ok = send_counts[s] <= send_size - total;  // cannot wrap
+    if (sum_ok) total += send_counts[s];
+  }
+  if (!sum_ok || total != send_size) {
+    std::size_t sum = 0;
+    for (const std::size_t c : send_counts) sum += c;  // for the message only; may wrap
+    throw_invalid_argument(where, "sum of send_counts", sum, concat("send.size() = ", send_size));
+  }
+}
+
 inline std::string describe(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);

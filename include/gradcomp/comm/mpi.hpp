@@ -499,18 +499,7 @@ class mpi_comm {
     d->rc.resize(p);
     d->isc.resize(p);
     d->isd.resize(p);
-    std::size_t total = 0;
-    bool sum_ok = true;
-    for (std::size_t s = 0; s < p && sum_ok; ++s) {
-      sum_ok = send_counts[s] <= send.size() - total;  // cannot wrap
-      if (sum_ok) total += send_counts[s];
-    }
-    if (!sum_ok || total != send.size()) {
-      std::size_t sum = 0;
-      for (const std::size_t c : send_counts) sum += c;  // for the message only; may wrap
-      detail::throw_invalid_argument("mpi_comm::alltoallv", "sum of send_counts", sum,
-                                     detail::concat("send.size() = ", send.size()));
-    }
+    detail::check_send_counts("mpi_comm::alltoallv", send_counts, send.size());
     for (std::size_t s = 0, at = 0; s < p; at += send_counts[s], ++s) {
       d->sc[s] = send_counts[s];
       d->isd[s] = detail::mpi_int(at, "alltoallv send displacement");

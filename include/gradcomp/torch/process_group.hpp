@@ -161,18 +161,7 @@ class process_group_comm {
       detail::throw_invalid_argument("process_group_comm::alltoallv", "send_counts.size()",
                                      send_counts.size(), detail::concat("size() = ", p));
     }
-    std::size_t total = 0;
-    bool sum_ok = true;
-    for (std::size_t s = 0; s < p && sum_ok; ++s) {
-      sum_ok = send_counts[s] <= send.size() - total;  // cannot wrap
-      if (sum_ok) total += send_counts[s];
-    }
-    if (!sum_ok || total != send.size()) {
-      std::size_t sum = 0;
-      for (const std::size_t c : send_counts) sum += c;  // for the message only; may wrap
-      detail::throw_invalid_argument("process_group_comm::alltoallv", "sum of send_counts", sum,
-                                     detail::concat("send.size() = ", send.size()));
-    }
+    detail::check_send_counts("process_group_comm::alltoallv", send_counts, send.size());
     if (detail::bytes_overlap(send.data(), send.size_bytes(), recv.data(),
                               recv.capacity() * sizeof(T))) {
       const auto bytes = std::as_bytes(send);
