@@ -1,5 +1,5 @@
 // gradcomp/cuda/tuning.cuh: the launch shapes of the selection kernels as one constexpr
-// aggregate (STYLE.md point 6): threads per block, items per thread, bits per radix pass.
+// aggregate (a plain value, so benchmarks can inject alternatives): threads per block, items per thread, bits per radix pass.
 // Every kernel that walks g does so in tiles of threads * items consecutive elements, one tile
 // per block, loaded row by row (row r of a tile is threads consecutive elements), so loads are
 // coalesced and the per-tile counts of the ordered passes line up with the tiles.

@@ -1,5 +1,5 @@
-// gradcomp/exchange/cost_model.hpp: the alpha-beta cost model of each exchange (ALGORITHMS.md
-// section 4: alpha seconds per message, beta seconds per byte), the choice of the cheapest,
+// gradcomp/exchange/cost_model.hpp: the alpha-beta cost model of each exchange (alpha
+// seconds per message, beta seconds per byte), the choice of the cheapest,
 // and measure_link(), a short ping-pong that measures alpha and beta on a communicator.
 #pragma once
 
@@ -19,7 +19,7 @@
 
 namespace gradcomp {
 
-// alpha and beta describe the network. gamma, which ALGORITHMS.md's formulas leave out, is the
+// alpha and beta describe the network. gamma, which the textbook alpha-beta formulas leave out, is the
 // local work: every exchange writes a dense output of n values and decodes or folds what it
 // receives, which dominates on fast links and shared memory. gamma = 0 is the pure alpha-beta
 // model.
@@ -118,8 +118,8 @@ inline double sparse_allgather(const exchange_shape& s, const link_model& l) {
 }
 
 // gTop-k: ceil(log2 P) rounds up the tree with k pairs of 8 bytes, then a binomial broadcast
-// of k pairs: 2 ceil(log2 P) alpha + 2 ceil(log2 P) 8k beta (ALGORITHMS.md writes the alpha
-// term as log P, counting the tree only).
+// of k pairs: 2 ceil(log2 P) alpha + 2 ceil(log2 P) 8k beta (an alpha term of log P, as
+// often quoted, counts the tree only).
 inline double gtopk(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;
@@ -128,8 +128,8 @@ inline double gtopk(const exchange_shape& s, const link_model& l) {
 }
 
 // TopKA2A: header-free alltoallv of the pairs plus allgather of the shards:
-// 3 (P-1) alpha + (8k + n v)(P-1)/P beta, v the bytes of a dense element (4 for float, as in
-// ALGORITHMS.md's (2k + n)(P-1)/P 4 beta).
+// 3 (P-1) alpha + (8k + n v)(P-1)/P beta, v the bytes of a dense element (4 for float, which gives
+// (2k + n)(P-1)/P 4 beta).
 inline double topk_a2a(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;

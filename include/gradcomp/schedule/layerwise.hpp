@@ -2,7 +2,7 @@
 // Every layer is sparsified with a density of its own, and its compression and exchange run on
 // a communication thread as soon as the backward pass has produced its gradient, overlapping
 // with the backward pass of the layers before it. lags_densities() picks the densities from the
-// measured backward time per layer and the link's alpha and beta (ALGORITHMS.md section 5);
+// measured backward time per layer and the link's alpha and beta (the formula is below);
 // the statistics report how much of the communication the backward pass hid.
 #pragma once
 

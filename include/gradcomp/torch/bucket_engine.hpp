@@ -374,6 +374,8 @@ class bucket_engine {
   }
 
   [[nodiscard]] compress_half& feedback() noexcept { return *compress_; }
+  [[nodiscard]] const engine_config& config() const noexcept { return config_; }
+  [[nodiscard]] Comm& comm() noexcept { return *comm_; }
 
  private:
   void give_back_sent(std::int64_t bucket) noexcept {
@@ -392,11 +394,6 @@ class bucket_engine {
     }
   }
 
- public:
-  [[nodiscard]] const engine_config& config() const noexcept { return config_; }
-  [[nodiscard]] Comm& comm() noexcept { return *comm_; }
-
- private:
   Comm* comm_;
   engine_config config_;
   std::unique_ptr<compress_half> compress_;

@@ -229,12 +229,12 @@ class process_group_comm {
   }
 
   // staging_ = `bytes` repeated p times: what every peer should receive of ours.
+  // The buffer is kept from call to call (bytes never lies inside it: callers pass the user's
+  // send buffer or a local one).
   void stage_repeated(std::span<const std::byte> bytes, std::size_t p) {
-    std::vector<std::byte> staged(bytes.size() * p);
-    for (std::size_t s = 0; s < p; ++s) {
-      if (!bytes.empty()) std::memcpy(staged.data() + s * bytes.size(), bytes.data(), bytes.size());
-    }
-    staging_ = std::move(staged);
+    staging_.resize(bytes.size() * p);
+    if (bytes.empty()) return;
+    for (std::size_t s = 0; s < p; ++s) std::memcpy(staging_.data() + s * bytes.size(), bytes.data(), bytes.size());
   }
 
   void alltoall_bytes(const void* send, std::size_t send_bytes, std::vector<std::int64_t> to_each,
