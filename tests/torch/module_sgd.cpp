@@ -285,3 +285,128 @@ TEST_CASE("module_lags: a parameter the loss did not reach is named") {
     CHECK(what.find("'fc2.bias'") != std::string::npos);
   });
 }
+
+TEST_CASE("module_lags takes densities in registration order, whatever the names' order") {
+  // Registered fc2 first: registration order is fc2.weight, fc2.bias, fc1.weight, fc1.bias,
+  // while the driver's tensors are ordered by name.
+  Net m(6, 5, /*reversed=*/true);
+  run_in_process(1, [&](in_process_comm& comm) {
+    const std::vector<double> densities{0.1, 0.2, 0.3, 0.4};
+    tm::module_lags<compressor<topk, identity, residual>, sparse_allgather, in_process_comm> lags(*m, comm, densities);
+    const std::vector<std::size_t> reg = tm::registration_order(lags.tensors());
+    REQUIRE(reg.size() == 4);
+    CHECK(lags.tensors()[reg[0]].name == "fc2.weight");
+    CHECK(lags.tensors()[reg[3]].name == "fc1.bias");
+    lags.begin_step();
+    auto [x, y] = batch(0, 0, 6);
+    torch::mse_loss(m->forward(x), y).backward();
+    const layerwise_stats& st = lags.finish_step();
+    REQUIRE(st.layers.size() == 4);
+    for (const layer_timing& t : st.layers) {
+      for (std::size_t i = 0; i < reg.size(); ++i) {
+        if (lags.tensors()[reg[i]].spec.id == t.id) CHECK(t.density == doctest::Approx(densities[i]));
+      }
+    }
+    // The release order is the reverse of registration: fc1.bias first.
+    CHECK(st.layers[0].id == tm::tensor_id_of("fc1.bias"));
+    std::string what;
+    try {
+      const std::vector<double> three{0.1, 0.2, 0.3};
+      tm::module_lags<compressor<topk, identity, residual>, sparse_allgather, in_process_comm> bad(*m, comm, three);
+    } catch (const invalid_argument& e) {
+      what = e.what();
+    }
+    CHECK(what.find("densities.size()") != std::string::npos);
+  });
+}
+
+TEST_CASE("measure_backward: one non-negative time per tensor in registration order; hooks removed after") {
+  torch::manual_seed(2);
+  Net m(512, 512);
+  int calls = 0;
+  const std::vector<double> t = tm::measure_backward<float>(
+      *m,
+      [&] {
+        ++calls;
+        auto [x, y] = batch(0, calls, 512);
+        return torch::mse_loss(m->forward(x.repeat({16, 1})), y.repeat({16, 1}));
+      },
+      5);
+  CHECK(calls == 5);
+  REQUIRE(t.size() == 4);
+  double total = 0.0;
+  for (const double v : t) {
+    CHECK(v >= 0.0);
+    total += v;
+  }
+  CHECK(total > 0.0);
+  // No hook is left behind on the accumulators.
+  for (const auto& p : m->parameters()) {
+    auto acc = torch::autograd::impl::grad_accumulator(p);
+    REQUIRE(acc);
+    CHECK(acc->post_hooks().empty());
+  }
+  // Merged groups: one time per group.
+  const std::vector<double> g = tm::measure_backward<float>(
+      *m, [&] { auto [x, y] = batch(0, 0, 512); return torch::mse_loss(m->forward(x), y); }, 2,
+      merge_plan{.groups = {{0, 2}, {2, 2}}});
+  CHECK(g.size() == 2);
+  // A parameter the loss does not reach is named.
+  std::string what;
+  try {
+    (void)tm::measure_backward<float>(*m, [&] { auto [x, y] = batch(0, 0, 512); return m->fc1->forward(x).sum(); }, 1);
+  } catch (const invalid_argument& e) {
+    what = e.what();
+  }
+  CHECK(what.find("'fc2.") != std::string::npos);
+}
+
+TEST_CASE("module_averaging with identity and period 1 equals torch::optim::SGD on averaged gradients") {
+  torch::manual_seed(4);
+  const int in = 11, hidden = 7, ranks = 3, steps = 12;
+  Net initial(in, hidden);
+  Net ref(in, hidden);
+  copy_parameters(initial, ref);
+  const double lr = 0.1;
+  // Local momentum would differ from momentum on the average: plain SGD.
+  torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(lr));
+  for (int s = 0; s < steps; ++s) {
+    std::vector<torch::Tensor> sum;
+    for (int r = 0; r < ranks; ++r) {
+      ref->zero_grad();
+      auto [x, y] = batch(r, s, in);
+      torch::mse_loss(ref->forward(x), y).backward();
+      auto ps = ref->parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i) {
+        if (r == 0) sum.push_back(ps[i].grad().clone());
+        else sum[i] += ps[i].grad();
+      }
+    }
+    auto ps = ref->parameters();
+    for (std::size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = sum[i] / ranks;
+    sgd.step();
+  }
+  for (tm::module_layout layout : {tm::module_layout::flat, tm::module_layout::per_parameter}) {
+    CAPTURE(static_cast<int>(layout));
+    std::vector<Net> models;
+    for (int r = 0; r < ranks; ++r) {
+      models.emplace_back(in, hidden);
+      copy_parameters(initial, models.back());
+    }
+    run_in_process(ranks, [&](in_process_comm& comm) {
+      Net& m = models[static_cast<std::size_t>(comm.rank())];
+      tm::module_averaging<identity, sparse_allgather, in_process_comm> o(
+          *m, comm, {}, {}, sgd_options{.lr = lr}, averaging_options{.period = 1}, layout);
+      for (int s = 0; s < steps; ++s) {
+        o.zero_grad();
+        auto [x, y] = batch(comm.rank(), s, in);
+        torch::mse_loss(m->forward(x), y).backward();
+        o.step();
+        CHECK(o.driver().just_averaged());
+      }
+      o.average();  // the last step averaged: nothing to do
+      CHECK(o.driver().rounds_done() == static_cast<std::uint64_t>(steps));
+    });
+    for (int r = 0; r < ranks; ++r) CHECK(max_relative_difference(models[static_cast<std::size_t>(r)], ref) < 1e-5);
+  }
+}

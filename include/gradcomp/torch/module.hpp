@@ -23,6 +23,8 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <cstddef>
 #include <cstdint>
 #include <istream>
@@ -44,6 +46,7 @@
 #include <gradcomp/error.hpp>
 #include <gradcomp/schedule/layerwise.hpp>
 #include <gradcomp/schedule/merged.hpp>
+#include <gradcomp/schedule/periodic_averaging.hpp>
 #include <gradcomp/step.hpp>
 #include <gradcomp/torch/tensor.hpp>
 
@@ -303,28 +306,14 @@ struct module_options {
   std::optional<merge_plan> groups{};  // merged groups of consecutive parameters
 };
 
-// sparsified_sgd over a module's parameters.
-template <class Compressor, class Exchange, class Comm>
-class module_sgd {
+// What the module optimizers share: the parameters, the tensors, the flat buffers, and moving
+// values between the module and the buffers.
+template <class T>
+class module_base {
  public:
-  using T = typename Compressor::value_type;
-  using driver_type = sparsified_sgd<Compressor, Exchange, Comm>;
-
-  module_sgd(torch::nn::Module& m, Comm& comm, Compressor c = {}, Exchange x = {},
-             module_options options = {})
-      : params_(parameters_of<T>(m)), groups_(tensor_groups(params_, options.groups)),
-        layout_(options.layout), flat_(params_, layout_),
-        driver_(comm, detail_module::specs(groups_), std::move(c), std::move(x), options.sgd, options.schedule) {}
-
-  // One step on every rank: each parameter's .grad() (zero where undefined) is compressed,
-  // exchanged and averaged, and the parameters are updated in place.
-  const step_stats& step() {
-    detail_module::gather(params_, flat_, layout_);
-    const step_stats& s = driver_.step(torch_views::as_span<T>(flat_.params, "module_sgd::step", "parameters"),
-                                       torch_views::as_span<T>(flat_.grads, "module_sgd::step", "gradients"));
-    detail_module::scatter(params_, flat_, layout_);
-    return s;
-  }
+  module_base(torch::nn::Module& m, module_layout layout, const std::optional<merge_plan>& groups)
+      : params_(parameters_of<T>(m)), groups_(tensor_groups(params_, groups)), layout_(layout),
+        flat_(params_, layout_) {}
 
   // Zeroes every gradient in place (the flat layout's views stay).
   void zero_grad() {
@@ -339,30 +328,236 @@ class module_sgd {
     }
   }
 
-  // Checkpoints keyed by tensor name: a module whose parameters were registered in another
-  // order loads it; one with other parameters is refused, naming the first mismatch.
-  void save(std::ostream& os) const {
-    detail_module::save_names(os, groups_);
-    driver_.save_state(os);
-  }
-  void load(std::istream& is) {
-    detail_module::check_names(is, groups_);
-    driver_.load_state(is);
-  }
-
-  [[nodiscard]] driver_type& driver() noexcept { return driver_; }
   [[nodiscard]] const std::vector<parameter>& parameters() const noexcept { return params_; }
+  // The tensors, ordered by name (the drivers' order).
   [[nodiscard]] const std::vector<tensor_group>& tensors() const noexcept { return groups_; }
+  // The flat buffers (with the flat layout, the parameters' and gradients' storage). Writing
+  // to flat_parameters() between steps sets the parameters (e.g. a broadcast from rank 0).
   [[nodiscard]] const at::Tensor& flat_parameters() const noexcept { return flat_.params; }
   [[nodiscard]] const at::Tensor& flat_gradients() const noexcept { return flat_.grads; }
+  // Copies the flat parameters back into the module's tensors (per-parameter layout; with
+  // the flat layout they are the same memory). Call after writing to flat_parameters().
+  void sync_module() { detail_module::scatter(params_, flat_, layout_); }
+  // Reads the module's parameters and gradients into the flat buffers (what a step does first).
+  void sync_buffers() { detail_module::gather(params_, flat_, layout_); }
 
- private:
+ protected:
+  std::span<T> param_span(const char* who) { return torch_views::as_span<T>(flat_.params, who, "parameters"); }
+  std::span<T> grad_span(const char* who) { return torch_views::as_span<T>(flat_.grads, who, "gradients"); }
+
   std::vector<parameter> params_;
   std::vector<tensor_group> groups_;
   module_layout layout_;
   flat_buffers<T> flat_;
+};
+
+// sparsified_sgd over a module's parameters.
+template <class Compressor, class Exchange, class Comm>
+class module_sgd : public module_base<typename Compressor::value_type> {
+  using base = module_base<typename Compressor::value_type>;
+
+ public:
+  using T = typename Compressor::value_type;
+  using driver_type = sparsified_sgd<Compressor, Exchange, Comm>;
+
+  module_sgd(torch::nn::Module& m, Comm& comm, Compressor c = {}, Exchange x = {},
+             module_options options = {})
+      : base(m, options.layout, options.groups),
+        driver_(comm, detail_module::specs(this->groups_), std::move(c), std::move(x), options.sgd,
+                options.schedule) {}
+
+  // One step on every rank: each parameter's .grad() (zero where undefined) is compressed,
+  // exchanged and averaged, and the parameters are updated in place.
+  const step_stats& step() {
+    this->sync_buffers();
+    const step_stats& s = driver_.step(this->param_span("module_sgd::step"), this->grad_span("module_sgd::step"));
+    this->sync_module();
+    return s;
+  }
+
+  // Checkpoints keyed by tensor name: a module whose parameters were registered in another
+  // order loads it; one with other parameters is refused, naming the first mismatch.
+  void save(std::ostream& os) const {
+    detail_module::save_names(os, this->groups_);
+    driver_.save_state(os);
+  }
+  void load(std::istream& is) {
+    detail_module::check_names(is, this->groups_);
+    driver_.load_state(is);
+  }
+
+  [[nodiscard]] driver_type& driver() noexcept { return driver_; }
+
+ private:
   driver_type driver_;
 };
+
+// periodic_averaging (PQASGD) over a module's parameters: local SGD steps, and every
+// `period` steps the ranks average the quantized change of the model. The parameters must be
+// equal on every rank before the first step (broadcast flat_parameters(), then sync_module()).
+template <class Quantizer, class Exchange, class Comm, class T = float>
+class module_averaging : public module_base<T> {
+  using base = module_base<T>;
+
+ public:
+  using driver_type = periodic_averaging<Quantizer, Exchange, Comm, T>;
+
+  module_averaging(torch::nn::Module& m, Comm& comm, Quantizer q = {}, Exchange x = {}, sgd_options sgd = {},
+                   averaging_options avg = {}, module_layout layout = module_layout::flat,
+                   const std::optional<merge_plan>& groups = {})
+      : base(m, layout, groups),
+        driver_(comm, detail_module::specs(this->groups_), std::move(q), std::move(x), sgd, avg) {}
+
+  // A local step; an averaging round after every `period` of them.
+  const step_stats& step() {
+    this->sync_buffers();
+    const step_stats& s = driver_.step(this->param_span("module_averaging::step"),
+                                       this->grad_span("module_averaging::step"));
+    this->sync_module();
+    return s;
+  }
+
+  // An averaging round now unless the last step ended with one (e.g. before evaluating).
+  void average() {
+    if (driver_.just_averaged()) return;
+    this->sync_buffers();
+    driver_.average(this->param_span("module_averaging::average"));
+    this->sync_module();
+  }
+
+  [[nodiscard]] driver_type& driver() noexcept { return driver_; }
+
+ private:
+  driver_type driver_;
+};
+
+// The tensors' indices (into a tensors() vector, which is ordered by name) in registration
+// order, i.e. by their first parameter: the order in which module_lags takes densities and
+// measure_backward() reports times, and for a sequential model the order of its layers.
+inline std::vector<std::size_t> registration_order(const std::vector<tensor_group>& groups) {
+  std::vector<std::size_t> order(groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) order[g] = g;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return groups[a].first < groups[b].first; });
+  return order;
+}
+
+namespace detail_module {
+
+// A post-hook on a gradient accumulator: tells `on_done` (while it is set) that parameter
+// `param`'s gradient is complete. The target outlives the hook's owner through a shared_ptr,
+// so that a hook autograd still runs after the owner is gone does nothing.
+struct hook_target {
+  std::mutex mu;
+  std::function<void(std::size_t)> on_done;
+};
+
+struct accumulator_hook final : torch::autograd::FunctionPostHook {
+  accumulator_hook(std::shared_ptr<hook_target> target, std::size_t param)
+      : target_(std::move(target)), param_(param) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    const std::lock_guard lock(target_->mu);
+    if (target_->on_done) target_->on_done(param_);
+    return outputs;
+  }
+  std::shared_ptr<hook_target> target_;
+  std::size_t param_;
+};
+
+// Hooks on every parameter's gradient accumulator, removed again when this goes. It keeps the
+// accumulators alive (a parameter holds its own only weakly, and a new one has no hooks).
+class accumulator_hooks {
+ public:
+  accumulator_hooks(const std::vector<parameter>& ps, std::function<void(std::size_t)> on_done, const char* who)
+      : target_(std::make_shared<hook_target>()) {
+    target_->on_done = std::move(on_done);
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(ps[i].tensor);
+      if (!acc) {
+        throw invalid_argument(detail::concat("gradcomp::torch_module::", who, ": parameter '", ps[i].name,
+                                              "' has no gradient accumulator (requires_grad is false?)"));
+      }
+      keys_.push_back(acc->add_post_hook(std::make_unique<accumulator_hook>(target_, i)));
+      accumulators_.push_back(std::move(acc));
+    }
+  }
+  accumulator_hooks(const accumulator_hooks&) = delete;
+  accumulator_hooks& operator=(const accumulator_hooks&) = delete;
+  ~accumulator_hooks() {
+    {
+      const std::lock_guard lock(target_->mu);
+      target_->on_done = nullptr;
+    }
+    for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(keys_[i]);
+  }
+
+ private:
+  std::shared_ptr<hook_target> target_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<std::uintptr_t> keys_;
+};
+
+}  // namespace detail_module
+
+// The backward pass's time per tensor on this rank, for lags_densities() and
+// plan_merged_groups(). For each of `batches` batches, forward_loss() runs the forward pass
+// and returns the loss, and backward() runs on it while hooks on the gradient accumulators note
+// when each tensor's gradients are complete. A tensor's time runs from the completion of the
+// tensor completed just before it (the first: from the call of backward()) to its own; the
+// result is the median over the batches, in registration order (registration_order()). The
+// gradients accumulate in .grad(): zero them afterwards. Every rank must plan with the same
+// times: reduce the result with the maximum over ranks.
+template <class T = float>
+std::vector<double> measure_backward(torch::nn::Module& m, const std::function<at::Tensor()>& forward_loss,
+                                     unsigned batches = 10, const std::optional<merge_plan>& plan = {}) {
+  if (batches < 1) detail::throw_invalid_argument("torch_module::measure_backward", "batches", batches, ">= 1");
+  std::vector<parameter> ps = parameters_of<T>(m);
+  const std::vector<tensor_group> groups = tensor_groups(ps, plan);
+  std::vector<std::size_t> group_of(ps.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (std::size_t i = groups[g].first; i < groups[g].first + groups[g].count; ++i) group_of[i] = g;
+  }
+  using clock = std::chrono::steady_clock;
+  std::vector<std::size_t> missing(groups.size());
+  std::vector<clock::time_point> done(groups.size());
+  detail_module::accumulator_hooks hooks(
+      ps,
+      [&](std::size_t param) {
+        const std::size_t g = group_of[param];
+        if (missing[g] > 0 && --missing[g] == 0) done[g] = clock::now();
+      },
+      "measure_backward");
+  std::vector<std::vector<double>> samples(groups.size());
+  for (unsigned b = 0; b < batches; ++b) {
+    const at::Tensor loss = forward_loss();
+    for (std::size_t g = 0; g < groups.size(); ++g) missing[g] = groups[g].count;
+    const clock::time_point start = clock::now();
+    loss.backward();
+    std::vector<std::size_t> by_completion(groups.size());
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      if (missing[g] != 0) {
+        throw invalid_argument(detail::concat("gradcomp::torch_module::measure_backward: the gradient of '",
+                                              groups[g].name, "' was not produced by the backward pass"));
+      }
+      by_completion[g] = g;
+    }
+    std::sort(by_completion.begin(), by_completion.end(),
+              [&](std::size_t x, std::size_t y) { return done[x] < done[y]; });
+    clock::time_point previous = start;
+    for (const std::size_t g : by_completion) {
+      samples[g].push_back(std::chrono::duration<double>(done[g] - previous).count());
+      previous = done[g];
+    }
+  }
+  std::vector<double> out;
+  for (const std::size_t g : registration_order(groups)) {
+    std::vector<double>& s = samples[g];
+    std::nth_element(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(s.size() / 2), s.end());
+    out.push_back(s[s.size() / 2]);
+  }
+  return out;
+}
 
 // layerwise_sgd (LAGS) over a module's parameters, driven by autograd. A step:
 //
@@ -374,60 +569,47 @@ class module_sgd {
 // backward pass goes on with earlier layers, which do not read them (a module that uses one
 // parameter in several layers must not use LAGS).
 template <class Compressor, class Exchange, class Comm>
-class module_lags {
+class module_lags : public module_base<typename Compressor::value_type> {
+  using base = module_base<typename Compressor::value_type>;
+
  public:
   using T = typename Compressor::value_type;
   using driver_type = layerwise_sgd<Compressor, Exchange, Comm>;
 
-  // densities[t] for tensor t (parameters, or the plan's groups, in registration order).
+  // densities[i] for the i-th tensor in registration order (parameters, or the plan's groups;
+  // registration_order()): the order of lags_densities()'s layers.
   module_lags(torch::nn::Module& m, Comm& comm, std::span<const double> densities, Compressor c = {},
               Exchange x = {}, sgd_options sgd = {}, std::optional<merge_plan> groups = {})
-      : params_(parameters_of<T>(m)), groups_(tensor_groups(params_, groups)),
-        flat_(params_, module_layout::flat),
-        driver_(comm, detail_module::specs(groups_), densities, std::move(c), std::move(x), sgd) {
-    group_of_.resize(params_.size());
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      for (std::size_t i = groups_[g].first; i < groups_[g].first + groups_[g].count; ++i) group_of_[i] = g;
-    }
-    missing_.resize(groups_.size());
-    // The release order: the reverse of registration.
-    for (std::size_t g = 0; g < groups_.size(); ++g) order_.push_back(g);
-    std::sort(order_.begin(), order_.end(),
-              [this](std::size_t a, std::size_t b) { return groups_[a].first > groups_[b].first; });
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
-      if (!acc) {
-        throw invalid_argument(detail::concat("gradcomp::torch_module::module_lags: parameter '",
-                                              params_[i].name, "' has no gradient accumulator (requires_grad is false?)"));
+      : base(m, module_layout::flat, groups),
+        driver_(comm, detail_module::specs(this->groups_), by_name(densities), std::move(c), std::move(x), sgd),
+        hooks_(this->params_, [this](std::size_t param) { gradient_done(param); }, "module_lags") {
+    group_of_.resize(this->params_.size());
+    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
+      for (std::size_t i = this->groups_[g].first; i < this->groups_[g].first + this->groups_[g].count; ++i) {
+        group_of_[i] = g;
       }
-      acc->add_post_hook(std::make_unique<post_hook>(target_, i));
-      accumulators_.push_back(std::move(acc));  // the hooks live as long as these nodes
     }
+    missing_.resize(this->groups_.size());
+    // The release order: the reverse of registration.
+    order_ = registration_order(this->groups_);
+    std::reverse(order_.begin(), order_.end());
   }
 
   module_lags(const module_lags&) = delete;
   module_lags& operator=(const module_lags&) = delete;
 
-  // The hooks stay on the parameters' gradient accumulators (autograd has no way to remove
-  // them); from now on they do nothing.
-  ~module_lags() {
-    const std::lock_guard lock(target_->mu);
-    target_->owner = nullptr;
-  }
-
   // Before backward(): gradients are zeroed (in place) and the hooks armed.
   void begin_step() {
-    detail_module::gather(params_, flat_, module_layout::flat);
+    this->sync_buffers();
     {
       at::NoGradGuard no_grad;
-      flat_.grads.zero_();
+      this->flat_.grads.zero_();
     }
     const std::lock_guard lock(mu_);
-    for (std::size_t g = 0; g < groups_.size(); ++g) missing_[g] = groups_[g].count;
+    for (std::size_t g = 0; g < this->groups_.size(); ++g) missing_[g] = this->groups_[g].count;
     cursor_ = 0;
     armed_ = true;
-    driver_.begin_step(torch_views::as_span<T>(flat_.params, "module_lags", "parameters"),
-                       torch_views::as_span<T>(flat_.grads, "module_lags", "gradients"));
+    driver_.begin_step(this->param_span("module_lags"), this->grad_span("module_lags"));
   }
 
   // After backward(): every tensor must have been handed over.
@@ -445,35 +627,27 @@ class module_lags {
       } catch (...) {
       }
       throw invalid_argument(detail::concat(
-          "gradcomp::torch_module::module_lags::finish_step: the gradient of '", groups_[g].name,
+          "gradcomp::torch_module::module_lags::finish_step: the gradient of '", this->groups_[g].name,
           "' was not produced by the backward pass; every parameter must take part in the loss"));
     }
     return driver_.finish_step();
   }
 
   [[nodiscard]] driver_type& driver() noexcept { return driver_; }
-  [[nodiscard]] const std::vector<tensor_group>& tensors() const noexcept { return groups_; }
 
  private:
-  // What the hooks call, for as long as it lives.
-  struct hook_target {
-    std::mutex mu;
-    module_lags* owner = nullptr;
-  };
-
-  struct post_hook final : torch::autograd::FunctionPostHook {
-    post_hook(std::shared_ptr<hook_target> target, std::size_t param)
-        : target_(std::move(target)), param_(param) {}
-    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                              const torch::autograd::variable_list& /*inputs*/) override {
-      const std::lock_guard lock(target_->mu);
-      if (target_->owner) target_->owner->gradient_done(param_);
-      return outputs;
+  std::vector<double> by_name(std::span<const double> densities) const {
+    if (densities.size() != this->groups_.size()) {
+      detail::throw_invalid_argument("torch_module::module_lags", "densities.size()", densities.size(),
+                                     detail::concat(this->groups_.size(), " (one per tensor)"));
     }
-    std::shared_ptr<hook_target> target_;
-    std::size_t param_;
-  };
+    const std::vector<std::size_t> reg = registration_order(this->groups_);
+    std::vector<double> out(densities.size());
+    for (std::size_t i = 0; i < reg.size(); ++i) out[reg[i]] = densities[i];
+    return out;
+  }
 
+  // Called by the hooks (under the hook target's lock).
   void gradient_done(std::size_t param) {
     const std::lock_guard lock(mu_);
     if (!armed_) return;  // a backward pass outside begin_step()/finish_step()
@@ -485,9 +659,6 @@ class module_lags {
     }
   }
 
-  std::vector<parameter> params_;
-  std::vector<tensor_group> groups_;
-  flat_buffers<T> flat_;
   driver_type driver_;
   std::vector<std::size_t> group_of_;
   std::vector<std::size_t> missing_;
@@ -495,14 +666,8 @@ class module_lags {
   std::size_t cursor_ = 0;
   bool armed_ = false;
   std::mutex mu_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::shared_ptr<hook_target> target_ = make_target(this);
-
-  static std::shared_ptr<hook_target> make_target(module_lags* self) {
-    auto t = std::make_shared<hook_target>();
-    t->owner = self;
-    return t;
-  }
+  // Last: removed (and silenced) before the members they call into go.
+  detail_module::accumulator_hooks hooks_;
 };
 
 }  // namespace gradcomp::torch_module
