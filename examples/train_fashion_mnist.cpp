@@ -23,8 +23,10 @@
 
 #include <gradcomp/gradcomp.hpp>  // policies, exchanges, schedules, in-process communicator
 
+#include "mnist/cli.hpp"
 #include "mnist/fashion_mnist.hpp"
 #include "mnist/mlp.hpp"
+#include "mnist/policies.hpp"
 
 #if defined(GRADCOMP_EXAMPLE_WITH_MPI)
 #include <gradcomp/comm/mpi.hpp>
@@ -35,124 +37,8 @@ namespace {
 
 using namespace gradcomp;
 
-struct options {
-  std::string compressor = "dense";
-  double density = 0.01;
-  std::string exchange = "default";
-  std::string schedule = "none";
-  std::string tensors = "model";  // none: compress the model as one tensor, or each layer
-  unsigned period = 4;
-  unsigned epochs = 3;
-  int workers = 4;
-  std::size_t batch = 32;
-  double lr = 0.05;
-  double momentum = 0.9;
-  std::uint64_t seed = 1;
-  unsigned bits = 4;             // qsgd bits
-  unsigned bucket = 512;         // qsgd, terngrad, sign: values per scale
-  // pqasgd: error feedback on the model difference. auto: on, except for qsgd, whose error at
-  // 2 bits exceeds its input, so that the residual grows until training diverges (README).
-  std::string feedback = "auto";
-  bool error_feedback = true;
-  double warmup_epochs = 1.0;    // dgc: DGC's 4-stage density warm-up spread over this many epochs
-  double clip = 0.0;             // dgc: local gradient clipping by L2 norm, 0 = off
-  unsigned subsets = 1;          // pqasgd: rotating slices (sparse parameter averaging)
-  double link_gbit = 0.0;        // lags/merged: model this link instead of the measured one
-  double link_latency_us = 0.0;
-  std::size_t train_limit = 0;   // use only the first N training / test images (0: all)
-  std::size_t test_limit = 0;
-  std::string data_dir = fmnist::default_dir();
-};
-
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "%s%s"
-               "usage: train_fashion_mnist [options]\n"
-               "  --compressor dense|topk|gaussiank|randomk|dgc|qsgd|terngrad|sign  (dense)\n"
-               "  --density R      target density of the sparsifiers; LAGS: the least one (0.01)\n"
-               "  --exchange allreduce|allgather|gtopk|a2a|auto\n"
-               "                   (default: allreduce for dense and randomk, else allgather)\n"
-               "  --schedule none|lags|merged|pqasgd   (none)\n"
-               "  --tensors model|layer   none: one selection over all parameters (model), or\n"
-               "                   one per layer; lags and merged always work per layer\n"
-               "  --period P       pqasgd: average every P local steps (4)\n"
-               "  --bits B         qsgd bits per value (4)\n"
-               "  --bucket N       qsgd, terngrad, sign: values sharing one scale (512)\n"
-               "  --feedback auto|0|1  pqasgd: error feedback on the model difference\n"
-               "                   (auto: off for qsgd, on otherwise)\n"
-               "  --subsets R      pqasgd: average one of R rotating slices per round (1)\n"
-               "  --warmup E       dgc: density warm-up over E epochs (1)\n"
-               "  --clip C         dgc: clip each local gradient to L2 norm C (0: off)\n"
-               "  --link-gbit G --link-latency-us L   lags/merged: plan for this link\n"
-               "  --epochs E (3)  --workers N (4)  --batch B per worker (32)\n"
-               "  --lr (0.05)  --momentum (0.9)  --seed S (1)\n"
-               "  --train-limit N --test-limit N   use the first N images only\n"
-               "  --data DIR       (%s)\n",
-               why ? why : "", why ? "\n" : "", fmnist::default_dir().c_str());
-  std::exit(why ? 2 : 0);
-}
-
-options parse(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") usage(nullptr);
-    if (i + 1 >= argc) usage(("missing value for " + a).c_str());
-    const std::string v = argv[++i];
-    try {
-      if (a == "--compressor") o.compressor = v;
-      else if (a == "--density") o.density = std::stod(v);
-      else if (a == "--exchange") o.exchange = v;
-      else if (a == "--schedule") o.schedule = v;
-      else if (a == "--tensors") o.tensors = v;
-      else if (a == "--period") o.period = static_cast<unsigned>(std::stoul(v));
-      else if (a == "--epochs") o.epochs = static_cast<unsigned>(std::stoul(v));
-      else if (a == "--workers") o.workers = std::stoi(v);
-      else if (a == "--batch") o.batch = std::stoul(v);
-      else if (a == "--lr") o.lr = std::stod(v);
-      else if (a == "--momentum") o.momentum = std::stod(v);
-      else if (a == "--seed") o.seed = std::stoull(v);
-      else if (a == "--bits") o.bits = static_cast<unsigned>(std::stoul(v));
-      else if (a == "--bucket") o.bucket = static_cast<unsigned>(std::stoul(v));
-      else if (a == "--feedback") o.feedback = v;
-      else if (a == "--subsets") o.subsets = static_cast<unsigned>(std::stoul(v));
-      else if (a == "--warmup") o.warmup_epochs = std::stod(v);
-      else if (a == "--clip") o.clip = std::stod(v);
-      else if (a == "--link-gbit") o.link_gbit = std::stod(v);
-      else if (a == "--link-latency-us") o.link_latency_us = std::stod(v);
-      else if (a == "--train-limit") o.train_limit = std::stoul(v);
-      else if (a == "--test-limit") o.test_limit = std::stoul(v);
-      else if (a == "--data") o.data_dir = v;
-      else usage(("unknown option " + a).c_str());
-    } catch (const std::logic_error&) {
-      usage(("bad value for " + a + ": " + v).c_str());
-    }
-  }
-  if (!(o.density > 0.0 && o.density <= 1.0)) usage("--density must be in (0, 1]");
-  if (o.epochs < 1 || o.workers < 1 || o.batch < 1 || o.period < 1 || o.subsets < 1) {
-    usage("--epochs, --workers, --batch, --period and --subsets must be >= 1");
-  }
-  if (!(o.warmup_epochs >= 0.0)) usage("--warmup must be >= 0");
-  if (o.tensors != "model" && o.tensors != "layer") usage("--tensors must be model or layer");
-  if (o.feedback != "auto" && o.feedback != "0" && o.feedback != "1") usage("--feedback must be auto, 0 or 1");
-  o.error_feedback = o.feedback == "auto" ? o.compressor != "qsgd" : o.feedback == "1";
-  if (o.exchange == "default") {
-    o.exchange = o.compressor == "dense" || o.compressor == "randomk" ? "allreduce" : "allgather";
-  }
-  return o;
-}
-
-// What every rank knows at the end; rank 0 prints it.
-struct outcome {
-  double test_accuracy = 0.0;
-  double train_accuracy = 0.0;
-  double loss = 0.0;
-  double bytes_sent = 0.0;  // per worker, mean over workers
-  double dense_bytes = 0.0;
-  double seconds = 0.0;
-  std::uint64_t steps = 0;
-  double overlap = -1.0;    // lags/merged: overlapped / communication time over the run
-};
+using fmnist::outcome;
+using options = fmnist::train_options;
 
 // ---------------------------------------------------------------------------------------
 // Schedules behind one interface: train_step() runs the forward and backward pass on one batch
@@ -322,12 +208,7 @@ class trainer {
       out.bytes_sent = bytes / static_cast<double>(comm_.size());
       out.dense_bytes = 4.0 * static_cast<double>(net_.param_count()) * static_cast<double>(out.steps);
       out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (comm_.rank() == 0) {
-        std::printf("epoch %u/%u  loss %.4f  train_acc %.4f  test_acc %.4f  bytes_sent %.0f (%.3f%% of dense)  elapsed %.1f s\n",
-                    epoch + 1, o_.epochs, out.loss, out.train_accuracy, out.test_accuracy,
-                    out.bytes_sent, 100.0 * out.bytes_sent / out.dense_bytes, out.seconds);
-        std::fflush(stdout);
-      }
+      if (comm_.rank() == 0) fmnist::print_epoch(epoch + 1, o_, out);
     }
     out.overlap = schedule.overlap();
     if (out.overlap >= 0.0) {
@@ -388,28 +269,10 @@ template <class Comm, class Compressor, class Exchange>
 outcome run_with(Comm& comm, const options& o, const fmnist::fashion_mnist& data, Compressor c,
                  Exchange x) {
   trainer<Comm> t(comm, o, data);
-  sgd_options opt{.lr = o.lr, .momentum = o.momentum, .seed = o.seed};
-  if constexpr (requires { requires Compressor::feedback_type::applies_momentum; }) {
-    opt.momentum = 0.0;  // dgc_momentum applies it before compression
-  }
-  if constexpr (!shared_indices_v<typename Compressor::selector_type> ||
-                selects_all_v<typename Compressor::selector_type>) {
-    // The selection does not depend on the seed here, so a seed per rank costs nothing. (It was
-    // this example's way to make the ranks' rounding independent; sparsified_sgd now does
-    // that itself through call_id::rank. It still varies DGC's sample positions per rank, as
-    // in the README's results.)
-    opt.seed = o.seed + 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(comm.rank());
-  }
+  const sgd_options opt = fmnist::sgd_for<Compressor>(o, comm.rank());
 
   if (o.schedule == "none") {
-    density_schedule ds = density_schedule::constant(o.density);
-    if constexpr (requires { requires Compressor::feedback_type::applies_momentum; }) {
-      // DGC's warm-up, 0.25, 0.063, 0.016, 0.004 then rho (for rho = 0.001): its four stages
-      // over --warmup epochs instead of DGC's four epochs, which would be most of a short run.
-      const auto stage = static_cast<std::uint64_t>(
-          std::llround(o.warmup_epochs * static_cast<double>(t.steps_per_epoch()) / 4.0));
-      if (stage > 0) ds = density_schedule::warmup(o.density, 4, stage);
-    }
+    const density_schedule ds = fmnist::density_for<Compressor>(o, t.steps_per_epoch());
     const std::vector<std::size_t> sizes =
         o.tensors == "layer" ? t.net().layer_sizes() : std::vector<std::size_t>{t.net().param_count()};
     sync_schedule<Comm, Compressor, Exchange> s(comm, sizes, std::move(c), std::move(x), opt, ds);
@@ -469,32 +332,6 @@ outcome run_with(Comm& comm, const options& o, const fmnist::fashion_mnist& data
   return t.run(s);
 }
 
-[[noreturn]] void unsupported(const options& o) {
-  throw std::runtime_error("--compressor " + o.compressor + " with --exchange " + o.exchange +
-                           " and --schedule " + o.schedule + " is not supported");
-}
-
-template <class Comm, class Compressor>
-outcome with_exchange(Comm& comm, const options& o, const fmnist::fashion_mnist& data, Compressor c) {
-  using S = typename Compressor::selector_type;
-  constexpr bool sparse = !selects_all_v<S>;
-  const bool pipelined = o.schedule != "none";
-  if (o.exchange == "allreduce") {
-    if constexpr (Compressor::summable) return run_with(comm, o, data, std::move(c), dense_allreduce{});
-  } else if (o.exchange == "allgather") {
-    return run_with(comm, o, data, std::move(c), sparse_allgather{});
-  } else if (pipelined) {
-    unsupported(o);  // the pipelined schedules exchange layer by layer: allreduce or allgather
-  } else if (o.exchange == "gtopk") {
-    if constexpr (sparse) return run_with(comm, o, data, std::move(c), gtopk{});
-  } else if (o.exchange == "a2a") {
-    if constexpr (sparse) return run_with(comm, o, data, std::move(c), topk_a2a{});
-  } else if (o.exchange == "auto") {
-    return run_with(comm, o, data, std::move(c), auto_exchange{});
-  }
-  unsupported(o);
-}
-
 template <class Comm, class Quantizer>
 outcome run_pqasgd(Comm& comm, const options& o, const fmnist::fashion_mnist& data, Quantizer q) {
   trainer<Comm> t(comm, o, data);
@@ -508,92 +345,17 @@ outcome run_pqasgd(Comm& comm, const options& o, const fmnist::fashion_mnist& da
 template <class Comm>
 outcome run_rank(Comm& comm, const options& o, const fmnist::fashion_mnist& data) {
   if (o.schedule == "pqasgd") {
-    if (o.exchange != "allgather" && o.exchange != "allreduce") unsupported(o);
-    if (o.compressor == "qsgd") return run_pqasgd(comm, o, data, qsgd::with_bits(o.bits, o.bucket));
-    if (o.compressor == "terngrad") return run_pqasgd(comm, o, data, terngrad(o.bucket));
-    if (o.compressor == "sign") return run_pqasgd(comm, o, data, scaled_sign(o.bucket));
-    if (o.compressor == "dense") return run_pqasgd(comm, o, data, identity{});
-    unsupported(o);
+    return fmnist::with_quantizer(o, [&](auto q) { return run_pqasgd(comm, o, data, std::move(q)); });
   }
-  if (o.schedule != "none" && o.schedule != "lags" && o.schedule != "merged") {
-    throw std::runtime_error("unknown --schedule " + o.schedule);
-  }
-  if (o.compressor == "dense") {
-    return with_exchange(comm, o, data, compressor<dense, identity, no_feedback>{});
-  }
-  if (o.compressor == "topk") return with_exchange(comm, o, data, compressor<topk, identity, residual>{});
-  if (o.compressor == "gaussiank") {
-    return with_exchange(comm, o, data, compressor<gaussiank, identity, residual>{});
-  }
-  if (o.compressor == "randomk") {
-    return with_exchange(comm, o, data, compressor<randomk, identity, residual>{});
-  }
-  if (o.compressor == "dgc") {
-    return with_exchange(comm, o, data,
-                         compressor<topk, identity, dgc_momentum>(
-                             topk{}, identity{}, dgc_momentum{.momentum = o.momentum, .clip_norm = o.clip}));
-  }
-  if (o.compressor == "qsgd") {
-    return with_exchange(comm, o, data,
-                         compressor<dense, qsgd, no_feedback>(dense{}, qsgd::with_bits(o.bits, o.bucket)));
-  }
-  if (o.compressor == "terngrad") {
-    return with_exchange(comm, o, data,
-                         compressor<dense, terngrad, no_feedback>(dense{}, terngrad(o.bucket)));
-  }
-  if (o.compressor == "sign") {
-    return with_exchange(comm, o, data,
-                         compressor<dense, scaled_sign, residual>(dense{}, scaled_sign(o.bucket)));
-  }
-  throw std::runtime_error("unknown --compressor " + o.compressor);
+  return fmnist::with_policies(o, [&](auto c, auto x) { return run_with(comm, o, data, std::move(c), std::move(x)); });
 }
-
-// The last line of output. density is the one in effect (1 for the quantizers, which send
-// every coordinate; 1/subsets for pqasgd), bits the bits per value sent; the fields after
-// dense_bytes_per_worker are extras.
-void print_json(const options& o, int workers, const outcome& r) {
-  const bool sparsifier = o.compressor == "topk" || o.compressor == "gaussiank" ||
-                          o.compressor == "randomk" || o.compressor == "dgc";
-  const double density = o.schedule == "pqasgd" ? 1.0 / o.subsets : sparsifier ? o.density : 1.0;
-  const unsigned bits = o.compressor == "qsgd" ? o.bits
-                        : o.compressor == "terngrad" ? 2u
-                        : o.compressor == "sign"     ? 1u
-                                                     : 32u;
-  std::printf("{\"compressor\": \"%s\", \"density\": %g, \"exchange\": \"%s\", \"schedule\": \"%s\", "
-              "\"epochs\": %u, \"workers\": %d, \"test_accuracy\": %.4f, "
-              "\"bytes_sent_per_worker\": %.0f, \"dense_bytes_per_worker\": %.0f",
-              o.compressor.c_str(), density, o.exchange.c_str(), o.schedule.c_str(), o.epochs, workers,
-              r.test_accuracy, r.bytes_sent, r.dense_bytes);
-  std::printf(", \"bits\": %u, \"tensors\": \"%s\", \"batch\": %zu, \"lr\": %g, \"momentum\": %g, "
-              "\"seed\": %llu, \"train_accuracy\": %.4f, \"loss\": %.4f, \"steps\": %llu, \"seconds\": %.1f",
-              bits, o.schedule == "none" ? o.tensors.c_str() : "layer", o.batch, o.lr, o.momentum,
-              static_cast<unsigned long long>(o.seed), r.train_accuracy, r.loss,
-              static_cast<unsigned long long>(r.steps), r.seconds);
-  if (r.overlap >= 0.0) std::printf(", \"overlap\": %.3f", r.overlap);
-  if (o.schedule == "pqasgd") {
-    std::printf(", \"period\": %u, \"subsets\": %u, \"feedback\": %s", o.period, o.subsets,
-                o.error_feedback ? "true" : "false");
-  }
-  std::printf("}\n");
-  std::fflush(stdout);
-}
-
-#if defined(GRADCOMP_EXAMPLE_WITH_MPI)
-// Started by mpirun / mpiexec (Open MPI, MPICH, or a PMIx launcher)?
-bool launched_by_mpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
-    if (std::getenv(v)) return true;
-  }
-  return false;
-}
-#endif
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
+  const options o = fmnist::parse(argc, argv, "train_fashion_mnist");
 #if defined(GRADCOMP_EXAMPLE_WITH_MPI)
-  if (launched_by_mpi()) {
+  if (fmnist::launched_by_mpi()) {
     // lags and merged call MPI from their communication thread, never at the same time as the
     // main thread: MPI_THREAD_SERIALIZED.
     gradcomp::mpi_environment env(argc, argv, MPI_THREAD_SERIALIZED);
@@ -604,7 +366,7 @@ int main(int argc, char** argv) {
       gradcomp::mpi_comm comm;
       const auto data = fmnist::load(o.data_dir, o.train_limit, o.test_limit);
       const outcome r = run_rank(comm, o, data);
-      if (comm.rank() == 0) print_json(o, comm.size(), r);
+      if (comm.rank() == 0) fmnist::print_json(o, comm.size(), r);
       return 0;
     });
   }
@@ -616,7 +378,7 @@ int main(int argc, char** argv) {
       const outcome r = run_rank(comm, o, data);
       if (comm.rank() == 0) result = r;
     });
-    print_json(o, o.workers, result);
+    fmnist::print_json(o, o.workers, result);
   } catch (const gradcomp::nonfinite_error& e) {
     std::fprintf(stderr, "train_fashion_mnist: training diverged: %s\n%s", e.what(),
                  o.schedule == "pqasgd" && o.error_feedback
