@@ -291,18 +291,7 @@ outcome run_with(Comm& comm, const options& o, const fmnist::fashion_mnist& data
     densities = lags_densities(sizes, backward, link, comm.size(), o.density);
     std::iota(layer_to_tensor.begin(), layer_to_tensor.end(), 0L);
   } else {
-    // The selection cost per element, from one compression of a layer-0-sized gradient.
-    Compressor probe = c;
-    std::vector<float> g(sizes[0]);
-    std::mt19937 gen(7);
-    std::normal_distribution<float> normal;
-    for (float& v : g) v = normal(gen);
-    auto st = probe.make_state(g.size());
-    payload p;
-    const compress_stats cs = probe.compress(g, st, {o.density, {}}, p);
-    double per_element = (cs.seconds_accumulate + cs.seconds_select + cs.seconds_encode) /
-                         static_cast<double>(g.size());
-    comm.allreduce(std::span<double>(&per_element, 1), reduce_op::max);
+    const double per_element = fmnist::selection_seconds_per_element(c, sizes[0], o, comm);
     const merge_plan plan =
         plan_merged_groups(sizes, backward, merge_cost{link, comm.size(), o.density, per_element});
     tensors = merged_tensors(plan, t.layers());

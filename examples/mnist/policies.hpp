@@ -5,10 +5,14 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <gradcomp/gradcomp.hpp>
 
@@ -74,6 +78,23 @@ auto with_exchange(const train_options& o, Compressor c, F&& f) {
     return f(std::move(c), auto_exchange{});
   }
   unsupported(o);
+}
+
+// The merged schedule's selection cost per element: one compression of an n-element Gaussian
+// gradient at --density, the slowest rank's (collective, so that every rank plans alike).
+template <class Compressor, class Comm>
+double selection_seconds_per_element(const Compressor& c, std::size_t n, const train_options& o, Comm& comm) {
+  Compressor probe = c;
+  std::vector<float> g(n);
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal;
+  for (float& v : g) v = normal(gen);
+  auto st = probe.make_state(g.size());
+  gradcomp::payload p;
+  const gradcomp::compress_stats cs = probe.compress(g, st, {o.density, {}}, p);
+  double per_element = (cs.seconds_accumulate + cs.seconds_select + cs.seconds_encode) / static_cast<double>(n);
+  comm.allreduce(std::span<double>(&per_element, 1), gradcomp::reduce_op::max);
+  return per_element;
 }
 
 // f(compressor, exchange) for --compressor and --exchange (schedules none, lags, merged).

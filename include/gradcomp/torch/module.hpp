@@ -387,6 +387,7 @@ class module_sgd : public module_base<typename Compressor::value_type> {
   }
 
   [[nodiscard]] driver_type& driver() noexcept { return driver_; }
+  [[nodiscard]] const driver_type& driver() const noexcept { return driver_; }
 
  private:
   driver_type driver_;
@@ -426,6 +427,7 @@ class module_averaging : public module_base<T> {
   }
 
   [[nodiscard]] driver_type& driver() noexcept { return driver_; }
+  [[nodiscard]] const driver_type& driver() const noexcept { return driver_; }
 
  private:
   driver_type driver_;
@@ -634,6 +636,7 @@ class module_lags : public module_base<typename Compressor::value_type> {
   }
 
   [[nodiscard]] driver_type& driver() noexcept { return driver_; }
+  [[nodiscard]] const driver_type& driver() const noexcept { return driver_; }
 
  private:
   std::vector<double> by_name(std::span<const double> densities) const {
