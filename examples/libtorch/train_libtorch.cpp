@@ -41,6 +41,7 @@
 #include <gradcomp/torch/process_group.hpp>
 
 #include "../mnist/cli.hpp"
+#include "cnn.hpp"
 #include "../mnist/fashion_mnist.hpp"
 #include "../mnist/policies.hpp"
 
@@ -55,29 +56,7 @@ using namespace gradcomp;
 namespace tm = gradcomp::torch_module;
 using fmnist::outcome;
 using options = fmnist::train_options;
-
-// The CNN of examples/torch/train_ddp.py: conv 1->16 5x5, max-pool 2, conv 16->32 5x5,
-// max-pool 2, fc 512->128, fc 128->10.
-struct CNNImpl : torch::nn::Module {
-  CNNImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(1, 16, 5))),
-        conv2(register_module("conv2", torch::nn::Conv2d(16, 32, 5))),
-        fc1(register_module("fc1", torch::nn::Linear(512, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
-
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2);
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
-    x = torch::relu(fc1(x.flatten(1)));
-    return fc2(x);
-  }
-
-  torch::nn::Conv2d conv1;
-  torch::nn::Conv2d conv2;
-  torch::nn::Linear fc1;
-  torch::nn::Linear fc2;
-};
-TORCH_MODULE(CNN);
+using fmnist::CNN;
 
 // Every rank's model starts from --seed. Threads share torch's default generator: one at a
 // time.

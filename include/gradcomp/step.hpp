@@ -15,6 +15,7 @@
 #include <ostream>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include <gradcomp/detail/select_common.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/feedback/none.hpp>
 #include <gradcomp/sparse.hpp>
 
 namespace gradcomp {
@@ -33,6 +35,9 @@ namespace gradcomp {
 struct compress_context {
   double density = 1.0;  // target density, (0, 1]
   call_id id{};          // seed, step and the tensor's stable id
+  // g was already checked for non-finite values (sparsified_sgd checks all tensors at once,
+  // before any state changes): compress() skips its own check.
+  bool finite_checked = false;
 };
 
 struct compress_stats {
@@ -111,7 +116,7 @@ class compressor {
     // The selector runs on the accumulated vector, after the feedback has changed st: its own
     // settings (threshold's tau, RedSync's interval) must be rejected before that.
     if constexpr (requires(const Selector& s) { s.check(); }) selector_.check();
-    if (nonfinite_ == nonfinite_policy::error) {
+    if (nonfinite_ == nonfinite_policy::error && !ctx.finite_checked) {
       if (const std::size_t bad = detail::find_nonfinite(g); bad != n) {
         throw nonfinite_error(detail::concat(
             "gradcomp::compressor::compress: gradient of tensor ", ctx.id.tensor_id, " holds ",
@@ -165,17 +170,27 @@ class compressor {
     }
     stats.seconds_select = clock.lap();
 
-    values_.resize(out.count);
-    if (out.layout == index_layout::dense) {
-      for (std::size_t j = 0; j < n; ++j) values_[j] = static_cast<float>(acc[j]);
-    } else {
-      for (std::size_t j = 0; j < out.count; ++j) values_[j] = static_cast<float>(acc[out.indices[j]]);
+    if constexpr (std::is_same_v<T, float>) {
+      if (out.layout == index_layout::dense) {
+        quantizer_.encode(acc, ctx.id, out);  // every value, in order: no gather
+      }
     }
-    quantizer_.encode(values_, ctx.id, out);
-    // The feedback keeps exactly what the receivers will decode, not what was intended.
-    decoded_.resize(out.count);
-    quantizer_.decode(out, decoded_);
-    feedback_.update(st, sent_indices(out), decoded_);
+    if (!std::is_same_v<T, float> || out.layout != index_layout::dense) {
+      values_.resize(out.count);
+      if (out.layout == index_layout::dense) {
+        for (std::size_t j = 0; j < n; ++j) values_[j] = static_cast<float>(acc[j]);
+      } else {
+        for (std::size_t j = 0; j < out.count; ++j) values_[j] = static_cast<float>(acc[out.indices[j]]);
+      }
+      quantizer_.encode(values_, ctx.id, out);
+    }
+    // The feedback keeps exactly what the receivers will decode, not what was intended (a
+    // feedback that keeps nothing needs no decoding).
+    if constexpr (!std::is_same_v<Feedback, no_feedback>) {
+      decoded_.resize(out.count);
+      quantizer_.decode(out, decoded_);
+      feedback_.update(st, sent_indices(out), decoded_);
+    }
     stats.seconds_encode = clock.lap();
     return stats;
   }
@@ -338,13 +353,27 @@ void sgd_update(std::span<T> params, std::span<const T> g, std::span<T> velocity
   const T lr = static_cast<T>(opt.lr);
   const T wd = static_cast<T>(opt.weight_decay);
   const T m = static_cast<T>(opt.momentum);
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    T d = g[i] + wd * params[i];
-    if (!velocity.empty()) {
-      velocity[i] = m * velocity[i] + d;
-      d = opt.nesterov ? d + m * velocity[i] : velocity[i];
+  // Three branch-free loops over unaliased arrays (the spans never overlap), so that the
+  // compiler vectorises each.
+  const std::size_t n = params.size();
+  T* __restrict p = params.data();
+  const T* __restrict gr = g.data();
+  if (velocity.empty()) {
+    for (std::size_t i = 0; i < n; ++i) p[i] -= lr * (gr[i] + wd * p[i]);
+    return;
+  }
+  T* __restrict v = velocity.data();
+  if (opt.nesterov) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const T d = gr[i] + wd * p[i];
+      v[i] = m * v[i] + d;
+      p[i] -= lr * (d + m * v[i]);
     }
-    params[i] -= lr * d;
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      v[i] = m * v[i] + (gr[i] + wd * p[i]);
+      p[i] -= lr * v[i];
+    }
   }
 }
 
@@ -452,6 +481,7 @@ class sparsified_sgd {
       }
     }
 
+    const bool finite_checked = compressor_.nonfinite() == nonfinite_policy::error;
     const double rho = schedule_.at(step_);
     stats_ = step_stats{};
     stats_.step = step_;
@@ -492,7 +522,7 @@ class sparsified_sgd {
       for (std::size_t t = 0; t < tensors_.size(); ++t) {
         const auto range = std::span<const T>(grads).subspan(offsets_[t], tensors_[t].size);
         outs[t] = std::span<T>(average_).subspan(offsets_[t], tensors_[t].size);
-        const compress_context ctx{rho, call_id{opt_.seed, step_, tensors_[t].id, rank_id()}};
+        const compress_context ctx{rho, call_id{opt_.seed, step_, tensors_[t].id, rank_id()}, finite_checked};
         cstats[t] = compressor_.compress(range, states_[t], ctx, payloads_[t]);
       }
       exchange_.exchange_tensors(*comm_, std::as_const(compressor_),
@@ -503,7 +533,7 @@ class sparsified_sgd {
       for (std::size_t t = 0; t < tensors_.size(); ++t) {
         const auto range = std::span<const T>(grads).subspan(offsets_[t], tensors_[t].size);
         const auto out = std::span<T>(average_).subspan(offsets_[t], tensors_[t].size);
-        const compress_context ctx{rho, call_id{opt_.seed, step_, tensors_[t].id, rank_id()}};
+        const compress_context ctx{rho, call_id{opt_.seed, step_, tensors_[t].id, rank_id()}, finite_checked};
         const compress_stats cs = compressor_.compress(range, states_[t], ctx, payload_);
         if constexpr (exchange_with_unused<Exchange, Compressor, Comm>) {
           // Picks the exchange left out (gTop-k) go back to the feedback: nothing is lost.

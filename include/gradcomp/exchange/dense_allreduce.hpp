@@ -72,18 +72,27 @@ struct dense_allreduce {
     using W = typename Q::sum_type;
 
     const int ranks = comm.size();
-    std::vector<W> sum(p.count);
+    // The sum's buffer is kept per thread: a fresh one per call (megabytes, past malloc's mmap
+    // threshold) costs a page fault per page, more than the reduction itself.
+    thread_local std::vector<W> buffer;
+    buffer.resize(p.count);
+    const std::span<W> sum(buffer.data(), p.count);
     if (p.count) std::memcpy(sum.data(), p.values.data(), p.values.size());
     if constexpr (Q::prescale_before_sum) {
       // fp16 sums overflow: each contribution is divided by P before the sum.
       for (W& w : sum) w = W(static_cast<float>(w) / static_cast<float>(ranks));
     }
-    comm.allreduce(std::span<W>(sum), reduce_op::sum);
+    comm.allreduce(sum, reduce_op::sum);
 
-    std::fill(out.begin(), out.end(), T(0));
+    // out changes only once the allreduce has succeeded.
     const T divisor = Q::prescale_before_sum ? T(1) : static_cast<T>(ranks);
-    for (std::size_t j = 0; j < p.count; ++j) {
-      out[p.index(j)] = static_cast<T>(static_cast<float>(sum[j])) / divisor;
+    if (p.layout == index_layout::dense) {
+      for (std::size_t j = 0; j < p.count; ++j) out[j] = static_cast<T>(static_cast<float>(sum[j])) / divisor;
+    } else {
+      std::fill(out.begin(), out.end(), T(0));
+      for (std::size_t j = 0; j < p.count; ++j) {
+        out[p.indices[j]] = static_cast<T>(static_cast<float>(sum[j])) / divisor;
+      }
     }
 
     exchange_stats st;
