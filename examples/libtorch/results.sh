@@ -25,11 +25,16 @@ for seed in 1 2 3; do
     "pqasgd_p4_qsgd_2bit_seed$seed|--comm gloo --seed $seed --schedule pqasgd --period 4 --compressor qsgd --bits 2"
   )
 done
-# LAGS's overlap on the real backward pass, 2 workers (the machine's 2 cores, not oversubscribed).
+# LAGS's overlap on the real backward pass, 2 workers (the machine's 2 cores), over each
+# communicator; "mpirun" rows run under mpirun -np 2.
+lags_1gbit="--schedule lags --compressor topk --density 0.001 --link-gbit 1 --link-latency-us 50"
 rows+=(
-  "lags_0.001_1gbit_2workers|--comm gloo --workers 2 --schedule lags --compressor topk --density 0.001 --link-gbit 1 --link-latency-us 50"
+  "lags_0.001_1gbit_2workers|--comm gloo --workers 2 $lags_1gbit"
+  "lags_0.001_1gbit_2workers_threads|--comm threads --workers 2 $lags_1gbit"
+  "lags_0.001_1gbit_2workers_mpi|mpirun --comm mpi $lags_1gbit"
   "lags_0.001_2workers|--comm gloo --workers 2 --schedule lags --compressor topk --density 0.001"
 )
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 want=("$@")
 for row in "${rows[@]}"; do
@@ -38,9 +43,14 @@ for row in "${rows[@]}"; do
   if [ "${#want[@]}" -gt 0 ] && [[ ! " ${want[*]} " == *" $name "* ]]; then
     continue
   fi
-  echo "=== $name: train_libtorch $args"
+  launcher=()
+  if [[ $args == mpirun* ]]; then
+    launcher=(mpirun -np 2)
+    args=${args#mpirun }
+  fi
+  echo "=== $name: ${launcher[*]} train_libtorch $args"
   # shellcheck disable=SC2086  # the arguments are meant to be split
-  { echo "# train_libtorch $args"; "$bin" $args; } | tee "$out/$name.txt"
+  { echo "# ${launcher[*]}${launcher[*]:+ }train_libtorch $args"; "${launcher[@]}" "$bin" $args; } | tee "$out/$name.txt"
 done
 python3 examples/libtorch/summarize.py "$out" > "$out/table.md"
 cat "$out/table.md"

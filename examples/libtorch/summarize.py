@@ -2,6 +2,8 @@
 """The LibTorch example's results table, from the logs examples/libtorch/results.sh keeps.
 
 usage: examples/libtorch/summarize.py DIR > DIR/table.md
+       examples/libtorch/summarize.py DIR --curves   "row epoch accuracy MB" per seeded row
+                                                     and epoch, means over the seeds (plot.sh)
 
 Each DIR/<row>_seed<S>.txt ends with train_libtorch's JSON line; rows are grouped over their
 seeds (mean test accuracy, and the difference to dense's mean), bytes per worker are the
@@ -21,9 +23,42 @@ LABELS = {
     "lags_0.001": "LAGS, rho_min 0.001, measured link",
     "lags_0.001_1gbit": "LAGS, rho_min 0.001, planned for 1 Gbit/s",
     "pqasgd_p4_qsgd_2bit": "PQASGD p = 4, QSGD 2-bit",
-    "lags_0.001_1gbit_2workers": "LAGS, rho_min 0.001, planned for 1 Gbit/s, 2 workers",
-    "lags_0.001_2workers": "LAGS, rho_min 0.001, measured link, 2 workers",
+    "lags_0.001_1gbit_2workers": "LAGS, rho_min 0.001, planned for 1 Gbit/s, 2 gloo processes",
+    "lags_0.001_1gbit_2workers_threads": "LAGS, rho_min 0.001, planned for 1 Gbit/s, 2 threads",
+    "lags_0.001_1gbit_2workers_mpi": "LAGS, rho_min 0.001, planned for 1 Gbit/s, 2 MPI ranks",
+    "lags_0.001_2workers": "LAGS, rho_min 0.001, measured link, 2 gloo processes",
 }
+
+
+EPOCH = re.compile(r"^epoch (\d+)/\d+ .* test_acc ([0-9.]+)\s+bytes_sent (\d+)")
+
+
+def epochs(path: str) -> List[Tuple[int, float, float]]:
+    """(epoch, test accuracy, bytes sent per worker) per epoch line of a log."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            m = EPOCH.match(line)
+            if m:
+                out.append((int(m.group(1)), float(m.group(2)), float(m.group(3))))
+    return out
+
+
+def curves(folder: str) -> int:
+    rows: Dict[str, Dict[int, List[Tuple[float, float]]]] = {}
+    for name in sorted(os.listdir(folder)):
+        m = re.fullmatch(r"(.+)_seed(\d+)\.txt", name)
+        if not m:
+            continue
+        for epoch, acc, sent in epochs(os.path.join(folder, name)):
+            rows.setdefault(m.group(1), {}).setdefault(epoch, []).append((acc, sent))
+    for row in sorted(rows):
+        for epoch in sorted(rows[row]):
+            pts = rows[row][epoch]
+            acc = sum(a for a, _ in pts) / len(pts)
+            sent = sum(b for _, b in pts) / len(pts)
+            print(f"{row} {epoch} {acc:.4f} {sent / 1e6:.4f}")
+    return 0
 
 
 def load(path: str) -> Tuple[str, dict]:
@@ -37,6 +72,8 @@ def load(path: str) -> Tuple[str, dict]:
 
 
 def main(argv: List[str]) -> int:
+    if len(argv) == 3 and argv[2] == "--curves":
+        return curves(argv[1])
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
@@ -71,7 +108,7 @@ def main(argv: List[str]) -> int:
         print(f"| {LABELS.get(row, row)} | `{runs[0][1]}` | {', '.join(f'{a:.4f}' for a in accs)} "
               f"| {mean(accs):.4f} | {100 * (mean(accs) - dense_acc):+.2f} pt | {sent / 1e6:.2f} MB "
               f"| {100 * sent / dense_bytes:.2f}% | {f'{100 * mean(overlaps):.0f}%' if overlaps else '-'} |")
-    for row, (command, r) in sorted(single.items()):
+    for row, (command, r) in sorted(single.items(), key=lambda kv: list(LABELS).index(kv[0]) if kv[0] in LABELS else len(LABELS)):
         overlap = f"{100 * r['overlap']:.0f}%" if "overlap" in r else "-"
         share = r["bytes_sent_per_worker"] / r["dense_bytes_per_worker"]
         print(f"| {LABELS.get(row, row)} | `{command}` | {r['test_accuracy']:.4f} | - | - "

@@ -6,6 +6,7 @@
 //   train_libtorch --comm gloo --workers 4 --schedule lags             (4 processes, gloo)
 //   mpirun -np 2 train_libtorch --compressor dgc --density 0.001       (MPI ranks)
 //   RANK=0 WORLD_SIZE=2 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 train_libtorch --comm gloo ...
+//   torchrun --nproc_per_node 2 --no-python train_libtorch --comm gloo ...
 //
 // --schedule none steps a module_sgd after the backward pass; lags and merged drive module_lags
 // from autograd's hooks, so that each layer is exchanged while the backward pass goes on with
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
@@ -435,13 +438,12 @@ int gloo_rank(const options& o, const c10::intrusive_ptr<c10d::Store>& store, in
   return rank == 0 ? finish(o, size, r, "gloo") : 0;
 }
 
-int report(const char* where, const std::exception& e, const options& o) {
+int report(const char* where, const std::exception& e) {
   if (dynamic_cast<const nonfinite_error*>(&e)) {
     std::fprintf(stderr, "train_libtorch%s: training diverged: %s\n(try a smaller --lr)\n", where, e.what());
   } else {
     std::fprintf(stderr, "train_libtorch%s: %s\n", where, e.what());
   }
-  (void)o;
   return 1;
 }
 
@@ -469,29 +471,37 @@ int fork_gloo(const options& o, int threads) {
         status = gloo_rank(o, c10::make_intrusive<c10d::FileStore>(path, o.workers), r, o.workers,
                            c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
       } catch (const std::exception& e) {
-        status = report((" rank " + std::to_string(r)).c_str(), e, o);
+        status = report((" rank " + std::to_string(r)).c_str(), e);
       }
       std::fflush(nullptr);
       _exit(status);
     }
     children.push_back(pid);
   }
-  // The first rank to fail ends the others (they would wait for it in a collective).
-  int worst = 0;
-  for (std::size_t left = children.size(); left > 0; --left) {
+  // The first rank to fail ends the others (they would wait for it in a collective); its
+  // status is the program's.
+  std::vector<pid_t> live = children;
+  int first_failure = 0;
+  while (!live.empty()) {
     int status = 0;
-    const pid_t pid = wait(&status);
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (code != 0 && worst == 0) {
-      for (const pid_t c : children) {
-        if (c != pid) kill(c, SIGTERM);
-      }
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      std::perror("train_libtorch: waitpid");
+      break;
     }
-    worst = std::max(worst, code);
+    const auto it = std::find(live.begin(), live.end(), pid);
+    if (it == live.end()) continue;
+    live.erase(it);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code != 0 && first_failure == 0) {
+      first_failure = code;
+      for (const pid_t c : live) kill(c, SIGTERM);
+    }
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  return worst;
+  return first_failure;
 }
 
 }  // namespace
@@ -547,15 +557,26 @@ int main(int argc, char** argv) {
       if (rank < 0 || rank >= size) throw std::runtime_error("RANK must be in [0, WORLD_SIZE)");
       c10d::TCPStoreOptions so;
       so.port = static_cast<std::uint16_t>(env("MASTER_PORT").empty() ? 29500 : std::stoi(env("MASTER_PORT")));
-      so.isServer = rank == 0;
       so.numWorkers = static_cast<std::size_t>(size);
       const std::string host = env("MASTER_ADDR").empty() ? "127.0.0.1" : env("MASTER_ADDR");
       auto device = env("GLOO_SOCKET_IFNAME").empty()
                         ? c10d::ProcessGroupGloo::createDefaultDevice()
                         : c10d::ProcessGroupGloo::createDeviceForInterface(env("GLOO_SOCKET_IFNAME"));
-      return gloo_rank(o, c10::make_intrusive<c10d::TCPStore>(host, so), rank, size, std::move(device));
+      c10::intrusive_ptr<c10d::Store> store;
+      if (env("TORCHELASTIC_USE_AGENT_STORE") == "True") {
+        // torchrun's agent already serves the store on MASTER_PORT: every rank is a client,
+        // under the prefix of this restart attempt (as torch.distributed does).
+        so.isServer = false;
+        store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + env("TORCHELASTIC_RESTART_COUNT"),
+                                                       c10::make_intrusive<c10d::TCPStore>(host, so));
+      } else {
+        so.isServer = rank == 0;
+        so.multiTenant = true;
+        store = c10::make_intrusive<c10d::TCPStore>(host, so);
+      }
+      return gloo_rank(o, store, rank, size, std::move(device));
     } catch (const std::exception& e) {
-      return report("", e, o);
+      return report("", e);
     }
   }
   if (l.comm != "threads") fmnist::usage("train_libtorch", extra, "--comm must be auto, threads, gloo or mpi");
@@ -570,6 +591,6 @@ int main(int argc, char** argv) {
     });
     return finish(o, o.workers, result, "threads");
   } catch (const std::exception& e) {
-    return report("", e, o);
+    return report("", e);
   }
 }

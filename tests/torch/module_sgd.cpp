@@ -323,6 +323,10 @@ TEST_CASE("module_lags takes densities in registration order, whatever the names
 TEST_CASE("measure_backward: one non-negative time per tensor in registration order; hooks removed after") {
   torch::manual_seed(2);
   Net m(512, 512);
+  // Held across the call: the accumulators measure_backward() hooked (a parameter holds its
+  // own only weakly; a fresh one would have no hooks whatever happened).
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  for (const auto& p : m->parameters()) accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
   int calls = 0;
   const std::vector<double> t = tm::measure_backward<float>(
       *m,
@@ -341,10 +345,10 @@ TEST_CASE("measure_backward: one non-negative time per tensor in registration or
   }
   CHECK(total > 0.0);
   // No hook is left behind on the accumulators.
-  for (const auto& p : m->parameters()) {
-    auto acc = torch::autograd::impl::grad_accumulator(p);
-    REQUIRE(acc);
-    CHECK(acc->post_hooks().empty());
+  for (std::size_t i = 0; i < accumulators.size(); ++i) {
+    REQUIRE(accumulators[i]);
+    CHECK(accumulators[i] == torch::autograd::impl::grad_accumulator(m->parameters()[i]));
+    CHECK(accumulators[i]->post_hooks().empty());
   }
   // Merged groups: one time per group.
   const std::vector<double> g = tm::measure_backward<float>(
@@ -359,6 +363,24 @@ TEST_CASE("measure_backward: one non-negative time per tensor in registration or
     what = e.what();
   }
   CHECK(what.find("'fc2.") != std::string::npos);
+}
+
+TEST_CASE("module_lags refuses a parameter without a gradient accumulator and leaves no hook behind") {
+  Net m(4, 3);
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  for (const auto& p : m->parameters()) accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
+  m->fc2->bias.set_requires_grad(false);  // registered last: checked after the others
+  run_in_process(1, [&](in_process_comm& comm) {
+    const std::vector<double> densities(4, 0.5);
+    std::string what;
+    try {
+      tm::module_lags<compressor<topk, identity, residual>, sparse_allgather, in_process_comm> lags(*m, comm, densities);
+    } catch (const invalid_argument& e) {
+      what = e.what();
+    }
+    CHECK(what.find("'fc2.bias' has no gradient accumulator") != std::string::npos);
+  });
+  for (std::size_t i = 0; i + 1 < accumulators.size(); ++i) CHECK(accumulators[i]->post_hooks().empty());
 }
 
 TEST_CASE("module_averaging with identity and period 1 equals torch::optim::SGD on averaged gradients") {

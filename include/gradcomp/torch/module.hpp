@@ -1,5 +1,5 @@
-// gradcomp/torch/module.hpp: gradcomp's SGD drivers over a torch::nn::Module, for C++
-// training loops written with LibTorch.
+// gradcomp/torch/module.hpp: gradcomp's drivers over a torch::nn::Module, for C++ training
+// loops written with LibTorch.
 //
 //     gradcomp::torch_module::module_sgd<compressor<topk, identity, residual>, sparse_allgather,
 //                                        in_process_comm> opt(model, comm, {}, {}, options);
@@ -10,16 +10,19 @@
 // The module's named parameters become gradcomp tensors with ids taken from their names
 // (FNV-1a), so that checkpoints are keyed by name and survive a change of registration order.
 // Tensors are one per parameter, or merged groups of consecutive parameters (a merge_plan,
-// schedule/merged.hpp), ordered by name. With the flat layout (the default) every parameter's data and gradient
-// become views into two contiguous buffers, so a step reads the gradients and writes the
-// parameters where they are, with no copy; the per-parameter layout leaves the module's
-// tensors alone and copies through scratch buffers.
+// schedule/merged.hpp), ordered by name. With the flat layout (the default) every parameter's
+// data and gradient become views into two contiguous buffers, so a step reads the gradients
+// and writes the parameters where they are, with no copy; the per-parameter layout leaves the
+// module's tensors alone and copies through scratch buffers.
 //
-// module_lags drives layerwise_sgd (LAGS-SGD) from autograd: a post-hook on every
-// parameter's gradient accumulator tells it when a gradient is complete, so communication
-// overlaps the real backward pass. Every rank must hand the tensors over in the same order: the
-// hooks release them in one fixed order (the reverse of registration, the order a sequential
-// model's backward pass produces them), holding back a tensor whose predecessors are not ready.
+// module_sgd drives sparsified_sgd, module_averaging periodic_averaging (PQASGD), and
+// module_lags layerwise_sgd (LAGS-SGD) from autograd: a post-hook on every parameter's
+// gradient accumulator tells it when a gradient is complete, so communication overlaps the
+// real backward pass. Every rank must hand the tensors over in the same order: the hooks
+// release them in one fixed order (the reverse of registration, the order a sequential
+// model's backward pass produces them), holding back a tensor whose predecessors are not
+// ready. measure_backward() times the backward pass per tensor with the same hooks, for
+// lags_densities() and plan_merged_groups().
 #pragma once
 
 #include <algorithm>
@@ -467,21 +470,26 @@ struct accumulator_hook final : torch::autograd::FunctionPostHook {
   std::size_t param_;
 };
 
-// Hooks on every parameter's gradient accumulator, removed again when this goes. It keeps the
-// accumulators alive (a parameter holds its own only weakly, and a new one has no hooks).
+// Hooks on every parameter's gradient accumulator, removed again when this goes (which must
+// not happen while a backward pass runs: autograd reads the hook list without a lock). It
+// keeps the accumulators alive (a parameter holds its own only weakly, and a new one has no
+// hooks).
 class accumulator_hooks {
  public:
   accumulator_hooks(const std::vector<parameter>& ps, std::function<void(std::size_t)> on_done, const char* who)
       : target_(std::make_shared<hook_target>()) {
-    target_->on_done = std::move(on_done);
+    // Every accumulator first, so that a refusal leaves no hook behind.
     for (std::size_t i = 0; i < ps.size(); ++i) {
       std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(ps[i].tensor);
       if (!acc) {
         throw invalid_argument(detail::concat("gradcomp::torch_module::", who, ": parameter '", ps[i].name,
                                               "' has no gradient accumulator (requires_grad is false?)"));
       }
-      keys_.push_back(acc->add_post_hook(std::make_unique<accumulator_hook>(target_, i)));
       accumulators_.push_back(std::move(acc));
+    }
+    target_->on_done = std::move(on_done);
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      keys_.push_back(accumulators_[i]->add_post_hook(std::make_unique<accumulator_hook>(target_, i)));
     }
   }
   accumulator_hooks(const accumulator_hooks&) = delete;
