@@ -353,8 +353,9 @@ void sgd_update(std::span<T> params, std::span<const T> g, std::span<T> velocity
   const T lr = static_cast<T>(opt.lr);
   const T wd = static_cast<T>(opt.weight_decay);
   const T m = static_cast<T>(opt.momentum);
-  // Three branch-free loops over unaliased arrays (the spans never overlap), so that the
-  // compiler vectorises each.
+  // Three branch-free loops over unaliased arrays, so that the compiler vectorises each:
+  // params, g and velocity must not overlap (the drivers pass their own buffers; a caller of
+  // periodic_averaging::step passes params and grads, which must be distinct).
   const std::size_t n = params.size();
   T* __restrict p = params.data();
   const T* __restrict gr = g.data();
