@@ -8,14 +8,12 @@
 //
 // The data come from Debian's dataset-fashion-mnist package (gzip IDX files).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <numeric>
-#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -27,6 +25,7 @@
 #include "mnist/fashion_mnist.hpp"
 #include "mnist/mlp.hpp"
 #include "mnist/policies.hpp"
+#include "mnist/training.hpp"
 
 #if defined(GRADCOMP_EXAMPLE_WITH_MPI)
 #include <gradcomp/comm/mpi.hpp>
@@ -137,9 +136,7 @@ class trainer {
   trainer(Comm& comm, const options& o, const fmnist::fashion_mnist& data)
       : comm_(comm), o_(o), data_(data), net_({fmnist::pixels, 256, 128, fmnist::classes}),
         params_(net_.param_count()), grads_(net_.param_count()) {
-    const std::size_t p = static_cast<std::size_t>(comm.size());
-    shard_ = data_.train.count / p;
-    steps_per_epoch_ = shard_ / o_.batch;
+    steps_per_epoch_ = data_.train.count / static_cast<std::size_t>(comm.size()) / o_.batch;
     if (steps_per_epoch_ == 0) {
       throw std::runtime_error("fewer training images per worker than --batch");
     }
@@ -162,9 +159,9 @@ class trainer {
     const std::size_t layers = net_.layers();
     std::vector<std::vector<double>> samples(layers);
     std::vector<float> scratch(params_.size());
-    std::vector<std::uint32_t> first(o_.batch);
-    std::iota(first.begin(), first.end(), 0u);
-    gather_batch_from(first, 0);
+    std::vector<std::int64_t> first(o_.batch);
+    std::iota(first.begin(), first.end(), std::int64_t{0});
+    gather_batch(first);
     for (unsigned b = 0; b < batches; ++b) {
       net_.train_batch(params_, x_.data(), y_.data(), o_.batch, scratch, [](std::size_t) {});
       for (std::size_t l = 0; l < layers; ++l) samples[l].push_back(net_.last_backward_seconds()[l]);
@@ -181,49 +178,22 @@ class trainer {
 
   template <class Schedule>
   outcome run(Schedule& schedule) {
-    const auto start = std::chrono::steady_clock::now();
-    const std::size_t rank = static_cast<std::size_t>(comm_.rank());
-    outcome out;
-    std::vector<std::uint32_t> order(data_.train.count);
-    for (unsigned epoch = 0; epoch < o_.epochs; ++epoch) {
-      // One permutation per epoch, the same on every rank; rank r takes the r-th shard.
-      std::iota(order.begin(), order.end(), 0u);
-      std::shuffle(order.begin(), order.end(), std::mt19937_64(o_.seed * 1000003u + epoch));
-      double sums[3] = {0.0, 0.0, 0.0};  // loss, correct, examples
-      for (std::size_t s = 0; s < steps_per_epoch_; ++s) {
-        gather_batch_from(order, rank * shard_ + s * o_.batch);
-        const auto r = schedule.train_step(net_, params_, grads_, x_.data(), y_.data(), o_.batch);
-        sums[0] += r.loss_sum;
-        sums[1] += static_cast<double>(r.correct);
-        sums[2] += static_cast<double>(o_.batch);
-      }
-      schedule.epoch_end(params_);
-      comm_.allreduce(std::span<double>(sums), reduce_op::sum);
-      out.loss = sums[0] / sums[2];
-      out.train_accuracy = sums[1] / sums[2];
-      out.test_accuracy = test_accuracy();
-      out.steps = (epoch + 1) * steps_per_epoch_;
-      double bytes = static_cast<double>(schedule.bytes_sent());
-      comm_.allreduce(std::span<double>(&bytes, 1), reduce_op::sum);
-      out.bytes_sent = bytes / static_cast<double>(comm_.size());
-      out.dense_bytes = 4.0 * static_cast<double>(net_.param_count()) * static_cast<double>(out.steps);
-      out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (comm_.rank() == 0) fmnist::print_epoch(epoch + 1, o_, out);
-    }
-    out.overlap = schedule.overlap();
-    if (out.overlap >= 0.0) {
-      comm_.allreduce(std::span<double>(&out.overlap, 1), reduce_op::sum);
-      out.overlap /= comm_.size();
-    }
-    return out;
+    return fmnist::train_epochs(
+        comm_, o_, data_.train.count, net_.param_count(), schedule,
+        [&](std::span<const std::int64_t> batch) {
+          gather_batch(batch);
+          const auto r = schedule.train_step(net_, params_, grads_, x_.data(), y_.data(), o_.batch);
+          return std::pair<double, double>(r.loss_sum, static_cast<double>(r.correct));
+        },
+        [&] { schedule.epoch_end(params_); }, [&] { return test_accuracy(); });
   }
 
  private:
-  void gather_batch_from(const std::vector<std::uint32_t>& order, std::size_t at) {
+  void gather_batch(std::span<const std::int64_t> batch) {
     x_.resize(o_.batch * fmnist::pixels);
     y_.resize(o_.batch);
     for (std::size_t b = 0; b < o_.batch; ++b) {
-      const std::size_t i = order[at + b];
+      const auto i = static_cast<std::size_t>(batch[b]);
       std::copy_n(data_.train.images.data() + i * fmnist::pixels, fmnist::pixels,
                   x_.data() + b * fmnist::pixels);
       y_[b] = data_.train.labels[i];
@@ -256,7 +226,6 @@ class trainer {
   std::vector<float> params_;
   std::vector<float> grads_;
   std::vector<tensor_spec> layers_;
-  std::size_t shard_ = 0;
   std::size_t steps_per_epoch_ = 0;
   std::vector<float> x_;
   std::vector<std::uint8_t> y_;
@@ -280,43 +249,20 @@ outcome run_with(Comm& comm, const options& o, const fmnist::fashion_mnist& data
   }
 
   // lags / merged: per-layer times and the link decide the densities or the groups.
-  const std::vector<double> backward = t.measure_backward();
-  link_model link = measure_link(comm);
-  if (o.link_gbit > 0.0) link = link_model::from_gbit(o.link_gbit, o.link_latency_us * 1e-6);
   const std::vector<std::size_t> sizes = t.net().layer_sizes();
+  const fmnist::pipeline_plan plan = fmnist::plan_pipeline(o, comm, c, sizes, t.measure_backward());
   std::vector<tensor_spec> tensors = t.layers();
-  std::vector<double> densities;
   std::vector<long> layer_to_tensor(sizes.size());
-  if (o.schedule == "lags") {
-    densities = lags_densities(sizes, backward, link, comm.size(), o.density);
+  if (!plan.groups) {
     std::iota(layer_to_tensor.begin(), layer_to_tensor.end(), 0L);
   } else {
-    const double per_element = fmnist::selection_seconds_per_element(c, sizes[0], o, comm);
-    const merge_plan plan =
-        plan_merged_groups(sizes, backward, merge_cost{link, comm.size(), o.density, per_element});
-    tensors = merged_tensors(plan, t.layers());
-    densities.assign(tensors.size(), o.density);
+    tensors = merged_tensors(*plan.groups, t.layers());
     std::fill(layer_to_tensor.begin(), layer_to_tensor.end(), -1L);
     for (std::size_t l = 0; l < sizes.size(); ++l) {
-      if (const auto g = plan.completes(l)) layer_to_tensor[l] = static_cast<long>(*g);
-    }
-    if (comm.rank() == 0) {
-      std::printf("merged: %zu groups (modelled %.3g ms, %.3g ms unmerged):", plan.groups.size(),
-                  1e3 * plan.predicted_seconds, 1e3 * plan.unmerged_seconds);
-      for (const auto& g : plan.groups) std::printf(" [%zu..%zu]", g.first, g.first + g.count - 1);
-      std::printf("\n");
+      if (const auto g = plan.groups->completes(l)) layer_to_tensor[l] = static_cast<long>(*g);
     }
   }
-  if (comm.rank() == 0) {
-    std::printf("%s: link alpha %.3g us, beta %.3g ns/byte (%s); backward ms per layer:", o.schedule.c_str(),
-                1e6 * link.alpha, 1e9 * link.beta, o.link_gbit > 0.0 ? "given" : "measured");
-    for (const double b : backward) std::printf(" %.3f", 1e3 * b);
-    std::printf("; densities:");
-    for (const double d : densities) std::printf(" %.4g", d);
-    std::printf("\n");
-    std::fflush(stdout);
-  }
-  pipelined_schedule<Comm, Compressor, Exchange> s(comm, tensors, densities, std::move(layer_to_tensor),
+  pipelined_schedule<Comm, Compressor, Exchange> s(comm, tensors, plan.densities, std::move(layer_to_tensor),
                                                    std::move(c), std::move(x), opt);
   return t.run(s);
 }

@@ -27,7 +27,6 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
-#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -47,6 +46,7 @@
 #include "cnn.hpp"
 #include "../mnist/fashion_mnist.hpp"
 #include "../mnist/policies.hpp"
+#include "../mnist/training.hpp"
 
 #if defined(GRADCOMP_EXAMPLE_WITH_MPI)
 #include <gradcomp/comm/mpi.hpp>
@@ -215,8 +215,7 @@ class trainer {
   trainer(Comm& comm, const options& o, const data_tensors& data)
       : comm_(comm), o_(o), data_(data), model_(make_model(o.seed)), by_layer_(layer_plan(*model_)) {
     const auto p = static_cast<std::size_t>(comm.size());
-    shard_ = static_cast<std::size_t>(data_.train_x.size(0)) / p;
-    steps_per_epoch_ = shard_ / o_.batch;
+    steps_per_epoch_ = static_cast<std::size_t>(data_.train_x.size(0)) / p / o_.batch;
     if (steps_per_epoch_ == 0) throw std::runtime_error("fewer training images per worker than --batch");
     for (const auto& t : model_->parameters()) parameters_ += static_cast<std::size_t>(t.numel());
   }
@@ -259,50 +258,21 @@ class trainer {
     comm_.broadcast(torch_views::as_span<float>(m.flat_parameters(), "train_libtorch", "parameters"), 0);
     m.sync_module();
 
-    const auto start = std::chrono::steady_clock::now();
-    const auto rank = static_cast<std::size_t>(comm_.rank());
-    const auto n = static_cast<std::size_t>(data_.train_x.size(0));
-    outcome out;
-    std::vector<std::int64_t> order(n);
-    for (unsigned epoch = 0; epoch < o_.epochs; ++epoch) {
-      // One permutation per epoch, the same on every rank; rank r takes the r-th shard.
-      std::iota(order.begin(), order.end(), std::int64_t{0});
-      std::shuffle(order.begin(), order.end(), std::mt19937_64(o_.seed * 1000003u + epoch));
-      double sums[3] = {0.0, 0.0, 0.0};  // loss, correct, examples
-      model_->train();
-      for (std::size_t s = 0; s < steps_per_epoch_; ++s) {
-        const torch::Tensor idx =
-            torch::from_blob(order.data() + rank * shard_ + s * o_.batch, {static_cast<std::int64_t>(o_.batch)},
-                             torch::kInt64);
-        const batch_result r = schedule.train_step(model_, data_.train_x.index_select(0, idx),
-                                                   data_.train_y.index_select(0, idx));
-        sums[0] += r.loss_sum;
-        sums[1] += r.correct;
-        sums[2] += static_cast<double>(o_.batch);
-      }
-      schedule.epoch_end();
-      comm_.allreduce(std::span<double>(sums), reduce_op::sum);
-      out.loss = sums[0] / sums[2];
-      out.train_accuracy = sums[1] / sums[2];
-      out.test_accuracy = test_accuracy();
-      out.steps = (epoch + 1) * steps_per_epoch_;
-      double bytes = static_cast<double>(schedule.bytes_sent());
-      comm_.allreduce(std::span<double>(&bytes, 1), reduce_op::sum);
-      out.bytes_sent = bytes / static_cast<double>(comm_.size());
-      out.dense_bytes = 4.0 * static_cast<double>(parameters_) * static_cast<double>(out.steps);
-      out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (comm_.rank() == 0) fmnist::print_epoch(epoch + 1, o_, out);
-    }
-    out.overlap = schedule.overlap();
-    if (out.overlap >= 0.0) {
-      comm_.allreduce(std::span<double>(&out.overlap, 1), reduce_op::sum);
-      out.overlap /= comm_.size();
-    }
-    return out;
+    return fmnist::train_epochs(
+        comm_, o_, static_cast<std::size_t>(data_.train_x.size(0)), parameters_, schedule,
+        [&](std::span<const std::int64_t> batch) {
+          const torch::Tensor idx = torch::from_blob(const_cast<std::int64_t*>(batch.data()),
+                                                     {static_cast<std::int64_t>(batch.size())}, torch::kInt64);
+          const batch_result r =
+              schedule.train_step(model_, data_.train_x.index_select(0, idx), data_.train_y.index_select(0, idx));
+          return std::pair<double, double>(r.loss_sum, r.correct);
+        },
+        [&] { schedule.epoch_end(); }, [&] { return test_accuracy(); });
   }
 
  private:
-  // Each rank scores its share of the test set with its own parameters.
+  // Each rank scores its share of the test set with its own parameters (in eval mode; the
+  // model goes back to training mode after).
   double test_accuracy() {
     torch::NoGradGuard no_grad;
     model_->eval();
@@ -315,6 +285,7 @@ class trainer {
                         .sum()
                         .item<double>();
     }
+    model_->train();
     comm_.allreduce(std::span<double>(correct), reduce_op::sum);
     return correct[0] / static_cast<double>(n);
   }
@@ -325,7 +296,6 @@ class trainer {
   CNN model_;
   merge_plan by_layer_;
   std::size_t parameters_ = 0;
-  std::size_t shard_ = 0;
   std::size_t steps_per_epoch_ = 0;
 };
 
@@ -349,38 +319,10 @@ outcome run_with(Comm& comm, const options& o, const data_tensors& data, Compres
   }
 
   // lags / merged: the layers' backward times and the link decide the densities or the groups.
-  const std::vector<double> backward = t.measure_backward();
-  link_model link = measure_link(comm);
-  if (o.link_gbit > 0.0) link = link_model::from_gbit(o.link_gbit, o.link_latency_us * 1e-6);
-  const std::vector<std::size_t> sizes = t.layer_sizes();
-  std::vector<double> densities;
-  merge_plan plan = t.by_layer();
-  if (o.schedule == "lags") {
-    densities = lags_densities(sizes, backward, link, comm.size(), o.density);
-  } else {
-    const double per_element = fmnist::selection_seconds_per_element(c, *std::max_element(sizes.begin(), sizes.end()), o, comm);
-    const merge_plan layers =
-        plan_merged_groups(sizes, backward, merge_cost{link, comm.size(), o.density, per_element});
-    plan = parameters_of_layers(layers, t.by_layer());
-    densities.assign(plan.groups.size(), o.density);
-    if (comm.rank() == 0) {
-      std::printf("merged: %zu groups (modelled %.3g ms, %.3g ms unmerged):", layers.groups.size(),
-                  1e3 * layers.predicted_seconds, 1e3 * layers.unmerged_seconds);
-      for (const auto& g : layers.groups) std::printf(" [%zu..%zu]", g.first, g.first + g.count - 1);
-      std::printf("\n");
-    }
-  }
-  if (comm.rank() == 0) {
-    std::printf("%s: link alpha %.3g us, beta %.3g ns/byte (%s); backward ms per layer:", o.schedule.c_str(),
-                1e6 * link.alpha, 1e9 * link.beta, o.link_gbit > 0.0 ? "given" : "measured");
-    for (const double b : backward) std::printf(" %.3f", 1e3 * b);
-    std::printf("; densities:");
-    for (const double d : densities) std::printf(" %.4g", d);
-    std::printf("\n");
-    std::fflush(stdout);
-  }
-  pipelined_schedule<Comm, Compressor, Exchange> s(t.model(), comm, densities, std::move(c), std::move(x), opt,
-                                                   std::move(plan));
+  const fmnist::pipeline_plan plan = fmnist::plan_pipeline(o, comm, c, t.layer_sizes(), t.measure_backward());
+  pipelined_schedule<Comm, Compressor, Exchange> s(
+      t.model(), comm, plan.densities, std::move(c), std::move(x), opt,
+      plan.groups ? parameters_of_layers(*plan.groups, t.by_layer()) : t.by_layer());
   return t.run(s);
 }
 

@@ -48,6 +48,27 @@ std::pair<torch::Tensor, torch::Tensor> batch(int rank, int step, int in) {
   return {x, y};
 }
 
+// The reference: one model and a torch optimizer, stepped `steps` times on the mean of the
+// `ranks` ranks' gradients at each step.
+void train_on_mean_gradients(Net& ref, torch::optim::Optimizer& opt, int ranks, int steps, int in) {
+  for (int s = 0; s < steps; ++s) {
+    std::vector<torch::Tensor> sum;
+    for (int r = 0; r < ranks; ++r) {
+      ref->zero_grad();
+      auto [x, y] = batch(r, s, in);
+      torch::mse_loss(ref->forward(x), y).backward();
+      auto ps = ref->parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i) {
+        if (r == 0) sum.push_back(ps[i].grad().clone());
+        else sum[i] += ps[i].grad();
+      }
+    }
+    auto ps = ref->parameters();
+    for (std::size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = sum[i] / ranks;
+    opt.step();
+  }
+}
+
 void copy_parameters(Net& from, Net& to) {
   torch::NoGradGuard no_grad;
   auto src = from->named_parameters();
@@ -93,22 +114,7 @@ TEST_CASE("module_sgd with dense, identity and dense_allreduce equals torch::opt
                                                    .momentum(opt.momentum)
                                                    .nesterov(opt.nesterov)
                                                    .weight_decay(opt.weight_decay));
-      for (int s = 0; s < steps; ++s) {
-        std::vector<torch::Tensor> sum;
-        for (int r = 0; r < ranks; ++r) {
-          ref->zero_grad();
-          auto [x, y] = batch(r, s, in);
-          torch::mse_loss(ref->forward(x), y).backward();
-          auto ps = ref->parameters();
-          for (std::size_t i = 0; i < ps.size(); ++i) {
-            if (r == 0) sum.push_back(ps[i].grad().clone());
-            else sum[i] += ps[i].grad();
-          }
-        }
-        auto ps = ref->parameters();
-        for (std::size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = sum[i] / ranks;
-        sgd.step();
-      }
+      train_on_mean_gradients(ref, sgd, ranks, steps, in);
       std::vector<Net> models;
       for (int r = 0; r < ranks; ++r) {
         models.emplace_back(in, hidden);
@@ -392,22 +398,7 @@ TEST_CASE("module_averaging with identity and period 1 equals torch::optim::SGD 
   const double lr = 0.1;
   // Local momentum would differ from momentum on the average: plain SGD.
   torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(lr));
-  for (int s = 0; s < steps; ++s) {
-    std::vector<torch::Tensor> sum;
-    for (int r = 0; r < ranks; ++r) {
-      ref->zero_grad();
-      auto [x, y] = batch(r, s, in);
-      torch::mse_loss(ref->forward(x), y).backward();
-      auto ps = ref->parameters();
-      for (std::size_t i = 0; i < ps.size(); ++i) {
-        if (r == 0) sum.push_back(ps[i].grad().clone());
-        else sum[i] += ps[i].grad();
-      }
-    }
-    auto ps = ref->parameters();
-    for (std::size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = sum[i] / ranks;
-    sgd.step();
-  }
+  train_on_mean_gradients(ref, sgd, ranks, steps, in);
   for (tm::module_layout layout : {tm::module_layout::flat, tm::module_layout::per_parameter}) {
     CAPTURE(static_cast<int>(layout));
     std::vector<Net> models;

@@ -449,6 +449,15 @@ inline std::vector<std::size_t> registration_order(const std::vector<tensor_grou
 
 namespace detail_module {
 
+// For each parameter, the index of the tensor (in `groups`) that holds it.
+inline std::vector<std::size_t> group_of_parameters(const std::vector<tensor_group>& groups, std::size_t params) {
+  std::vector<std::size_t> out(params);
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (std::size_t i = groups[g].first; i < groups[g].first + groups[g].count; ++i) out[i] = g;
+  }
+  return out;
+}
+
 // A post-hook on a gradient accumulator: tells `on_done` (while it is set) that parameter
 // `param`'s gradient is complete. The target outlives the hook's owner through a shared_ptr,
 // so that a hook autograd still runs after the owner is gone does nothing.
@@ -524,10 +533,7 @@ std::vector<double> measure_backward(torch::nn::Module& m, const std::function<a
   if (batches < 1) detail::throw_invalid_argument("torch_module::measure_backward", "batches", batches, ">= 1");
   std::vector<parameter> ps = parameters_of<T>(m);
   const std::vector<tensor_group> groups = tensor_groups(ps, plan);
-  std::vector<std::size_t> group_of(ps.size());
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    for (std::size_t i = groups[g].first; i < groups[g].first + groups[g].count; ++i) group_of[i] = g;
-  }
+  const std::vector<std::size_t> group_of = detail_module::group_of_parameters(groups, ps.size());
   using clock = std::chrono::steady_clock;
   std::vector<std::size_t> missing(groups.size());
   std::vector<clock::time_point> done(groups.size());
@@ -593,12 +599,7 @@ class module_lags : public module_base<typename Compressor::value_type> {
       : base(m, module_layout::flat, groups),
         driver_(comm, detail_module::specs(this->groups_), by_name(densities), std::move(c), std::move(x), sgd),
         hooks_(this->params_, [this](std::size_t param) { gradient_done(param); }, "module_lags") {
-    group_of_.resize(this->params_.size());
-    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
-      for (std::size_t i = this->groups_[g].first; i < this->groups_[g].first + this->groups_[g].count; ++i) {
-        group_of_[i] = g;
-      }
-    }
+    group_of_ = detail_module::group_of_parameters(this->groups_, this->params_.size());
     missing_.resize(this->groups_.size());
     // The release order: the reverse of registration.
     order_ = registration_order(this->groups_);
