@@ -61,7 +61,7 @@ void print_tables() {
   } models[] = {{"ResNet-50 (25.6M)", 25'600'000}, {"BERT-large (340M)", 340'000'000}};
   const std::size_t ranks[] = {4, 16, 64, 256, 1024};
   std::printf("Predicted milliseconds per step (fp32 gradient as one tensor; the alpha-beta model\n"
-              "of ALGORITHMS.md section 4, network only; dense = ring allreduce of 4n bytes)\n");
+              "of exchange/cost_model.hpp, network only; dense = ring allreduce of 4n bytes)\n");
   for (const auto& m : models) {
     for (double rho : {0.001, 0.01}) {
       std::printf("\n%s, density %g\n", m.name, rho);

@@ -1,4 +1,4 @@
-// auto_exchange and the cost model: the formulas of ALGORITHMS.md section 4, the choice of the
+// auto_exchange and the cost model: the formulas of exchange/cost_model.hpp, the choice of the
 // cheapest candidate, that each choice gives the result of the exchange it names (bit for bit),
 // that the link measurement agrees on every rank, and the statistics sparsified_sgd reports.
 #include <doctest/doctest.h>
@@ -54,7 +54,7 @@ auto_run<C> run_auto(const C& proto, int ranks, std::size_t n, double density, a
 
 }  // namespace
 
-TEST_CASE("cost formulas of ALGORITHMS.md section 4") {
+TEST_CASE("cost formulas of exchange/cost_model.hpp") {
   const link_model l{1e-5, 1e-9};
   exchange_shape s;
   s.ranks = 4;
