@@ -10,7 +10,9 @@ results=docs/results/libtorch
 png=docs/libtorch.png
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 examples/libtorch/summarize.py "$results" --curves >"$work/curves.dat"
+# The interpreter CMake found (the one that imports torch; summarize.py needs only the standard library).
+python="$(sed -n 's/^GRADCOMP_TORCH_PYTHON:FILEPATH=//p' build/default/CMakeCache.txt 2>/dev/null || true)"
+"${python:-/usr/bin/python3}" examples/libtorch/summarize.py "$results" --curves >"$work/curves.dat"
 
 # row | legend
 rows=(

@@ -52,5 +52,7 @@ for row in "${rows[@]}"; do
   # shellcheck disable=SC2086  # the arguments are meant to be split
   { echo "# ${launcher[*]}${launcher[*]:+ }train_libtorch $args"; "${launcher[@]}" "$bin" $args; } | tee "$out/$name.txt"
 done
-python3 examples/libtorch/summarize.py "$out" > "$out/table.md"
+# The interpreter CMake found (the one that imports torch; summarize.py needs only the standard library).
+python="$(sed -n 's/^GRADCOMP_TORCH_PYTHON:FILEPATH=//p' build/default/CMakeCache.txt 2>/dev/null || true)"
+"${python:-/usr/bin/python3}" examples/libtorch/summarize.py "$out" > "$out/table.md"
 cat "$out/table.md"

@@ -4,12 +4,16 @@
 usage: examples/libtorch/summarize.py DIR > DIR/table.md
        examples/libtorch/summarize.py DIR --curves   "row epoch accuracy MB" per seeded row
                                                      and epoch, means over the seeds (plot.sh)
+       examples/libtorch/summarize.py DIR --check    exit 1 unless DIR/table.md is the table
+                                                     these logs give (ctest)
 
 Each DIR/<row>_seed<S>.txt ends with train_libtorch's JSON line; rows are grouped over their
 seeds (mean test accuracy, and the difference to dense's mean), bytes per worker are the
 mean over seeds, relative to dense's. Runs without seeds (<row>.txt) get a line each, with
 the overlap LAGS measured. Plain Python 3, no third-party modules.
 """
+import contextlib
+import io
 import json
 import os
 import re
@@ -74,16 +78,32 @@ def load(path: str) -> Tuple[str, dict]:
 def main(argv: List[str]) -> int:
     if len(argv) == 3 and argv[2] == "--curves":
         return curves(argv[1])
+    if len(argv) == 3 and argv[2] == "--check":
+        made = io.StringIO()
+        with contextlib.redirect_stdout(made):
+            table(argv[1])
+        with open(os.path.join(argv[1], "table.md")) as f:
+            kept = f.read()
+        if made.getvalue() != kept:
+            print(f"summarize.py: {argv[1]}/table.md is not the table its logs give; rerun summarize.py",
+                  file=sys.stderr)
+            return 1
+        return 0
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    folder = argv[1]
+    return table(argv[1])
+
+
+def table(folder: str) -> int:
     seeded: Dict[str, List[Tuple[int, str, dict]]] = {}
     single: Dict[str, Tuple[str, dict]] = {}
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".txt"):
             continue
         command, result = load(os.path.join(folder, name))
+        if "train_libtorch" not in command:
+            continue  # not a training run (step_bench.txt)
         m = re.fullmatch(r"(.+)_seed(\d+)\.txt", name)
         if m:
             seeded.setdefault(m.group(1), []).append((int(m.group(2)), command, result))
