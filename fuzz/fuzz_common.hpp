@@ -49,9 +49,9 @@ void with_quantizer(quantizer_id id, quantizer_params params, F&& f) {
     case quantizer_id::identity: f(identity{}); return;
     case quantizer_id::fp16: f(fp16{}); return;
     case quantizer_id::bf16: f(bf16{}); return;
-    case quantizer_id::qsgd: f(qsgd(params.p0, params.p1)); return;
-    case quantizer_id::terngrad: f(terngrad(params.p0)); return;
-    case quantizer_id::scaled_sign: f(scaled_sign(params.p0)); return;
+    case quantizer_id::qsgd: f(qsgd(params.levels, params.bucket_size)); return;
+    case quantizer_id::terngrad: f(terngrad(params.bucket_size)); return;
+    case quantizer_id::scaled_sign: f(scaled_sign(params.bucket_size)); return;
   }
   fail("with_quantizer: a validated payload names an unknown quantizer");
 }

@@ -13,7 +13,7 @@
 //                 bit 1 exact side count for the count; bit 2 exact values size;
 //                 bit 3 output size == count; a clear bit takes the raw field below
 //   1      quantizer id            2      bits per value
-//   3..10  params p0, p1 (u32)     11..14 decoder settings s0, s1 (u16), mapped into range
+//   3..10  parameter words (u32)   11..14 decoder settings s0, s1 (u16), mapped into range
 //   15..16 count (u16, low 12 bits) 17    side count     18  output size - count (i8)
 //   19..   side values (f32, as many as the side count, missing ones 1.0), then value bytes
 #include <cmath>
@@ -97,8 +97,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const unsigned flags = in.u8();
   const std::uint8_t raw_id = in.u8();
   const std::uint8_t raw_bits = in.u8();
-  const std::uint32_t p0 = in.u32();
-  const std::uint32_t p1 = in.u32();
+  const std::uint32_t word0 = in.u32();  // the parameter words, as on the wire
+  const std::uint32_t word1 = in.u32();
   const std::uint16_t s0 = in.u16();
   const std::uint16_t s1 = in.u16();
   // 12 bits: outputs of up to 4095 values reach every path; larger ones only cost time.
@@ -118,7 +118,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } else {
     p.quantizer = static_cast<quantizer_id>(raw_id);
     p.bits_per_value = raw_bits;
-    p.params = {p0, p1};
+    p.params = detail::from_param_words(p.quantizer, word0, word1);
   }
   const std::size_t side_count =
       (flags & 2u) ? static_cast<std::size_t>(detail::layout_of(Q::id, q.params(), count).side_count)

@@ -85,7 +85,7 @@ struct decode_input {
   std::uint8_t flags = 0x0f;
   std::uint8_t id = 0;
   std::uint8_t bits = 0;
-  std::uint32_t p0 = 0, p1 = 0;
+  std::uint32_t word0 = 0, word1 = 0;  // the parameter words, as on the wire
   std::uint16_t s0 = 0, s1 = 0;
   std::uint16_t count = 0;
   std::uint8_t side_count = 0;
@@ -101,8 +101,8 @@ struct decode_input {
     put(flags, 1);
     put(id, 1);
     put(bits, 1);
-    put(p0, 4);
-    put(p1, 4);
+    put(word0, 4);
+    put(word1, 4);
     put(s0, 2);
     put(s1, 2);
     put(count, 2);
@@ -122,8 +122,9 @@ void decode_seeds(const fs::path& dir, const Q& q, std::uint16_t s0, std::uint16
   decode_input in;
   in.id = static_cast<std::uint8_t>(p.quantizer);
   in.bits = p.bits_per_value;
-  in.p0 = p.params.p0;
-  in.p1 = p.params.p1;
+  const detail::param_words words = detail::to_param_words(p.quantizer, p.params);
+  in.word0 = words.word0;
+  in.word1 = words.word1;
   in.s0 = s0;
   in.s1 = s1;
   in.count = static_cast<std::uint16_t>(p.count);

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/feedback.hpp>
+#include <gradcomp/select.hpp>
 
 namespace {
 
@@ -91,9 +93,37 @@ struct comm_without_alltoallv {
   void broadcast(std::span<T>, int) {}
   void barrier() {}
 };
+// Reduces float and double only: the exchanges also add fp16 and bf16 payloads.
+struct comm_float_double_only : comm_without_alltoallv {
+  template <class T>
+    requires std::same_as<T, float> || std::same_as<T, double>
+  void allreduce(std::span<T>, reduce_op) {}
+  template <class T>
+  void alltoallv(std::span<const T>, std::span<const std::size_t>, std::vector<T>&,
+                 std::vector<std::size_t>&) {}
+};
+// Moves bytes only: gTop-k and TopKA2A move (index, value) pairs.
+struct comm_bytes_only_alltoallv : comm_without_alltoallv {
+  template <class T>
+    requires std::same_as<T, std::byte>
+  void alltoallv(std::span<const T>, std::span<const std::size_t>, std::vector<T>&,
+                 std::vector<std::size_t>&) {}
+};
 
+// Has the element type, but nothing to decode with: not what an exchange can use.
 struct fake_compressor {
   using value_type = float;
+};
+struct compressor_without_decompress {
+  using value_type = float;
+  using quantizer_type = good_quantizer;
+  static constexpr bool summable = false;
+  void decode_values(const payload&, std::span<float>) const {}
+};
+// Claims summable payloads, with a quantizer that names no sum type.
+struct summable_compressor_without_sum_type : archetypes::compressor<false> {
+  using quantizer_type = summable_without_sum_type;
+  static constexpr bool summable = true;
 };
 struct good_exchange {
   template <class C, class Comm>
@@ -145,13 +175,29 @@ TEST_CASE("feedback concept") {
 TEST_CASE("communicator concept") {
   static_assert(communicator<archetypes::communicator>);
   static_assert(!communicator<comm_without_alltoallv>);
+  static_assert(!communicator<comm_float_double_only>);
+  static_assert(!communicator<comm_bytes_only_alltoallv>);
+  static_assert(!point_to_point<archetypes::communicator, std::byte>);
+  CHECK(true);
+}
+
+TEST_CASE("exchange_compressor concept") {
+  static_assert(exchange_compressor<archetypes::compressor<false>>);
+  static_assert(exchange_compressor<archetypes::compressor<true>>);
+  static_assert(!exchange_compressor<fake_compressor>);
+  static_assert(!exchange_compressor<compressor_without_decompress>);
+  static_assert(!exchange_compressor<summable_compressor_without_sum_type>);
   CHECK(true);
 }
 
 TEST_CASE("exchange concept") {
-  static_assert(exchange<good_exchange, fake_compressor, archetypes::communicator>);
-  static_assert(!exchange<exchange_without_stats, fake_compressor, archetypes::communicator>);
-  static_assert(!exchange<good_exchange, fake_compressor, comm_without_alltoallv>);
+  using arch = archetypes::compressor<false>;
+  static_assert(exchange<good_exchange, arch, archetypes::communicator>);
+  static_assert(!exchange<exchange_without_stats, arch, archetypes::communicator>);
+  static_assert(!exchange<good_exchange, arch, comm_without_alltoallv>);
+  static_assert(!exchange<good_exchange, fake_compressor, archetypes::communicator>);
+  static_assert(!exchange_with_unused<good_exchange, arch, archetypes::communicator>);
+  static_assert(!fuses_tensors<good_exchange, arch, archetypes::communicator>);
   CHECK(true);
 }
 
@@ -159,5 +205,24 @@ TEST_CASE("selector traits") {
   static_assert(shared_indices_v<dense_like> && selects_all_v<dense_like>);
   static_assert(!shared_indices_v<not_shared> && !selects_all_v<not_shared>);
   static_assert(!shared_indices_v<good_selector> && !selects_all_v<good_selector>);
+  CHECK(true);
+}
+
+TEST_CASE("optional abilities of the shipped policies") {
+  // Settings a selector checks before the state changes.
+  static_assert(checks_settings<topk> && checks_settings<threshold> && checks_settings<redsync>);
+  static_assert(!checks_settings<good_selector>);
+  // The fused accumulate-and-select pass: a selector that adds while it scans, and a feedback
+  // that accumulates in place; dense selects everything, so it never fuses.
+  static_assert(fuses_accumulation<topk, residual> && fuses_accumulation<gaussiank, residual>);
+  static_assert(fuses_accumulation<topk, residual, double>);
+  static_assert(!fuses_accumulation<randomk, residual> && !fuses_accumulation<dense, residual>);
+  static_assert(!fuses_accumulation<topk, no_feedback> && !fuses_accumulation<topk, dgc_momentum>);
+  // Picks an exchange left out go back to these feedbacks, and are dropped by no_feedback.
+  static_assert(restores_picks<residual> && restores_picks<dgc_momentum, double>);
+  static_assert(!restores_picks<no_feedback>);
+  static_assert(applies_momentum_v<dgc_momentum> && !applies_momentum_v<residual>);
+  static_assert(shared_indices_v<randomk> && shared_indices_v<dense> && !shared_indices_v<topk>);
+  static_assert(selects_all_v<dense> && !selects_all_v<randomk>);
   CHECK(true);
 }

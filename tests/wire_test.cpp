@@ -174,8 +174,8 @@ TEST_CASE("wire: the header layout is the documented one") {
   CHECK(get(b, 16, 8) == std::uint64_t{1} << 32);
   CHECK(get(b, 24, 4) == 3);  // count
   CHECK(get(b, 28, 4) == 2);  // side_count: buckets of 2
-  CHECK(get(b, 32, 4) == 5);  // p0 = levels
-  CHECK(get(b, 36, 4) == 2);  // p1 = bucket size
+  CHECK(get(b, 32, 4) == 5);  // word 0 = levels
+  CHECK(get(b, 36, 4) == 2);  // word 1 = bucket size
   CHECK(get(b, 40, 4) == 7);  // indices
   CHECK(get(b, 44, 4) == 9);
   CHECK(get(b, 48, 4) == 0x01020304);
@@ -387,7 +387,7 @@ TEST_CASE("wire: encode_wire refuses inconsistent payloads and leaves the stream
       [](gq::payload& p) { p.quantizer = static_cast<gq::quantizer_id>(9); },
       [](gq::payload& p) { p.layout = static_cast<gq::index_layout>(2); },
       [](gq::payload& p) { p.bits_per_value = 3; },
-      [](gq::payload& p) { p.params.p1 = 1; },
+      [](gq::payload& p) { p.params.levels = 1; },  // TernGrad has no levels
       [](gq::payload& p) { p.count = 8; },
   };
   for (std::size_t k = 0; k < breakers.size(); ++k) {

@@ -1,6 +1,12 @@
-// gradcomp/concepts.hpp: the five policy concepts, spelled from what compressor<>,
-// sparsified_sgd<> and the exchanges call. Every shipped policy is followed by a
-// static_assert that it models its concept.
+// gradcomp/concepts.hpp: the whole contract between gradcomp's parts, in one file.
+//  - The five policy concepts (selector, quantizer, feedback, communicator, exchange) and the
+//    compressor as the exchanges see it, each spelled from what the code calls, so that a type
+//    that models a concept compiles wherever that concept is asked for.
+//  - The optional abilities: a policy opts in by having the member named here, and
+//    compressor<>, the SGD drivers and the exchanges detect it by these names only.
+//  - Archetypes: the least that models each concept. Every shipped exchange is instantiated
+//    with them right after its definition (body included), so an exchange that calls anything
+//    a concept does not promise fails to compile there, not in a user's program.
 #pragma once
 
 #include <concepts>
@@ -8,12 +14,17 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <gradcomp/context.hpp>
+#include <gradcomp/detail/float16.hpp>
 #include <gradcomp/sparse.hpp>
 
 namespace gradcomp {
+
+// ---------------------------------------------------------------------------------------
+// Policies
 
 // Gradient element types the host policies accept.
 template <class T>
@@ -27,17 +38,6 @@ concept selector = gradient_value<T> && requires(S& s, std::span<const T> g,
                                                  std::vector<std::uint32_t>& indices) {
   { s.select(g, ctx, indices) } -> std::same_as<selection_stats>;
 };
-
-// Selectors that pick the same indices on every rank for the same call (dense, randomk)
-// declare `static constexpr bool shared_indices = true`; their payloads can be added
-// position by position when the quantizer is summable.
-template <class S>
-inline constexpr bool shared_indices_v = requires { requires S::shared_indices; };
-
-// Selectors that always pick every coordinate declare `static constexpr bool selects_all`;
-// their payloads use index_layout::dense and carry no index array.
-template <class S>
-inline constexpr bool selects_all_v = requires { requires S::selects_all; };
 
 // A quantizer encodes `count` float values into payload::values/side and decodes them back.
 // Q::summable says whether two payloads with the same indices can be added without decoding
@@ -77,26 +77,83 @@ concept feedback =
       { st.buffers() } -> std::convertible_to<std::vector<std::span<T>>>;
     };
 
+// ---------------------------------------------------------------------------------------
+// Communicators
+
 enum class reduce_op { sum, max, min };
 
 // A communicator among size() ranks. Collectives are blocking and must be called by every
-// rank in the same order. Variable-size collectives resize the receive buffers and report
-// per-rank counts (in elements).
-template <class C>
-concept communicator = requires(C& c, std::span<float> f, std::span<double> d,
-                                std::span<std::byte> bytes, std::span<const std::byte> send,
-                                std::span<const std::size_t> send_counts,
-                                std::vector<std::byte>& recv,
-                                std::vector<std::size_t>& recv_counts) {
-  { c.rank() } -> std::convertible_to<int>;
-  { c.size() } -> std::convertible_to<int>;
-  c.allreduce(f, reduce_op::sum);
-  c.allreduce(d, reduce_op::sum);
-  c.allgatherv(send, recv, recv_counts);
-  c.alltoallv(send, send_counts, recv, recv_counts);
-  c.broadcast(bytes, 0);
-  c.barrier();
+// rank in the same order. Variable-size collectives resize the receive vector and report
+// per-rank counts (in elements). The element types are those the exchanges, the cost model
+// and the drivers move:
+//   allreduce (sum and max)   float, double, half, bfloat16  (summed payloads, decoded
+//                                                             values, times)
+//   allgatherv                std::byte, float, double       (payloads and headers, shards)
+//   alltoallv                 std::byte, index_value         (gTop-k's and TopKA2A's pairs)
+//   broadcast                 std::byte, double, index_value (the global set, calibrations)
+template <class C, class T>
+concept reduces = requires(C& c, std::span<T> data) {
+  c.allreduce(data, reduce_op::sum);
+  c.allreduce(data, reduce_op::max);
 };
+template <class C, class T>
+concept gathers = requires(C& c, std::span<const T> send, std::vector<T>& recv,
+                           std::vector<std::size_t>& recv_counts) {
+  c.allgatherv(send, recv, recv_counts);
+};
+template <class C, class T>
+concept scatters = requires(C& c, std::span<const T> send, std::span<const std::size_t> send_counts,
+                            std::vector<T>& recv, std::vector<std::size_t>& recv_counts) {
+  c.alltoallv(send, send_counts, recv, recv_counts);
+};
+template <class C, class T>
+concept broadcasts = requires(C& c, std::span<T> data) { c.broadcast(data, 0); };
+
+template <class C>
+concept communicator =
+    requires(C& c) {
+      { c.rank() } -> std::convertible_to<int>;
+      { c.size() } -> std::convertible_to<int>;
+      c.barrier();
+    } &&
+    reduces<C, float> && reduces<C, double> && reduces<C, half> && reduces<C, bfloat16> &&
+    gathers<C, std::byte> && gathers<C, float> && gathers<C, double> &&
+    scatters<C, std::byte> && scatters<C, index_value> &&
+    broadcasts<C, std::byte> && broadcasts<C, double> && broadcasts<C, index_value>;
+
+// Optional: point-to-point messages (mpi_comm). sendrecv(send, dest, recv, source) sends to
+// rank dest and receives from rank source (-1: none). gTop-k's tree and the link ping-pong use
+// it where it exists, and an alltoallv where it does not.
+template <class C, class T>
+concept point_to_point = requires(C& c, std::span<const T> send, std::vector<T>& recv) {
+  c.sendrecv(send, 0, recv, 0);
+};
+
+// ---------------------------------------------------------------------------------------
+// The compressor as the exchanges see it
+
+enum class decompress_mode {
+  overwrite,   // dense = decoded (zero where the payload has no coordinate)
+  accumulate,  // dense += decoded
+};
+
+// What an exchange may use of the compressor it is handed (compressor<S, Q, F, T> models it):
+// the element type of the dense output, whether payloads can be added as they are (then the
+// quantizer names its sum_type), and decoding, to values in payload order or into a dense
+// vector. Both decoders validate the payload before they write anything.
+template <class C>
+concept exchange_compressor =
+    gradient_value<typename C::value_type> && quantizer<typename C::quantizer_type> &&
+    requires(const C& c, const payload& p, std::span<float> values,
+             std::span<typename C::value_type> dense) {
+      { C::summable } -> std::convertible_to<bool>;
+      { c.decode_values(p, values) } -> std::same_as<void>;
+      { c.decompress(p, dense, decompress_mode::accumulate) } -> std::same_as<void>;
+    } &&
+    (!C::summable || summable_quantizer<typename C::quantizer_type>);
+
+// ---------------------------------------------------------------------------------------
+// Exchanges
 
 // What an exchange reports for one tensor.
 struct exchange_stats {
@@ -119,17 +176,62 @@ struct unused_picks {
 };
 
 // An exchange combines every rank's payload for one tensor: `out` receives the mean over
-// ranks of the decoded payloads (overwritten, dense). Compressor supplies decoding.
+// ranks of the decoded payloads (overwritten, dense).
 template <class X, class Compressor, class Comm>
 concept exchange =
-    communicator<Comm> &&
+    communicator<Comm> && exchange_compressor<Compressor> &&
     requires(X& x, Comm& comm, const Compressor& c, const payload& p,
              std::span<typename Compressor::value_type> out) {
       { x.exchange(comm, c, p, out) } -> std::same_as<exchange_stats>;
     };
 
-// An exchange that may drop some of this rank's picks reports them in `unused`; sparsified_sgd
-// then calls the feedback's restore() for them when the feedback has one.
+// ---------------------------------------------------------------------------------------
+// Optional abilities. Each is detected by the name below and nowhere else.
+
+// Selector: settings that can be wrong (threshold's tau, RedSync's interval, topk's sample
+// scale) are checked by `void check() const`, which compressor<> calls before the feedback
+// state changes, since the selector only runs once the accumulation is done.
+template <class S>
+concept checks_settings = requires(const S& s) { s.check(); };
+
+// Selector: `static constexpr bool shared_indices = true` says it picks the same indices on
+// every rank for the same call (dense, randomk), so that payloads of a summable quantizer can
+// be added position by position (dense_allreduce).
+template <class S>
+inline constexpr bool shared_indices_v = requires { requires S::shared_indices; };
+
+// Selector: `static constexpr bool selects_all = true` says it always picks every coordinate
+// (dense); its payloads use index_layout::dense and carry no index array.
+template <class S>
+inline constexpr bool selects_all_v = requires { requires S::selects_all; };
+
+// Selector and feedback together: the feedback accumulates by e += g into a buffer it hands
+// out (`std::span<T> in_place_accumulator(state&) const`: residual), and the selector can do
+// that addition during its own scan (`select_accumulate(e, g, ctx, indices)`: topk,
+// gaussiank). compressor<> then fuses the two passes: one read of g and e, one write of e.
+template <class S, class F, class T = float>
+concept fuses_accumulation =
+    !selects_all_v<S> &&
+    requires(const F& f, typename F::template state<T>& st, S& s, std::span<T> e,
+             std::span<const T> g, const select_context& ctx, std::vector<std::uint32_t>& idx) {
+      { f.in_place_accumulator(st) } -> std::same_as<std::span<T>>;
+      { s.select_accumulate(e, g, ctx, idx) } -> std::same_as<selection_stats>;
+    };
+
+// Feedback: `restore(state&, indices, values) const` takes back picks that an exchange left
+// out (residual, dgc_momentum), so that they are sent later instead of lost.
+template <class F, class T = float>
+concept restores_picks =
+    requires(const F& f, typename F::template state<T>& st, std::span<const std::uint32_t> idx,
+             std::span<const float> values) { f.restore(st, idx, values); };
+
+// Feedback: `static constexpr bool applies_momentum = true` says it applies momentum before
+// compression (dgc_momentum), so the SGD driver must not apply it again.
+template <class F>
+inline constexpr bool applies_momentum_v = requires { requires F::applies_momentum; };
+
+// Exchange: a five-argument exchange(comm, c, p, out, unused_picks&) reports the picks the
+// aggregation left out (gtopk, auto_exchange); the drivers hand them to restore().
 template <class X, class Compressor, class Comm>
 concept exchange_with_unused =
     exchange<X, Compressor, Comm> &&
@@ -138,32 +240,108 @@ concept exchange_with_unused =
       { x.exchange(comm, c, p, out, unused) } -> std::same_as<exchange_stats>;
     };
 
-// Archetypes: the least a communicator and a compressor must offer, so that an exchange can
-// be checked against its concept right where it is defined, before any real compressor or
-// communicator is included.
+// Exchange: exchange_tensors(comm, c, payloads, outs, stats) takes every tensor of a step at
+// once (topk_a2a, to fuse small tensors into buckets); sparsified_sgd then compresses all
+// tensors first and calls it once.
+template <class X, class Compressor, class Comm>
+concept fuses_tensors =
+    exchange<X, Compressor, Comm> &&
+    requires(X& x, Comm& comm, const Compressor& c, std::span<const payload> payloads,
+             std::span<const std::span<typename Compressor::value_type>> outs,
+             std::span<exchange_stats> stats) { x.exchange_tensors(comm, c, payloads, outs, stats); };
+
+// ---------------------------------------------------------------------------------------
+// Archetypes: exactly what the concepts promise, and nothing more.
+
 namespace archetypes {
+
+template <class T, class... U>
+concept one_of = (std::same_as<T, U> || ...);
 
 struct communicator {
   int rank() const { return 0; }
   int size() const { return 1; }
   template <class T>
+    requires one_of<T, float, double, half, bfloat16>
   void allreduce(std::span<T>, reduce_op) {}
   template <class T>
-  void allgatherv(std::span<const T>, std::vector<T>&, std::vector<std::size_t>&) {}
+    requires one_of<T, std::byte, float, double>
+  void allgatherv(std::span<const std::type_identity_t<T>>, std::vector<T>& recv,
+                  std::vector<std::size_t>& counts) {
+    recv.clear();
+    counts.assign(1, 0);
+  }
   template <class T>
-  void alltoallv(std::span<const T>, std::span<const std::size_t>, std::vector<T>&,
-                 std::vector<std::size_t>&) {}
+    requires one_of<T, std::byte, index_value>
+  void alltoallv(std::span<const std::type_identity_t<T>>, std::span<const std::size_t>,
+                 std::vector<T>& recv, std::vector<std::size_t>& counts) {
+    recv.clear();
+    counts.assign(1, 0);
+  }
   template <class T>
+    requires one_of<T, std::byte, double, index_value>
   void broadcast(std::span<T>, int) {}
   void barrier() {}
 };
 
 template <bool Summable>
-struct compressor {
-  using value_type = float;
+struct quantizer {
+  static constexpr quantizer_id id = quantizer_id::identity;
   static constexpr bool summable = Summable;
+  static constexpr bool prescale_before_sum = false;
+  using sum_type = float;
+  unsigned bits_per_value() const { return 32; }
+  quantizer_params params() const { return {}; }
+  void encode(std::span<const float>, const call_id&, payload&) const {}
+  void decode(const payload&, std::span<float>) const {}
 };
 
+template <bool Summable>
+struct compressor {
+  using value_type = float;
+  using quantizer_type = archetypes::quantizer<Summable>;
+  static constexpr bool summable = Summable;
+  void decode_values(const payload&, std::span<float>) const {}
+  void decompress(const payload&, std::span<float>,
+                  decompress_mode = decompress_mode::overwrite) const {}
+};
+
+// Calls every entry an exchange offers with the archetypes. Never called: naming it in
+// `instantiates` below is what makes the compiler instantiate the exchange's bodies.
+template <class X, bool Summable>
+void exercise_exchange() {
+  X x;
+  communicator comm;
+  const compressor<Summable> c;
+  const payload p;
+  std::vector<float> out;
+  (void)x.exchange(comm, c, p, std::span<float>(out));
+  if constexpr (exchange_with_unused<X, compressor<Summable>, communicator>) {
+    unused_picks unused;
+    (void)x.exchange(comm, c, p, std::span<float>(out), unused);
+  }
+  if constexpr (fuses_tensors<X, compressor<Summable>, communicator>) {
+    const std::span<float> outs[] = {std::span<float>(out)};
+    exchange_stats stats[1];
+    x.exchange_tensors(comm, c, std::span<const payload>(&p, 1),
+                       std::span<const std::span<float>>(outs), std::span<exchange_stats>(stats));
+  }
+}
+
+template <auto F>
+struct odr_use {
+  static constexpr bool value = true;
+};
+
+// static_assert(archetypes::instantiates<X, summable>) after an exchange X: true, and compiles
+// only if every body of X compiles with nothing but what the concepts promise.
+template <class X, bool Summable>
+inline constexpr bool instantiates = odr_use<&exercise_exchange<X, Summable>>::value;
+
 }  // namespace archetypes
+
+static_assert(communicator<archetypes::communicator>);
+static_assert(exchange_compressor<archetypes::compressor<false>>);
+static_assert(exchange_compressor<archetypes::compressor<true>>);
 
 }  // namespace gradcomp

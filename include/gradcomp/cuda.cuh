@@ -1,7 +1,7 @@
 // gradcomp/cuda.cuh: the device half of gradcomp (compile with nvcc, -std=c++20
-// --expt-relaxed-constexpr; link CUDA::cudart). It only includes. With it, the host policy
-// objects also accept device spans, a temp_storage (CUB's size query, then one caller-provided
-// scratch buffer) and a stream:
+// --expt-relaxed-constexpr, or link gradcomp::cuda). It only includes. With it,
+// gradcomp::on_device(policy) gives the host policy objects' calls on device spans, with a
+// temp_storage (CUB's size query, then one caller-provided scratch buffer) and a stream:
 //   - selectors topk (including topk_method::radix), gaussiank, threshold: cuda/select.cuh;
 //   - residual feedback, fused with the selection pass: cuda/feedback.cuh;
 //   - every quantizer (identity, fp16, bf16, qsgd, terngrad, scaled_sign): cuda/quantize.cuh;

@@ -1,12 +1,12 @@
-// gradcomp/device.hpp: the host-side half of the device vocabulary. It needs no CUDA header,
-// so that every policy header can declare its device overloads:
+// gradcomp/device.hpp: the host-side half of the device vocabulary. It needs no CUDA header, so
+// that host code can name device memory and the one entry to the device forms:
 //  - device_span<T>: a non-owning view of device memory (never dereferenced on the host);
 //  - temp_storage: the caller's scratch buffer, CUB style: call once with ptr == nullptr to
 //    learn `bytes`, allocate, call again to do the work;
-//  - device_policy<P>: the device implementation of policy P, specialised by the headers under
-//    gradcomp/cuda/ (include gradcomp/cuda.cuh and compile with nvcc). A policy's device
-//    overloads forward to it, so the same topk, qsgd or residual object works on host spans
-//    and, given a temp_storage and a stream, on device spans.
+//  - on_device(policy): the policy's calls on device spans, given a temp_storage and a stream,
+//    through device_policy<P>, which the headers under gradcomp/cuda/ specialise (include
+//    gradcomp/cuda.cuh and compile with nvcc). The same topk, qsgd or residual object works on
+//    host spans through its own members.
 #pragma once
 
 #include <concepts>
@@ -46,27 +46,60 @@ struct temp_storage {
   [[nodiscard]] bool is_size_query() const noexcept { return ptr == nullptr; }
 };
 
-// The device implementation of policy P; defined by gradcomp/cuda/*.cuh. A policy declares
-// its device overloads like this (the first parameter, temp_storage&, tells them apart from
-// the host calls):
-//
-//   template <class... Args>
-//   decltype(auto) select(temp_storage& tmp, Args&&... args) {
-//     using impl = device_policy<typename detail::dependent_type<topk, Args...>::type>;
-//     return impl::select(*this, tmp, std::forward<Args>(args)...);
-//   }
+// The device forms of policy P: a class bound to one policy object, with the policy's calls on
+// device spans (select, select_accumulate, encode, decode, accumulate, update, restore,
+// gather_and_clear; each takes a temp_storage first and a stream last). gradcomp/cuda/*.cuh
+// specialise it for topk, gaussiank, threshold, residual and the six quantizers; this primary
+// template stands for "no device form is visible here".
 template <class P>
-struct device_policy;
+struct device_policy {
+  using not_available = void;
+};
+
+// Whether P's device forms are visible in this translation unit (gradcomp/cuda.cuh included).
+template <class P>
+concept has_device_policy = !requires { typename device_policy<P>::not_available; };
 
 namespace detail {
 
-// P, but dependent on Args..., so that a policy's device overload names device_policy<P>
-// only when it is instantiated (that is, only in code that included gradcomp/cuda.cuh).
-template <class P, class... Args>
-struct dependent_type {
-  using type = P;
+template <class>
+inline constexpr bool dependent_false = false;
+
+// What on_device returns, after its static_assert, when no device form is visible: it takes
+// every device call, so that the static_assert's sentence is the only error.
+struct no_device_form {
+  template <class... A> void select(A&&...) const {}
+  template <class... A> void select_accumulate(A&&...) const {}
+  template <class... A> void encode(A&&...) const {}
+  template <class... A> void decode(A&&...) const {}
+  template <class... A> void accumulate(A&&...) const {}
+  template <class... A> void update(A&&...) const {}
+  template <class... A> void restore(A&&...) const {}
+  template <class... A> void gather_and_clear(A&&...) const {}
 };
 
 }  // namespace detail
+
+// The one entry to every device form: on_device(policy) binds the policy, and the call names
+// the operation, e.g.
+//   gradcomp::on_device(sel).select(tmp, g, ctx, indices, d_stats, stream);
+//   gradcomp::on_device(q).encode(tmp, values, call, encoded, stream);
+//   gradcomp::on_device(fb).gather_and_clear(tmp, e, indices, d_stats, values, stream);
+// The policy is held by reference: use the result within the statement, or while the policy
+// lives. The same policy object with the same settings works on the host, by its own members.
+template <class P>
+auto on_device(P& policy) {
+  using policy_type = std::remove_cv_t<P>;
+  if constexpr (has_device_policy<policy_type>) {
+    return device_policy<policy_type>(policy);
+  } else {
+    static_assert(detail::dependent_false<P>,
+                  "gradcomp::on_device(policy): no device form of this policy is visible here; "
+                  "topk, gaussiank, threshold, residual and the six quantizers have theirs in "
+                  "<gradcomp/cuda.cuh>, so include it and compile this file with nvcc (the "
+                  "other policies run on the host only).");
+    return detail::no_device_form{};
+  }
+}
 
 }  // namespace gradcomp

@@ -30,13 +30,23 @@ enum class index_layout : std::uint8_t {
   dense = 1,   // every coordinate 0..n-1 in order; no index array is stored
 };
 
-// The quantizer-specific settings a decoder needs and checks (QSGD levels and bucket size,
-// for example). Quantizers without parameters leave both zero.
+// The quantizer-specific settings a decoder needs and checks: QSGD's levels s and bucket
+// size; TernGrad's and scaled sign's bucket size (levels 0); both 0 for the casts (identity,
+// fp16, bf16). A bucket size of 0 means one bucket over all values.
 struct quantizer_params {
-  std::uint32_t p0 = 0;
-  std::uint32_t p1 = 0;
+  std::uint32_t levels = 0;
+  std::uint32_t bucket_size = 0;
   friend bool operator==(const quantizer_params&, const quantizer_params&) = default;
 };
+
+// One coordinate with its decoded value: the unit that gTop-k and TopKA2A move between ranks
+// (8 bytes, the unit of their cost models).
+struct index_value {
+  std::uint32_t index;
+  float value;
+  friend bool operator==(const index_value&, const index_value&) = default;
+};
+static_assert(sizeof(index_value) == 8);
 
 struct payload {
   std::uint64_t dense_size = 0;  // n, the length of the dense tensor
@@ -72,6 +82,27 @@ struct payload {
 };
 
 namespace detail {
+
+// The two parameter words of the byte formats (the wire header and the exchange header). Word 0
+// is QSGD's levels or TernGrad's and scaled sign's bucket size, word 1 QSGD's bucket size (and
+// must be 0 for the others); the casts have both 0. The map is its own inverse.
+struct param_words {
+  std::uint32_t word0 = 0;
+  std::uint32_t word1 = 0;
+};
+
+constexpr bool bucket_first(quantizer_id id) noexcept {
+  return id == quantizer_id::terngrad || id == quantizer_id::scaled_sign;
+}
+
+constexpr param_words to_param_words(quantizer_id id, quantizer_params p) noexcept {
+  return bucket_first(id) ? param_words{p.bucket_size, p.levels} : param_words{p.levels, p.bucket_size};
+}
+
+constexpr quantizer_params from_param_words(quantizer_id id, std::uint32_t word0,
+                                            std::uint32_t word1) noexcept {
+  return bucket_first(id) ? quantizer_params{word1, word0} : quantizer_params{word0, word1};
+}
 
 // The one index rule of the format, for indices in a payload or still in wire bytes:
 // every index < dense_size, strictly increasing (sorted, unique).

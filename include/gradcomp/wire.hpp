@@ -12,8 +12,8 @@
 //   16   8  u64 dense_size n, <= 2^32
 //   24   4  u32 count, <= n, and == n for the dense layout
 //   28   4  u32 side_count, as the quantizer table says for (params, count)
-//   32   4  u32 p0 \ quantizer_params
-//   36   4  u32 p1 /
+//   32   4  u32 parameter word 0: QSGD's levels; TernGrad's and scaled sign's bucket size
+//   36   4  u32 parameter word 1: QSGD's bucket size (0 for the others); see quantizer_params
 //   40      body:
 //           indices  count x u32, strictly increasing, each < n (sparse layout only)
 //           side     side_count x f32, each finite and >= 0
@@ -92,13 +92,13 @@ inline void check_wire_fields(std::string_view where, const wire_fields& f) {
   }
   if (f.bits != vl.bits_per_value) {
     throw_payload_error(where, "bits_per_value = ", f.bits, "; expected ", vl.bits_per_value,
-                        " for ", quantizer_name(id), " with params (", f.params.p0, ", ",
-                        f.params.p1, ")");
+                        " for ", quantizer_name(id), " with levels ", f.params.levels,
+                        " and bucket size ", f.params.bucket_size);
   }
   if (f.side_count != vl.side_count) {
     throw_payload_error(where, "side_count = ", f.side_count, "; expected ", vl.side_count, " for ",
-                        quantizer_name(id), " with ", f.count, " values and params (", f.params.p0,
-                        ", ", f.params.p1, ")");
+                        quantizer_name(id), " with ", f.count, " values, levels ",
+                        f.params.levels, " and bucket size ", f.params.bucket_size);
   }
 }
 
@@ -157,7 +157,8 @@ inline wire_view parse_wire(std::span<const std::byte> bytes, bool exact) {
   f.dense_size = load_le64(h + 16);
   f.count = load_le32(h + 24);
   f.side_count = load_le32(h + 28);
-  f.params = {load_le32(h + 32), load_le32(h + 36)};
+  f.params = from_param_words(static_cast<quantizer_id>(f.quantizer), load_le32(h + 32),
+                              load_le32(h + 36));
   check_wire_fields(where, f);
 
   const std::uint64_t total = wire_total(f);
@@ -255,8 +256,9 @@ inline void write_wire(const payload& p, std::byte* out) noexcept {
   store_le64(out + 16, p.dense_size);
   store_le32(out + 24, p.count);
   store_le32(out + 28, static_cast<std::uint32_t>(p.side.size()));
-  store_le32(out + 32, p.params.p0);
-  store_le32(out + 36, p.params.p1);
+  const param_words words = to_param_words(p.quantizer, p.params);
+  store_le32(out + 32, words.word0);
+  store_le32(out + 36, words.word1);
   std::byte* body = out + wire_header_bytes;
   if constexpr (std::endian::native == std::endian::little) {
     if (!p.indices.empty()) std::memcpy(body, p.indices.data(), 4u * p.indices.size());

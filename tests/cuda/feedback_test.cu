@@ -48,13 +48,13 @@ TEST_CASE_TEMPLATE("device residual accumulate/update/restore equal the host's",
     auto dg = upload(g);
     auto dg2 = upload(g2);
     gradcomp::temp_storage tmp;
-    fb.accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
+    gradcomp::on_device(fb).accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
                   gradcomp::device_span<const T>{dg.data(), n});
     CHECK(tmp.bytes == 0);
     tmp.ptr = de.data();  // any non-null pointer: nothing is used
-    fb.accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
+    gradcomp::on_device(fb).accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
                   gradcomp::device_span<const T>{dg.data(), n});
-    fb.accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
+    gradcomp::on_device(fb).accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
                   gradcomp::device_span<const T>{dg2.data(), n});
     fb.accumulate(st, std::span<const T>(g));
     fb.accumulate(st, std::span<const T>(g2));
@@ -69,13 +69,13 @@ TEST_CASE_TEMPLATE("device residual accumulate/update/restore equal the host's",
     }
     auto di = upload(idx);
     auto dd = upload(dec);
-    fb.update(tmp, gradcomp::device_span<T>{de.data(), n},
+    gradcomp::on_device(fb).update(tmp, gradcomp::device_span<T>{de.data(), n},
               gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
               gradcomp::device_span<const float>{dd.data(), dec.size()});
     fb.update(st, std::span<const std::uint32_t>(idx), std::span<const float>(dec));
     check_cuda(cudaDeviceSynchronize());
     CHECK(bitwise_equal(download(de.data(), n), st.e));
-    fb.restore(tmp, gradcomp::device_span<T>{de.data(), n},
+    gradcomp::on_device(fb).restore(tmp, gradcomp::device_span<T>{de.data(), n},
                gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
                gradcomp::device_span<const float>{dd.data(), dec.size()});
     fb.restore(st, std::span<const std::uint32_t>(idx), std::span<const float>(dec));
@@ -84,10 +84,10 @@ TEST_CASE_TEMPLATE("device residual accumulate/update/restore equal the host's",
 
     // Bad sizes throw before anything runs.
     if (n > 0) {
-      CHECK_THROWS_AS(fb.accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
+      CHECK_THROWS_AS(gradcomp::on_device(fb).accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
                                     gradcomp::device_span<const T>{dg.data(), n - 1}),
                       gradcomp::invalid_argument);
-      CHECK_THROWS_AS(fb.update(tmp, gradcomp::device_span<T>{de.data(), n},
+      CHECK_THROWS_AS(gradcomp::on_device(fb).update(tmp, gradcomp::device_span<T>{de.data(), n},
                                 gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
                                 gradcomp::device_span<const float>{dd.data(), dec.size() - 1}),
                       gradcomp::invalid_argument);
@@ -127,11 +127,11 @@ void check_fused_step(Sel sel, std::size_t n, std::size_t k, dist d) {
     const gradcomp::device_span<T> e{de.data(), n};
     const gradcomp::device_span<const T> gs{dg.data(), n};
     const gradcomp::device_span<std::uint32_t> idx{di.data(), n};
-    sel.select_accumulate(tmp, e, gs, gradcomp::select_context{k, 0.0, {}}, idx, dst.data());
+    gradcomp::on_device(sel).select_accumulate(tmp, e, gs, gradcomp::select_context{k, 0.0, {}}, idx, dst.data());
     scratch.resize(tmp.bytes);
     tmp.ptr = scratch.data();
-    sel.select_accumulate(tmp, e, gs, gradcomp::select_context{k, 0.0, {}}, idx, dst.data());
-    fb.gather_and_clear(tmp, e, gradcomp::device_span<const std::uint32_t>{di.data(), n},
+    gradcomp::on_device(sel).select_accumulate(tmp, e, gs, gradcomp::select_context{k, 0.0, {}}, idx, dst.data());
+    gradcomp::on_device(fb).gather_and_clear(tmp, e, gradcomp::device_span<const std::uint32_t>{di.data(), n},
                         dst.data(), gradcomp::device_span<T>{dv.data(), n});
     check_cuda(cudaDeviceSynchronize());
     const auto stats = download(dst.data(), 1)[0];

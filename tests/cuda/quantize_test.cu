@@ -69,9 +69,9 @@ void check_against_host(const Q& q, const std::vector<float>& v, const gradcomp:
   const device_span<const float> values{d_v.data(), n};
 
   scratch_buffer s;
-  q.encode(s.tmp, values, call, enc, stream);  // size query: no work
+  gradcomp::on_device(q).encode(s.tmp, values, call, enc, stream);  // size query: no work
   s.allocate();
-  q.encode(s.tmp, values, call, enc, stream);
+  gradcomp::on_device(q).encode(s.tmp, values, call, enc, stream);
   cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   const auto packed = download(d_packed.data(), size.packed_bytes);
   const auto side = download(d_side.data(), size.side_count);
@@ -92,11 +92,11 @@ void check_against_host(const Q& q, const std::vector<float>& v, const gradcomp:
     device_buffer<float> d_out(n > 0 ? n : 1);
     cuda_check(cudaMemset(d_out.data(), 0xff, d_out.size() * sizeof(float)), "cudaMemset");
     scratch_buffer ds;
-    q.decode(ds.tmp, gradcomp::device_encoded_view(enc), device_span<float>{d_out.data(), n},
-             stream, validation);
+    gradcomp::on_device(q).decode(ds.tmp, gradcomp::device_encoded_view(enc),
+                                  device_span<float>{d_out.data(), n}, stream, validation);
     ds.allocate();
-    q.decode(ds.tmp, gradcomp::device_encoded_view(enc), device_span<float>{d_out.data(), n},
-             stream, validation);
+    gradcomp::on_device(q).decode(ds.tmp, gradcomp::device_encoded_view(enc),
+                                  device_span<float>{d_out.data(), n}, stream, validation);
     cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     REQUIRE(float_bits(download(d_out.data(), n)) == float_bits(host_decoded));
   }
@@ -190,26 +190,26 @@ TEST_CASE("cuda quantize: bad arguments are refused before anything is written")
   gradcomp::temp_storage query;
   const gradcomp::call_id call{};
   // Wrong packed size, wrong side count.
-  CHECK_THROWS_AS(q.encode(query, values, call,
+  CHECK_THROWS_AS(gradcomp::on_device(q).encode(query, values, call,
                            gradcomp::device_encoded{{d_packed.data(), 4}, {d_side.data(), 3}}),
                   gradcomp::invalid_argument);
-  CHECK_THROWS_AS(q.encode(query, values, call,
+  CHECK_THROWS_AS(gradcomp::on_device(q).encode(query, values, call,
                            gradcomp::device_encoded{{d_packed.data(), 5}, {d_side.data(), 2}}),
                   gradcomp::invalid_argument);
   // Too little scratch.
   const gradcomp::device_encoded enc{{d_packed.data(), 5}, {d_side.data(), 3}};
   scratch_buffer s;
-  q.encode(s.tmp, values, call, enc);
+  gradcomp::on_device(q).encode(s.tmp, values, call, enc);
   s.allocate();
   gradcomp::temp_storage small{s.tmp.ptr, s.tmp.bytes - 1};
-  CHECK_THROWS_AS(q.encode(small, values, call, enc), gradcomp::invalid_argument);
+  CHECK_THROWS_AS(gradcomp::on_device(q).encode(small, values, call, enc), gradcomp::invalid_argument);
   const auto untouched = download(d_packed.data(), 16);
   for (const auto b : untouched) CHECK(b == std::byte{0x11});
   // Decode: output size that does not match the encoding.
   device_buffer<float> d_out(n + 1);
   gradcomp::temp_storage dq;
   CHECK_THROWS_AS(
-      q.decode(dq, gradcomp::device_encoded_view(enc), device_span<float>{d_out.data(), n + 1}),
+      gradcomp::on_device(q).decode(dq, gradcomp::device_encoded_view(enc), device_span<float>{d_out.data(), n + 1}),
       gradcomp::payload_error);
 }
 
@@ -237,11 +237,11 @@ void expect_rejected(const Q& q, std::size_t n, Spoil spoil, const char* what) {
   const gradcomp::device_encoded_view in{{d_packed.data(), p.values.size()},
                                          {d_side.data(), p.side.size()}};
   scratch_buffer s;
-  q.decode(s.tmp, in, device_span<float>{d_out.data(), n});
+  gradcomp::on_device(q).decode(s.tmp, in, device_span<float>{d_out.data(), n});
   s.allocate();
   std::string message;
   try {
-    q.decode(s.tmp, in, device_span<float>{d_out.data(), n});
+    gradcomp::on_device(q).decode(s.tmp, in, device_span<float>{d_out.data(), n});
   } catch (const gradcomp::payload_error& e) {
     message = e.what();
   }

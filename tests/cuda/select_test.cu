@@ -71,7 +71,7 @@ void compare_topk(gradcomp::topk sel, const std::vector<T>& g, std::size_t k) {
   const auto dev =
       run_device(k, [&](gradcomp::temp_storage& tmp, gradcomp::device_span<std::uint32_t> idx,
                         gradcomp::selection_stats* st) {
-        sel.select(tmp, gradcomp::device_span<const T>{dg.data(), g.size()},
+        gradcomp::on_device(sel).select(tmp, gradcomp::device_span<const T>{dg.data(), g.size()},
                    gradcomp::select_context{k, 0.0, {}}, idx, st);
       });
   CHECK(dev.stats.count == hs.count);
@@ -92,7 +92,7 @@ void compare_topk(gradcomp::topk sel, const std::vector<T>& g, std::size_t k) {
       run_device(k, [&](gradcomp::temp_storage& tmp, gradcomp::device_span<std::uint32_t> idx,
                         gradcomp::selection_stats* st) {
         // The size query does not touch e; the real call adds g once.
-        sel.select_accumulate(tmp, gradcomp::device_span<T>{de.data(), g.size()},
+        gradcomp::on_device(sel).select_accumulate(tmp, gradcomp::device_span<T>{de.data(), g.size()},
                               gradcomp::device_span<const T>{dg.data(), g.size()},
                               gradcomp::select_context{k, 0.0, {}}, idx, st);
       });
@@ -193,7 +193,7 @@ TEST_CASE("device topk: the finish with ties at the k-th and with exactly k sure
   const std::size_t k = n / 20;
   gradcomp::topk sel;
   const auto plan = sel.bracket_plan(n, k);
-  REQUIRE(plan.hi_mode != gd::topk_bracket_plan::hi_none);
+  REQUIRE(plan.hi != gd::bracket_hi::largest_key);
   std::vector<float> g(n, 0.0f);
   for (std::size_t j = 0; j < plan.s; ++j) g[gd::strided_position(j, n, plan.s)] = 1.0f;
   std::size_t placed = 0;
@@ -221,32 +221,32 @@ TEST_CASE("device topk: bad input throws before anything is written") {
   gradcomp::topk sel;
   gradcomp::temp_storage tmp;
   const gradcomp::device_span<const float> dgs{dg.data(), 100};
-  CHECK_THROWS_AS(sel.select(tmp, dgs, gradcomp::select_context{101, 0.0, {}},
+  CHECK_THROWS_AS(gradcomp::on_device(sel).select(tmp, dgs, gradcomp::select_context{101, 0.0, {}},
                              gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
                   gradcomp::invalid_argument);
-  CHECK_THROWS_AS(sel.select(tmp, dgs, gradcomp::select_context{11, 0.0, {}},
+  CHECK_THROWS_AS(gradcomp::on_device(sel).select(tmp, dgs, gradcomp::select_context{11, 0.0, {}},
                              gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
                   gradcomp::invalid_argument);
-  CHECK_THROWS_AS(sel.select(tmp, dgs, gradcomp::select_context{5, 0.0, {}},
+  CHECK_THROWS_AS(gradcomp::on_device(sel).select(tmp, dgs, gradcomp::select_context{5, 0.0, {}},
                              gradcomp::device_span<std::uint32_t>{idx.data(), 10}, nullptr),
                   gradcomp::invalid_argument);
   gradcomp::device_buffer<float> e(99);
   CHECK_THROWS_AS(
-      sel.select_accumulate(tmp, gradcomp::device_span<float>{e.data(), 99}, dgs,
+      gradcomp::on_device(sel).select_accumulate(tmp, gradcomp::device_span<float>{e.data(), 99}, dgs,
                             gradcomp::select_context{5, 0.0, {}},
                             gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
       gradcomp::invalid_argument);
   gradcomp::topk bad;
   bad.sample_scale = -1.0;
-  CHECK_THROWS_AS(bad.select(tmp, dgs, gradcomp::select_context{5, 0.0, {}},
+  CHECK_THROWS_AS(gradcomp::on_device(bad).select(tmp, dgs, gradcomp::select_context{5, 0.0, {}},
                              gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
                   gradcomp::invalid_argument);
   // Too little scratch.
-  sel.select(tmp, dgs, gradcomp::select_context{5, 0.0, {}},
+  gradcomp::on_device(sel).select(tmp, dgs, gradcomp::select_context{5, 0.0, {}},
              gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data());
   gradcomp::device_buffer<char> small(tmp.bytes);
   gradcomp::temp_storage short_tmp{small.data(), tmp.bytes / 2};
-  CHECK_THROWS_AS(sel.select(short_tmp, dgs, gradcomp::select_context{5, 0.0, {}},
+  CHECK_THROWS_AS(gradcomp::on_device(sel).select(short_tmp, dgs, gradcomp::select_context{5, 0.0, {}},
                              gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
                   gradcomp::invalid_argument);
   check_cuda(cudaDeviceSynchronize());
@@ -267,7 +267,7 @@ void compare_gaussiank(gradcomp::gaussiank sel, const std::vector<T>& g, std::si
   const auto dev =
       run_device(n, [&](gradcomp::temp_storage& tmp, gradcomp::device_span<std::uint32_t> idx,
                         gradcomp::selection_stats* st) {
-        sel.select(tmp, gradcomp::device_span<const T>{dg.data(), n},
+        gradcomp::on_device(sel).select(tmp, gradcomp::device_span<const T>{dg.data(), n},
                    gradcomp::select_context{k, 0.0, {}}, idx, st);
       });
   CHECK(dev.stats.fallback == hs.fallback);
@@ -360,7 +360,7 @@ TEST_CASE_TEMPLATE("device threshold equals host threshold", T, float, double) {
         const auto dev =
             run_device(n, [&](gradcomp::temp_storage& tmp, gradcomp::device_span<std::uint32_t> idx,
                               gradcomp::selection_stats* st) {
-              sel.select(tmp, gradcomp::device_span<const T>{dg.data(), n},
+              gradcomp::on_device(sel).select(tmp, gradcomp::device_span<const T>{dg.data(), n},
                          gradcomp::select_context{}, idx, st);
             });
         CHECK(dev.stats.count == hs.count);
@@ -375,7 +375,7 @@ TEST_CASE_TEMPLATE("device threshold equals host threshold", T, float, double) {
   gradcomp::device_buffer<gradcomp::selection_stats> st(1);
   gradcomp::device_buffer<T> dg(4);
   CHECK_THROWS_AS(
-      bad.select(tmp, gradcomp::device_span<const T>{dg.data(), 4}, gradcomp::select_context{},
+      gradcomp::on_device(bad).select(tmp, gradcomp::device_span<const T>{dg.data(), 4}, gradcomp::select_context{},
                  gradcomp::device_span<std::uint32_t>{idx.data(), 4}, st.data()),
       gradcomp::invalid_argument);
 }

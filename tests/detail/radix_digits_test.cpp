@@ -13,7 +13,11 @@
 #include <vector>
 
 #include <gradcomp/detail/radix_digits.hpp>
-#include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/detail/select/keys.hpp>
+#include <gradcomp/detail/select/radix_select.hpp>
+#include <gradcomp/detail/select/sampling.hpp>
+#include <gradcomp/detail/select/scratch.hpp>
+#include <gradcomp/detail/select/sources.hpp>
 
 #include "../support/data.hpp"
 

@@ -201,6 +201,6 @@ TEST_CASE("sparsified_sgd with auto_exchange reports the choice, predicted and m
       CHECK(t.predicted_seconds >= 0.0);
       CHECK(t.exchange_seconds > 0.0);
     }
-    CHECK(sgd.exchange_policy().link().has_value());
+    CHECK(sgd.exchange().link().has_value());
   });
 }

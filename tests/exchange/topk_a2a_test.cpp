@@ -148,7 +148,7 @@ TEST_CASE("tune_bucket_elements measures real sparsified_sgd steps and every ran
     std::vector<float> params(sgd.size(), 0.0f);
     const auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, sgd.size(), static_cast<std::uint64_t>(comm.rank()));
     auto step_time = [&](std::size_t bucket) {
-      sgd.exchange_policy().set_bucket_elements(bucket);
+      sgd.exchange().set_bucket_elements(bucket);
       return sgd.step(params, g).seconds.exchange;
     };
     const bucket_tuning t = tune_bucket_elements(comm, 200, 200 * 24, step_time);

@@ -30,7 +30,7 @@ using gradcomp_test::comm_properties::same_bytes;
 
 TEST_CASE("mpi_comm models the communicator concept and offers point to point") {
   static_assert(communicator<mpi_comm>);
-  static_assert(detail::has_sendrecv<mpi_comm, std::byte>);
+  static_assert(point_to_point<mpi_comm, std::byte>);
   mpi_comm comm;
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);

@@ -211,8 +211,8 @@ TEST_CASE_TEMPLATE("quantizer: decode rejects malformed payloads and leaves the 
         p.bits_per_value = static_cast<std::uint8_t>(p.bits_per_value + d);
         require_rejected<PE>(q, p, n);
       }
-      for (const auto params : {gq::quantizer_params{good.params.p0 + 1, good.params.p1},
-                                gq::quantizer_params{good.params.p0, good.params.p1 + 1}}) {
+      for (const auto params : {gq::quantizer_params{good.params.levels + 1, good.params.bucket_size},
+                                gq::quantizer_params{good.params.levels, good.params.bucket_size + 1}}) {
         auto p = good;
         p.params = params;
         require_rejected<PE>(q, p, n);

@@ -60,7 +60,7 @@ TEST_CASE("qsgd: settings, bits and validation") {
     CHECK(q.bits_per_value() == b);
     CHECK(q.levels() == (1u << (b - 1)) - 1);
     CHECK(q.bucket_size() == 100);
-    CHECK(q.params() == gq::quantizer_params{q.levels(), 100});
+    CHECK(q.params() == gq::quantizer_params{.levels = q.levels(), .bucket_size = 100});
   }
   CHECK_THROWS_AS(gq::qsgd(0), gq::invalid_argument);
   CHECK_THROWS_AS(gq::qsgd(32768), gq::invalid_argument);

@@ -24,7 +24,7 @@ namespace {
 TEST_CASE("scaled_sign: settings") {
   static_assert(gq::scaled_sign{}.bits_per_value() == 1);
   static_assert(gq::scaled_sign{}.bucket_size() == 0);
-  static_assert(gq::scaled_sign(64).params() == gq::quantizer_params{64, 0});
+  static_assert(gq::scaled_sign(64).params() == gq::quantizer_params{.levels = 0, .bucket_size = 64});
 }
 
 TEST_CASE("scaled_sign: decodes to +-mean|v| of each bucket by the sign of v") {

@@ -24,7 +24,7 @@ namespace {
 TEST_CASE("terngrad: settings") {
   static_assert(gq::terngrad{}.bits_per_value() == 2);
   static_assert(gq::terngrad{}.bucket_size() == 0);
-  static_assert(gq::terngrad(128).params() == gq::quantizer_params{128, 0});
+  static_assert(gq::terngrad(128).params() == gq::quantizer_params{.levels = 0, .bucket_size = 128});
 }
 
 TEST_CASE("terngrad: side = max|v| per bucket; values in {0, +-max} with the sign of v") {

@@ -154,12 +154,12 @@ std::vector<mutation> payload_mutations() {
                  ++p.bits_per_value;
                  return true;
                }});
-  m.push_back({"params p0 changed", expect::payload, [](payload& p) {
-                 ++p.params.p0;
+  m.push_back({"quantizer levels changed", expect::payload, [](payload& p) {
+                 ++p.params.levels;
                  return true;
                }});
-  m.push_back({"params p1 changed", expect::payload, [](payload& p) {
-                 ++p.params.p1;
+  m.push_back({"quantizer bucket size changed", expect::payload, [](payload& p) {
+                 ++p.params.bucket_size;
                  return true;
                }});
   m.push_back({"nonzero padding bits", expect::payload, [](payload& p) {
@@ -666,7 +666,7 @@ TEST_CASE("bad input: encode_wire refuses inconsistent payloads and small buffer
     // another QSGD bucket size that gives the same number of buckets: the payload is still
     // consistent, only a decoder with other settings refuses it.
     if (m.name == "nonzero padding bits" || m.name == "codes above the largest valid one" ||
-        m.name == "params p1 changed")
+        m.name == "quantizer bucket size changed")
       continue;
     CAPTURE(m.name);
     std::vector<std::byte> stream{std::byte{9}, std::byte{8}};
@@ -1133,7 +1133,7 @@ void check_compress_refuses(const typename C::selector_type& bad) {
   for (std::uint64_t s = 0; s < 2; ++s) good.compress(grad_for<C>(s), st, {0.2, call_id{1, s, 0}}, p);
   const auto st_before = state_bytes(st);
   const auto p_before = bytes_of(p);
-  C c(bad, good.quantizer_policy());
+  C c(bad, good.quantizer());
   CHECK_THROWS_AS(c.compress(grad_for<C>(9), st, {0.2, call_id{1, 9, 0}}, p), gradcomp::invalid_argument);
   CHECK(state_bytes(st) == st_before);
   CHECK(bytes_of(p) == p_before);
@@ -1556,7 +1556,7 @@ TEST_CASE_TEMPLATE("bad input: exchanges: ranks that disagree on the tensor or t
         payload p;  // k = 0: no coordinate selected
         p.dense_size = n;
         p.count = 0;
-        c.quantizer_policy().encode(std::span<const float>(), call_id{}, p);
+        c.quantizer().encode(std::span<const float>(), call_id{}, p);
         auto out = sentinel<float>(n);
         auto x = X::make();
         exchange_once(x, comm, c, p, std::span<float>(out));

@@ -75,8 +75,8 @@ inline byte_snapshot bytes_of(const payload& p) {
                                 static_cast<std::uint64_t>(p.layout),
                                 static_cast<std::uint64_t>(p.quantizer),
                                 p.bits_per_value,
-                                p.params.p0,
-                                p.params.p1,
+                                p.params.levels,
+                                p.params.bucket_size,
                                 p.count};
   append_bytes(out, std::span<const std::uint64_t>(head));
   append_bytes(out, std::span<const std::uint32_t>(p.indices));

@@ -128,7 +128,7 @@ TEST_CASE("topk::bracket_plan stays within its documented ranges") {
       CHECK(p.s >= 1);
       CHECK(p.s <= std::max<std::size_t>(n / 16, 1));
       CHECK(p.lo_pos <= p.s);
-      if (p.hi_mode == gradcomp::detail::topk_bracket_plan::hi_at_rank) CHECK(p.hi_pos < p.lo_pos);
+      if (p.hi == gradcomp::detail::bracket_hi::sample_rank) CHECK(p.hi_pos < p.lo_pos);
       CHECK(p.budget >= std::min(sel.min_candidate_budget, n));
       CHECK(p.budget <= n);
     }

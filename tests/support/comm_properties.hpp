@@ -145,7 +145,7 @@ void variable_collectives(Comm& comm) {
     }
     comm.barrier();
   }
-  if constexpr (gradcomp::detail::has_sendrecv<Comm, std::uint8_t>) {
+  if constexpr (gradcomp::point_to_point<Comm, std::uint8_t>) {
   SUBCASE("sendrecv around a ring, sizes differ") {
     const int next = (me + 1) % p, prev = (me + p - 1) % p;
     const auto send = input<std::uint8_t>(me, static_cast<std::size_t>(10 + me), 25);
@@ -203,7 +203,7 @@ void bad_arguments(Comm& comm) {
                   invalid_argument);
   std::vector<float> small(1);
   CHECK_THROWS_AS(comm.allgather(std::span<const float>(v), std::span<float>(small)), invalid_argument);
-  if constexpr (gradcomp::detail::has_sendrecv<Comm, float>) {
+  if constexpr (gradcomp::point_to_point<Comm, float>) {
     CHECK_THROWS_AS(comm.sendrecv(std::span<const float>(v), comm.size(), recv, -1), invalid_argument);
   }
   try {

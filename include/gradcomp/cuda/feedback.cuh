@@ -1,13 +1,13 @@
 // gradcomp/cuda/feedback.cuh: residual error feedback on device memory. The residual is a
 // device_span<T> e (the host state's vector, on the device):
-//   fb.accumulate(tmp, e, g, stream)                      e += g
-//   fb.update(tmp, e, idx, decoded, stream)               e[idx[j]] -= decoded[j]
-//   fb.restore(tmp, e, idx, decoded, stream)              e[idx[j]] += decoded[j]
-//   fb.gather_and_clear(tmp, e, idx, d_stats, values, stream)
+//   on_device(fb).accumulate(tmp, e, g, stream)                      e += g
+//   on_device(fb).update(tmp, e, idx, decoded, stream)               e[idx[j]] -= decoded[j]
+//   on_device(fb).restore(tmp, e, idx, decoded, stream)              e[idx[j]] += decoded[j]
+//   on_device(fb).gather_and_clear(tmp, e, idx, d_stats, values, stream)
 //        values[j] = e[idx[j]], then e[idx[j]] = 0, for j < d_stats->count (read on the device)
 // The fused step of TopK-SGD with error feedback is then
-//   sel.select_accumulate(tmp, e, g, ctx, idx, d_stats, stream);   // e += g, select: one pass
-//   fb.gather_and_clear(tmp, e, idx, d_stats, values, stream);     // send values, e = 0 there
+//   on_device(sel).select_accumulate(tmp, e, g, ctx, idx, d_stats, stream);  // e += g, select
+//   on_device(fb).gather_and_clear(tmp, e, idx, d_stats, values, stream);    // e = 0 there
 // which is compressor<>'s accumulate/select/update with exact (unquantized) values. None of
 // these needs scratch: the size query sets tmp.bytes = 0. Sizes are checked like the host's;
 // the indices are device data and are not range-checked (they come from a selector).
@@ -27,39 +27,43 @@
 namespace gradcomp {
 
 template <>
-struct device_policy<residual> {
+class device_policy<residual> {
+ public:
+  // residual has no settings: nothing to keep.
+  explicit device_policy(const residual&) noexcept {}
+
   template <class T, class U>
   requires std::is_same_v<std::remove_const_t<U>, T>
-  static void accumulate(const residual& /*fb*/, temp_storage& tmp, device_span<T> e,
-                         device_span<U> g, cudaStream_t stream = nullptr) {
+  void accumulate(temp_storage& tmp, device_span<T> e, device_span<U> g,
+                  cudaStream_t stream = nullptr) const {
     detail::check_feedback_size("residual::accumulate", g.size(), e.size());
     if (tmp.is_size_query()) {
       tmp.bytes = 0;
       return;
     }
     if (e.empty()) return;
-    cuda::sel::axpy_kernel<T><<<cuda::sel::grid_for(e.size(), 256, 4096), 256, 0, stream>>>(
-        e.data(), g.data(), e.size());
-    cuda::sel::check_launch("axpy_kernel");
+    cuda::select_impl::axpy_kernel<T>
+        <<<cuda::grid_for(e.size(), 256, 4096), 256, 0, stream>>>(e.data(), g.data(), e.size());
+    cuda::check_launch("axpy_kernel");
   }
 
   template <class T, class I, class F>
-  static void update(const residual& fb, temp_storage& tmp, device_span<T> e, device_span<I> idx,
-                     device_span<F> decoded, cudaStream_t stream = nullptr) {
-    scatter(fb, tmp, e, idx, decoded, -1.0f, "residual::update", stream);
+  void update(temp_storage& tmp, device_span<T> e, device_span<I> idx, device_span<F> decoded,
+              cudaStream_t stream = nullptr) const {
+    scatter(tmp, e, idx, decoded, -1.0f, "residual::update", stream);
   }
 
   template <class T, class I, class F>
-  static void restore(const residual& fb, temp_storage& tmp, device_span<T> e, device_span<I> idx,
-                      device_span<F> decoded, cudaStream_t stream = nullptr) {
-    scatter(fb, tmp, e, idx, decoded, 1.0f, "residual::restore", stream);
+  void restore(temp_storage& tmp, device_span<T> e, device_span<I> idx, device_span<F> decoded,
+               cudaStream_t stream = nullptr) const {
+    scatter(tmp, e, idx, decoded, 1.0f, "residual::restore", stream);
   }
 
   template <class T, class I>
   requires std::is_same_v<std::remove_const_t<I>, std::uint32_t>
-  static void gather_and_clear(const residual& /*fb*/, temp_storage& tmp, device_span<T> e,
-                               device_span<I> idx, const selection_stats* stats,
-                               device_span<T> values, cudaStream_t stream = nullptr) {
+  void gather_and_clear(temp_storage& tmp, device_span<T> e, device_span<I> idx,
+                        const selection_stats* stats, device_span<T> values,
+                        cudaStream_t stream = nullptr) const {
     if (values.size() < idx.size()) {
       detail::throw_invalid_argument("residual::gather_and_clear", "values.size()", values.size(),
                                      detail::concat(">= indices.size() (", idx.size(), ")"));
@@ -73,17 +77,16 @@ struct device_policy<residual> {
       return;
     }
     if (idx.empty()) return;
-    cuda::sel::gather_clear_kernel<T>
-        <<<cuda::sel::grid_for(idx.size(), 256, 4096), 256, 0, stream>>>(
-            e.data(), idx.data(), stats, idx.size(), values.data());
-    cuda::sel::check_launch("gather_clear_kernel");
+    cuda::select_impl::gather_clear_kernel<T>
+        <<<cuda::grid_for(idx.size(), 256, 4096), 256, 0, stream>>>(e.data(), idx.data(), stats,
+                                                                    idx.size(), values.data());
+    cuda::check_launch("gather_clear_kernel");
   }
 
  private:
   template <class T, class I, class F>
-  static void scatter(const residual& /*fb*/, temp_storage& tmp, device_span<T> e,
-                      device_span<I> idx, device_span<F> decoded, float sign, const char* where,
-                      cudaStream_t stream) {
+  void scatter(temp_storage& tmp, device_span<T> e, device_span<I> idx, device_span<F> decoded,
+               float sign, const char* where, cudaStream_t stream) const {
     static_assert(std::is_same_v<std::remove_const_t<I>, std::uint32_t>, "indices are uint32");
     static_assert(std::is_same_v<std::remove_const_t<F>, float>, "decoded values are float");
     if (idx.size() != decoded.size()) {
@@ -95,10 +98,10 @@ struct device_policy<residual> {
       return;
     }
     if (idx.empty()) return;
-    cuda::sel::scatter_add_kernel<T>
-        <<<cuda::sel::grid_for(idx.size(), 256, 4096), 256, 0, stream>>>(
+    cuda::select_impl::scatter_add_kernel<T>
+        <<<cuda::grid_for(idx.size(), 256, 4096), 256, 0, stream>>>(
             e.data(), idx.data(), decoded.data(), idx.size(), sign);
-    cuda::sel::check_launch("scatter_add_kernel");
+    cuda::check_launch("scatter_add_kernel");
   }
 };
 

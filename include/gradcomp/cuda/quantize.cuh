@@ -5,10 +5,12 @@
 //   gradcomp::qsgd q(7, 512);
 //   const auto size = gradcomp::device_encoded_size(q, n);     // bytes and side entries
 //   gradcomp::temp_storage tmp;                                 // CUB style: size query...
-//   q.encode(tmp, gradcomp::device_span<const float>{d_v, n}, call, enc, stream);
+//   gradcomp::on_device(q).encode(tmp, gradcomp::device_span<const float>{d_v, n}, call, enc,
+//                                 stream);
 //   /* allocate tmp.bytes at tmp.ptr */                         // ...then the work
-//   q.encode(tmp, gradcomp::device_span<const float>{d_v, n}, call, enc, stream);
-//   q.decode(tmp, enc, gradcomp::device_span<float>{d_out, n}, stream);
+//   gradcomp::on_device(q).encode(tmp, gradcomp::device_span<const float>{d_v, n}, call, enc,
+//                                 stream);
+//   gradcomp::on_device(q).decode(tmp, enc, gradcomp::device_span<float>{d_out, n}, stream);
 //
 // Same bits as the host: for the same values and call_id the packed bytes and side values
 // equal the host payload's `values` and `side` exactly (the random draws come from the same
@@ -59,26 +61,30 @@ encoded_size device_encoded_size(const Q& q, std::size_t count) {
           static_cast<std::size_t>(l.side_count)};
 }
 
-namespace cuda::qs {
+namespace cuda::quantize_impl {
 
 // Bucket size as the kernels see it: "0 = one bucket" becomes the whole span.
 inline std::size_t effective_bucket(std::uint32_t bucket, std::size_t n) {
   return bucket != 0 ? bucket : (n > 0 ? n : 1);
 }
 
-}  // namespace cuda::qs
+}  // namespace cuda::quantize_impl
 
 template <>
-struct device_policy<identity> {
+class device_policy<identity> {
+ public:
+  // identity has no settings: nothing to keep.
+  explicit device_policy(const identity&) noexcept {}
+
   static_assert(std::endian::native == std::endian::little,
                 "identity's device encoding copies float bytes as the little-endian wire form");
 
-  static void encode(const identity&, temp_storage& tmp, device_span<const float> values,
-                     const call_id& /*unused: deterministic*/, const device_encoded& out,
-                     cudaStream_t stream = nullptr) {
+  void encode(temp_storage& tmp, device_span<const float> values,
+              const call_id& /*unused: deterministic*/, const device_encoded& out,
+              cudaStream_t stream = nullptr) const {
     constexpr std::string_view where = "identity::encode (device)";
-    cuda::qs::check_encode_args(where, values.size(), 32, 0, out);
-    cuda::qs::scratch s(tmp.ptr);
+    cuda::quantize_impl::check_encode_args(where, values.size(), 32, 0, out);
+    cuda::scratch_carver s(tmp.ptr);
     if (cuda::finish_size_query(where, tmp, s) || values.empty()) return;
     detail::cuda_check(cudaMemcpyAsync(out.packed.data(), values.data(), values.size_bytes(),
                                        cudaMemcpyDeviceToDevice, stream),
@@ -86,12 +92,11 @@ struct device_policy<identity> {
   }
 
   // Every 32-bit pattern is a valid value: nothing to validate.
-  static void decode(const identity&, temp_storage& tmp, const device_encoded_view& in,
-                     device_span<float> decoded, cudaStream_t stream = nullptr,
-                     device_validation = device_validation::check) {
+  void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
+              cudaStream_t stream = nullptr, device_validation = device_validation::check) const {
     constexpr std::string_view where = "identity::decode (device)";
-    cuda::qs::check_decode_args(where, decoded.size(), 32, 0, in);
-    cuda::qs::scratch s(tmp.ptr);
+    cuda::quantize_impl::check_decode_args(where, decoded.size(), 32, 0, in);
+    cuda::scratch_carver s(tmp.ptr);
     if (cuda::finish_size_query(where, tmp, s) || decoded.empty()) return;
     detail::cuda_check(cudaMemcpyAsync(decoded.data(), in.packed.data(), decoded.size_bytes(),
                                        cudaMemcpyDeviceToDevice, stream),
@@ -100,110 +105,134 @@ struct device_policy<identity> {
 };
 
 template <>
-struct device_policy<fp16> {
-  static void encode(const fp16&, temp_storage& tmp, device_span<const float> values,
-                     const call_id& /*unused: deterministic*/, const device_encoded& out,
-                     cudaStream_t stream = nullptr) {
-    cuda::qs::encode_elementwise("fp16::encode (device)", tmp, values, 16, detail::fp16_codec{},
-                                 out, stream);
+class device_policy<fp16> {
+ public:
+  // fp16 has no settings: nothing to keep.
+  explicit device_policy(const fp16&) noexcept {}
+
+  void encode(temp_storage& tmp, device_span<const float> values,
+              const call_id& /*unused: deterministic*/, const device_encoded& out,
+              cudaStream_t stream = nullptr) const {
+    cuda::quantize_impl::encode_elementwise("fp16::encode (device)", tmp, values, 16,
+                                            detail::fp16_codec{}, out, stream);
   }
   // Every 16-bit pattern is a valid value and there is no padding: nothing to validate.
-  static void decode(const fp16&, temp_storage& tmp, const device_encoded_view& in,
-                     device_span<float> decoded, cudaStream_t stream = nullptr,
-                     device_validation = device_validation::check) {
-    cuda::qs::decode_codes("fp16::decode (device)", tmp, in, decoded, 16, 0, 0xffffu, "",
-                           detail::fp16_codec{}, stream, device_validation::trusted);
+  void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
+              cudaStream_t stream = nullptr, device_validation = device_validation::check) const {
+    cuda::quantize_impl::decode_codes("fp16::decode (device)", tmp, in, decoded, 16, 0, 0xffffu, "",
+                                      detail::fp16_codec{}, stream, device_validation::trusted);
   }
 };
 
 template <>
-struct device_policy<bf16> {
-  static void encode(const bf16&, temp_storage& tmp, device_span<const float> values,
-                     const call_id& /*unused: deterministic*/, const device_encoded& out,
-                     cudaStream_t stream = nullptr) {
-    cuda::qs::encode_elementwise("bf16::encode (device)", tmp, values, 16, detail::bf16_codec{},
-                                 out, stream);
+class device_policy<bf16> {
+ public:
+  // bf16 has no settings: nothing to keep.
+  explicit device_policy(const bf16&) noexcept {}
+
+  void encode(temp_storage& tmp, device_span<const float> values,
+              const call_id& /*unused: deterministic*/, const device_encoded& out,
+              cudaStream_t stream = nullptr) const {
+    cuda::quantize_impl::encode_elementwise("bf16::encode (device)", tmp, values, 16,
+                                            detail::bf16_codec{}, out, stream);
   }
-  static void decode(const bf16&, temp_storage& tmp, const device_encoded_view& in,
-                     device_span<float> decoded, cudaStream_t stream = nullptr,
-                     device_validation = device_validation::check) {
-    cuda::qs::decode_codes("bf16::decode (device)", tmp, in, decoded, 16, 0, 0xffffu, "",
-                           detail::bf16_codec{}, stream, device_validation::trusted);
+  void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
+              cudaStream_t stream = nullptr, device_validation = device_validation::check) const {
+    cuda::quantize_impl::decode_codes("bf16::decode (device)", tmp, in, decoded, 16, 0, 0xffffu, "",
+                                      detail::bf16_codec{}, stream, device_validation::trusted);
   }
 };
 
 template <>
-struct device_policy<qsgd> {
-  static void encode(const qsgd& q, temp_storage& tmp, device_span<const float> values,
-                     const call_id& call, const device_encoded& out,
-                     cudaStream_t stream = nullptr) {
+class device_policy<qsgd> {
+ public:
+  explicit device_policy(const qsgd& policy) noexcept : q_(policy) {}
+
+  void encode(temp_storage& tmp, device_span<const float> values, const call_id& call,
+              const device_encoded& out, cudaStream_t stream = nullptr) const {
     const std::size_t n = values.size();
     const detail::qsgd_codec codec{
-        detail::counter_rng{detail::stream_key(call, detail::stream_tag::quantize)}, q.levels(),
-        1.0f / static_cast<float>(q.levels()), q.bucket_size()};
-    cuda::qs::encode_bucketed<detail::sum_squares_reducer>(
-        "qsgd::encode (device)", tmp, values, q.bits_per_value(), q.bucket_size(),
-        device_encoded_size(q, n).side_count, detail::qsgd_side{}, codec, out, stream);
+        detail::counter_rng{detail::stream_key(call, detail::stream_tag::quantize)}, q_.levels(),
+        1.0f / static_cast<float>(q_.levels()), q_.bucket_size()};
+    cuda::quantize_impl::encode_bucketed<detail::sum_squares_reducer>(
+        "qsgd::encode (device)", tmp, values, q_.bits_per_value(), q_.bucket_size(),
+        device_encoded_size(q_, n).side_count, detail::qsgd_side{}, codec, out, stream);
   }
   // v = norm * (code - s) / s; codes above 2s are rejected (with device_validation::check).
-  static void decode(const qsgd& q, temp_storage& tmp, const device_encoded_view& in,
-                     device_span<float> decoded, cudaStream_t stream = nullptr,
-                     device_validation validation = device_validation::check) {
-    const detail::qsgd_codec codec{detail::counter_rng{}, q.levels(),
-                                   1.0f / static_cast<float>(q.levels()), q.bucket_size()};
-    cuda::qs::decode_codes("qsgd::decode (device)", tmp, in, decoded, q.bits_per_value(),
-                           device_encoded_size(q, decoded.size()).side_count, 2u * q.levels(),
-                           "2 * levels", codec, stream, validation);
+  void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
+              cudaStream_t stream = nullptr,
+              device_validation validation = device_validation::check) const {
+    const detail::qsgd_codec codec{detail::counter_rng{}, q_.levels(),
+                                   1.0f / static_cast<float>(q_.levels()), q_.bucket_size()};
+    cuda::quantize_impl::decode_codes("qsgd::decode (device)", tmp, in, decoded,
+                                      q_.bits_per_value(),
+                                      device_encoded_size(q_, decoded.size()).side_count,
+                                      2u * q_.levels(), "2 * levels", codec, stream, validation);
   }
+
+ private:
+  const qsgd& q_;
 };
 
 template <>
-struct device_policy<terngrad> {
-  static void encode(const terngrad& q, temp_storage& tmp, device_span<const float> values,
-                     const call_id& call, const device_encoded& out,
-                     cudaStream_t stream = nullptr) {
+class device_policy<terngrad> {
+ public:
+  explicit device_policy(const terngrad& policy) noexcept : q_(policy) {}
+
+  void encode(temp_storage& tmp, device_span<const float> values, const call_id& call,
+              const device_encoded& out, cudaStream_t stream = nullptr) const {
     const std::size_t n = values.size();
-    const std::size_t bucket = cuda::qs::effective_bucket(q.bucket_size(), n);
+    const std::size_t bucket = cuda::quantize_impl::effective_bucket(q_.bucket_size(), n);
     const detail::terngrad_codec codec{
         detail::counter_rng{detail::stream_key(call, detail::stream_tag::quantize)}, bucket};
-    cuda::qs::encode_bucketed<detail::max_abs_reducer>("terngrad::encode (device)", tmp, values, 2,
-                                                       bucket, device_encoded_size(q, n).side_count,
-                                                       detail::terngrad_side{}, codec, out, stream);
+    cuda::quantize_impl::encode_bucketed<detail::max_abs_reducer>(
+        "terngrad::encode (device)", tmp, values, 2, bucket, device_encoded_size(q_, n).side_count,
+        detail::terngrad_side{}, codec, out, stream);
   }
-  static void decode(const terngrad& q, temp_storage& tmp, const device_encoded_view& in,
-                     device_span<float> decoded, cudaStream_t stream = nullptr,
-                     device_validation validation = device_validation::check) {
+  void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
+              cudaStream_t stream = nullptr,
+              device_validation validation = device_validation::check) const {
     const std::size_t n = decoded.size();
     const detail::terngrad_codec codec{detail::counter_rng{},
-                                       cuda::qs::effective_bucket(q.bucket_size(), n)};
-    cuda::qs::decode_codes("terngrad::decode (device)", tmp, in, decoded, 2,
-                           device_encoded_size(q, n).side_count, 2u, "0, 1 = +max, 2 = -max", codec,
-                           stream, validation);
+                                       cuda::quantize_impl::effective_bucket(q_.bucket_size(), n)};
+    cuda::quantize_impl::decode_codes("terngrad::decode (device)", tmp, in, decoded, 2,
+                                      device_encoded_size(q_, n).side_count, 2u,
+                                      "0, 1 = +max, 2 = -max", codec, stream, validation);
   }
+
+ private:
+  const terngrad& q_;
 };
 
 template <>
-struct device_policy<scaled_sign> {
-  static void encode(const scaled_sign& q, temp_storage& tmp, device_span<const float> values,
-                     const call_id& /*unused: deterministic*/, const device_encoded& out,
-                     cudaStream_t stream = nullptr) {
+class device_policy<scaled_sign> {
+ public:
+  explicit device_policy(const scaled_sign& policy) noexcept : q_(policy) {}
+
+  void encode(temp_storage& tmp, device_span<const float> values,
+              const call_id& /*unused: deterministic*/, const device_encoded& out,
+              cudaStream_t stream = nullptr) const {
     const std::size_t n = values.size();
-    const std::size_t bucket = cuda::qs::effective_bucket(q.bucket_size(), n);
-    cuda::qs::encode_bucketed<detail::sum_abs_reducer>(
+    const std::size_t bucket = cuda::quantize_impl::effective_bucket(q_.bucket_size(), n);
+    cuda::quantize_impl::encode_bucketed<detail::sum_abs_reducer>(
         "scaled_sign::encode (device)", tmp, values, 1, bucket,
-        device_encoded_size(q, n).side_count, detail::scaled_sign_side{},
+        device_encoded_size(q_, n).side_count, detail::scaled_sign_side{},
         detail::scaled_sign_codec{bucket}, out, stream);
   }
   // Every code is valid; side values and padding are checked.
-  static void decode(const scaled_sign& q, temp_storage& tmp, const device_encoded_view& in,
-                     device_span<float> decoded, cudaStream_t stream = nullptr,
-                     device_validation validation = device_validation::check) {
+  void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
+              cudaStream_t stream = nullptr,
+              device_validation validation = device_validation::check) const {
     const std::size_t n = decoded.size();
-    cuda::qs::decode_codes(
-        "scaled_sign::decode (device)", tmp, in, decoded, 1, device_encoded_size(q, n).side_count,
-        1u, "0 or 1", detail::scaled_sign_codec{cuda::qs::effective_bucket(q.bucket_size(), n)},
+    cuda::quantize_impl::decode_codes(
+        "scaled_sign::decode (device)", tmp, in, decoded, 1, device_encoded_size(q_, n).side_count,
+        1u, "0 or 1",
+        detail::scaled_sign_codec{cuda::quantize_impl::effective_bucket(q_.bucket_size(), n)},
         stream, validation);
   }
+
+ private:
+  const scaled_sign& q_;
 };
 
 }  // namespace gradcomp

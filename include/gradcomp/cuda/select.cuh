@@ -3,9 +3,9 @@
 //
 //   gradcomp::topk sel;                       // same settings as on the host
 //   gradcomp::temp_storage tmp;               // CUB convention: size query, then the call
-//   sel.select(tmp, g, ctx, indices, d_stats, stream);      // tmp.ptr == nullptr: sets bytes
+//   gradcomp::on_device(sel).select(tmp, g, ctx, indices, d_stats, stream);  // sets tmp.bytes
 //   cudaMalloc(&tmp.ptr, tmp.bytes);
-//   sel.select(tmp, g, ctx, indices, d_stats, stream);      // asynchronous on `stream`
+//   gradcomp::on_device(sel).select(tmp, g, ctx, indices, d_stats, stream);  // asynchronous
 //
 // g is a device_span<const T> (T float or double), indices a device_span<uint32_t>, d_stats a
 // selection_stats* in device memory that receives what the host call returns. The size query
@@ -20,7 +20,8 @@
 //    tolerance documented in dispatch/gaussiank.cuh; stats.count is the full count and at most
 //    indices.size() indices are written (pass n for all). NaN or Inf: the exact top-k, fallback.
 //  - threshold: {i : |g_i| >= tau} ascending, the same count rule as gaussiank.
-//  - select_accumulate(tmp, e, g, ctx, indices, d_stats, stream) for topk and gaussiank: the
+//  - on_device(sel).select_accumulate(tmp, e, g, ctx, indices, d_stats, stream) for topk and
+//    gaussiank: the
 //    selection of e + g, leaving e = e + g, with the addition fused into the first pass.
 #pragma once
 
@@ -40,7 +41,7 @@
 
 namespace gradcomp {
 
-namespace cuda::sel {
+namespace cuda::select_impl {
 
 template <class T>
 inline constexpr bool device_value = std::is_same_v<T, float> || std::is_same_v<T, double>;
@@ -62,85 +63,104 @@ inline void check_same_size(const char* where, std::size_t e, std::size_t g) {
   }
 }
 
-}  // namespace cuda::sel
+}  // namespace cuda::select_impl
 
 template <>
-struct device_policy<topk> {
+class device_policy<topk> {
+ public:
+  explicit device_policy(const topk& policy) noexcept : sel_(policy) {}
+
   template <class U>
-  requires cuda::sel::device_value<std::remove_const_t<U>>
-  static void select(topk& sel, temp_storage& tmp, device_span<U> g, const select_context& ctx,
-                     device_span<std::uint32_t> indices, selection_stats* stats,
-                     cudaStream_t stream = nullptr) {
+  requires cuda::select_impl::device_value<std::remove_const_t<U>>
+  void select(temp_storage& tmp, device_span<U> g, const select_context& ctx,
+              device_span<std::uint32_t> indices, selection_stats* stats,
+              cudaStream_t stream = nullptr) const {
     using T = std::remove_const_t<U>;
-    sel.check();
+    sel_.check();
     detail::check_index_range("topk", g.size());
     check_k("topk", ctx.k, g.size());
-    cuda::sel::check_device_outputs("topk", indices.size(), ctx.k, stats);
-    cuda::sel::topk_run<T>(sel, tmp, nullptr, g.data(), g.size(), ctx.k, indices.data(), stats,
-                           stream);
+    cuda::select_impl::check_device_outputs("topk", indices.size(), ctx.k, stats);
+    cuda::select_impl::topk_run<T>(sel_, tmp, nullptr, g.data(), g.size(), ctx.k, indices.data(),
+                                   stats, stream);
   }
 
   template <class T, class U>
-  requires cuda::sel::device_value<T> && std::is_same_v<std::remove_const_t<U>, T>
-  static void select_accumulate(topk& sel, temp_storage& tmp, device_span<T> e, device_span<U> g,
-                                const select_context& ctx, device_span<std::uint32_t> indices,
-                                selection_stats* stats, cudaStream_t stream = nullptr) {
-    cuda::sel::check_same_size("topk::select_accumulate", e.size(), g.size());
-    sel.check();
+  requires cuda::select_impl::device_value<T> && std::is_same_v<std::remove_const_t<U>, T>
+  void select_accumulate(temp_storage& tmp, device_span<T> e, device_span<U> g,
+                         const select_context& ctx, device_span<std::uint32_t> indices,
+                         selection_stats* stats, cudaStream_t stream = nullptr) const {
+    cuda::select_impl::check_same_size("topk::select_accumulate", e.size(), g.size());
+    sel_.check();
     detail::check_index_range("topk", g.size());
     check_k("topk", ctx.k, g.size());
-    cuda::sel::check_device_outputs("topk", indices.size(), ctx.k, stats);
-    cuda::sel::topk_run<T>(sel, tmp, e.data(), g.data(), g.size(), ctx.k, indices.data(), stats,
-                           stream);
+    cuda::select_impl::check_device_outputs("topk", indices.size(), ctx.k, stats);
+    cuda::select_impl::topk_run<T>(sel_, tmp, e.data(), g.data(), g.size(), ctx.k, indices.data(),
+                                   stats, stream);
   }
+
+ private:
+  const topk& sel_;
 };
 
 template <>
-struct device_policy<gaussiank> {
+class device_policy<gaussiank> {
+ public:
+  explicit device_policy(const gaussiank& policy) noexcept : sel_(policy) {}
+
   template <class U>
-  requires cuda::sel::device_value<std::remove_const_t<U>>
-  static void select(gaussiank& sel, temp_storage& tmp, device_span<U> g, const select_context& ctx,
-                     device_span<std::uint32_t> indices, selection_stats* stats,
-                     cudaStream_t stream = nullptr) {
+  requires cuda::select_impl::device_value<std::remove_const_t<U>>
+  void select(temp_storage& tmp, device_span<U> g, const select_context& ctx,
+              device_span<std::uint32_t> indices, selection_stats* stats,
+              cudaStream_t stream = nullptr) const {
     using T = std::remove_const_t<U>;
-    sel.check();
+    sel_.check();
     detail::check_index_range("gaussiank", g.size());
     check_k("gaussiank", ctx.k, g.size());
-    cuda::sel::check_device_outputs("gaussiank", indices.size(), sel.cap_at_k ? ctx.k : 0, stats);
-    cuda::sel::gaussiank_run<T>(sel, tmp, nullptr, g.data(), g.size(), ctx.k, indices.data(),
-                                indices.size(), stats, stream);
+    cuda::select_impl::check_device_outputs("gaussiank", indices.size(), sel_.cap_at_k ? ctx.k : 0,
+                                            stats);
+    cuda::select_impl::gaussiank_run<T>(sel_, tmp, nullptr, g.data(), g.size(), ctx.k,
+                                        indices.data(), indices.size(), stats, stream);
   }
 
   template <class T, class U>
-  requires cuda::sel::device_value<T> && std::is_same_v<std::remove_const_t<U>, T>
-  static void select_accumulate(gaussiank& sel, temp_storage& tmp, device_span<T> e,
-                                device_span<U> g, const select_context& ctx,
-                                device_span<std::uint32_t> indices, selection_stats* stats,
-                                cudaStream_t stream = nullptr) {
-    cuda::sel::check_same_size("gaussiank::select_accumulate", e.size(), g.size());
-    sel.check();
+  requires cuda::select_impl::device_value<T> && std::is_same_v<std::remove_const_t<U>, T>
+  void select_accumulate(temp_storage& tmp, device_span<T> e, device_span<U> g,
+                         const select_context& ctx, device_span<std::uint32_t> indices,
+                         selection_stats* stats, cudaStream_t stream = nullptr) const {
+    cuda::select_impl::check_same_size("gaussiank::select_accumulate", e.size(), g.size());
+    sel_.check();
     detail::check_index_range("gaussiank", g.size());
     check_k("gaussiank", ctx.k, g.size());
-    cuda::sel::check_device_outputs("gaussiank", indices.size(), sel.cap_at_k ? ctx.k : 0, stats);
-    cuda::sel::gaussiank_run<T>(sel, tmp, e.data(), g.data(), g.size(), ctx.k, indices.data(),
-                                indices.size(), stats, stream);
+    cuda::select_impl::check_device_outputs("gaussiank", indices.size(), sel_.cap_at_k ? ctx.k : 0,
+                                            stats);
+    cuda::select_impl::gaussiank_run<T>(sel_, tmp, e.data(), g.data(), g.size(), ctx.k,
+                                        indices.data(), indices.size(), stats, stream);
   }
+
+ private:
+  const gaussiank& sel_;
 };
 
 template <>
-struct device_policy<threshold> {
+class device_policy<threshold> {
+ public:
+  explicit device_policy(const threshold& policy) noexcept : sel_(policy) {}
+
   template <class U>
-  requires cuda::sel::device_value<std::remove_const_t<U>>
-  static void select(threshold& sel, temp_storage& tmp, device_span<U> g,
-                     const select_context& /*ctx: k unused*/, device_span<std::uint32_t> indices,
-                     selection_stats* stats, cudaStream_t stream = nullptr) {
+  requires cuda::select_impl::device_value<std::remove_const_t<U>>
+  void select(temp_storage& tmp, device_span<U> g, const select_context& /*ctx: k unused*/,
+              device_span<std::uint32_t> indices, selection_stats* stats,
+              cudaStream_t stream = nullptr) const {
     using T = std::remove_const_t<U>;
-    sel.check();
+    sel_.check();
     detail::check_index_range("threshold", g.size());
-    cuda::sel::check_device_outputs("threshold", indices.size(), 0, stats);
-    cuda::sel::threshold_run<T>(sel, tmp, g.data(), g.size(), indices.data(), indices.size(), stats,
-                                stream);
+    cuda::select_impl::check_device_outputs("threshold", indices.size(), 0, stats);
+    cuda::select_impl::threshold_run<T>(sel_, tmp, g.data(), g.size(), indices.data(),
+                                        indices.size(), stats, stream);
   }
+
+ private:
+  const threshold& sel_;
 };
 
 }  // namespace gradcomp

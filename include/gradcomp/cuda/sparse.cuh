@@ -48,7 +48,7 @@ void gather(temp_storage& tmp, device_span<T> g, device_span<const std::uint32_t
             device_span<float> values, cudaStream_t stream = nullptr,
             device_validation validation = device_validation::check) {
   using U = std::remove_const_t<T>;
-  qs::gather<U>(tmp, device_span<const U>(g), indices, values, stream, validation);
+  sparse_impl::gather<U>(tmp, device_span<const U>(g), indices, values, stream, validation);
 }
 
 // dense[indices[j]] += T(values[j]) with atomics: fast, not deterministic (see above).
@@ -57,7 +57,7 @@ void scatter_add_atomic(temp_storage& tmp, device_span<const std::uint32_t> indi
                         device_span<const float> values, device_span<T> dense,
                         cudaStream_t stream = nullptr,
                         device_validation validation = device_validation::check) {
-  qs::scatter_add_atomic<T>(tmp, indices, values, dense, stream, validation);
+  sparse_impl::scatter_add_atomic<T>(tmp, indices, values, dense, stream, validation);
 }
 
 // dense[indices[j]] += T(values[j]) in input order per index: deterministic, equal to the host.
@@ -66,7 +66,7 @@ void scatter_add_sorted(temp_storage& tmp, device_span<const std::uint32_t> indi
                         device_span<const float> values, device_span<T> dense,
                         cudaStream_t stream = nullptr,
                         device_validation validation = device_validation::check) {
-  qs::scatter_add_sorted<T>(tmp, indices, values, dense, stream, validation);
+  sparse_impl::scatter_add_sorted<T>(tmp, indices, values, dense, stream, validation);
 }
 
 // dense = 0, then dense[indices[j]] = values[j]: one payload, indices strictly increasing.
@@ -75,7 +75,7 @@ void decompress(temp_storage& tmp, device_span<const std::uint32_t> indices,
                 device_span<const float> values, device_span<T> dense,
                 cudaStream_t stream = nullptr,
                 device_validation validation = device_validation::check) {
-  qs::decompress<T>(tmp, indices, values, dense, stream, validation);
+  sparse_impl::decompress<T>(tmp, indices, values, dense, stream, validation);
 }
 
 }  // namespace gradcomp::cuda

@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/detail/select/keys.hpp>
 
 namespace gradcomp::cuda {
 

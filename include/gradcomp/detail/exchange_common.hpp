@@ -1,5 +1,5 @@
-// gradcomp/detail/exchange_common.hpp: what the sparse exchanges share: (index, value) pairs,
-// a payload decoded into them, and a pairwise send/receive over any communicator.
+// gradcomp/detail/exchange_common.hpp: what the sparse exchanges share: a payload decoded into
+// (index, value) pairs, and a pairwise send/receive over any communicator.
 #pragma once
 
 #include <cstddef>
@@ -13,14 +13,6 @@
 #include <gradcomp/sparse.hpp>
 
 namespace gradcomp {
-
-// One coordinate on the wire of gtopk and topk_a2a: 8 bytes, the unit of their cost models.
-struct index_value {
-  std::uint32_t index;
-  float value;
-  friend bool operator==(const index_value&, const index_value&) = default;
-};
-static_assert(sizeof(index_value) == 8);
 
 namespace detail {
 
@@ -44,18 +36,11 @@ void decode_pairs(std::string_view where, const Compressor& c, const payload& p,
   for (std::size_t j = 0; j < p.count; ++j) out[j] = index_value{p.index(j), scratch[j]};
 }
 
-// Communicators with point-to-point messages (mpi_comm) declare sendrecv(); the others reach
-// a single peer through alltoallv.
-template <class Comm, class T>
-concept has_sendrecv = requires(Comm& c, std::span<const T> s, std::vector<T>& r) {
-  c.sendrecv(s, 0, r, 0);
-};
-
 // Sends `send` to rank dest and receives from rank source (-1: none). Every rank must call it,
 // with matching pairs, since without sendrecv() it is one collective alltoallv.
 template <class T, class Comm>
 void pairwise(Comm& comm, std::span<const T> send, int dest, std::vector<T>& recv, int source) {
-  if constexpr (has_sendrecv<Comm, T>) {
+  if constexpr (point_to_point<Comm, T>) {
     comm.sendrecv(send, dest, recv, source);
   } else {
     const auto p = static_cast<std::size_t>(comm.size());

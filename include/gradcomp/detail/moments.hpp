@@ -9,7 +9,9 @@
 #include <cstring>
 #include <span>
 
-#include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/detail/select/keys.hpp>
+#include <gradcomp/detail/select/sources.hpp>
+#include <gradcomp/detail/simd.hpp>
 
 namespace gradcomp::detail {
 
@@ -28,7 +30,7 @@ struct mean_max_abs {
 // moves to double, so for float the relative error stays near 1e-7 instead of growing with n,
 // at the speed of float arithmetic. The plain double loops cannot be vectorised (reordering
 // double additions is not allowed) and GCC keeps array accumulators in memory at -O2; vector
-// types avoid both (see GRADCOMP_VECTOR_EXTENSIONS in select_common.hpp).
+// types avoid both (see GRADCOMP_VECTOR_EXTENSIONS in detail/simd.hpp).
 inline constexpr std::size_t moments_chunk = 256;
 
 #if GRADCOMP_VECTOR_EXTENSIONS

@@ -74,22 +74,22 @@ inline std::string params_problem(quantizer_id id, quantizer_params p) {
     case quantizer_id::identity:
     case quantizer_id::fp16:
     case quantizer_id::bf16:
-      if (p.p0 != 0 || p.p1 != 0) {
-        return concat("params = (", p.p0, ", ", p.p1, "); expected (0, 0) for ",
-                      quantizer_name(id));
+      if (p.levels != 0 || p.bucket_size != 0) {
+        return concat("levels = ", p.levels, ", bucket size = ", p.bucket_size,
+                      "; expected 0 and 0 for ", quantizer_name(id));
       }
       return {};
     case quantizer_id::qsgd:
-      if (p.p0 < 1u || p.p0 > qsgd_max_levels) {
-        return concat("p0 (qsgd levels) = ", p.p0, "; expected 1..", qsgd_max_levels);
+      if (p.levels < 1u || p.levels > qsgd_max_levels) {
+        return concat("levels (qsgd) = ", p.levels, "; expected 1..", qsgd_max_levels);
       }
-      if (p.p1 < 1u || p.p1 > qsgd_max_bucket) {
-        return concat("p1 (qsgd bucket size) = ", p.p1, "; expected 1..", qsgd_max_bucket);
+      if (p.bucket_size < 1u || p.bucket_size > qsgd_max_bucket) {
+        return concat("bucket size (qsgd) = ", p.bucket_size, "; expected 1..", qsgd_max_bucket);
       }
       return {};
     case quantizer_id::terngrad:
     case quantizer_id::scaled_sign:
-      if (p.p1 != 0) return concat("p1 = ", p.p1, "; expected 0 for ", quantizer_name(id));
+      if (p.levels != 0) return concat("levels = ", p.levels, "; expected 0 for ", quantizer_name(id));
       return {};
   }
   return concat("quantizer id = ", static_cast<unsigned>(id), "; expected 1..6");
@@ -99,11 +99,12 @@ constexpr bool params_valid(quantizer_id id, quantizer_params p) noexcept {
   switch (id) {
     case quantizer_id::identity:
     case quantizer_id::fp16:
-    case quantizer_id::bf16: return p.p0 == 0 && p.p1 == 0;
+    case quantizer_id::bf16: return p.levels == 0 && p.bucket_size == 0;
     case quantizer_id::qsgd:
-      return p.p0 >= 1u && p.p0 <= qsgd_max_levels && p.p1 >= 1u && p.p1 <= qsgd_max_bucket;
+      return p.levels >= 1u && p.levels <= qsgd_max_levels && p.bucket_size >= 1u &&
+             p.bucket_size <= qsgd_max_bucket;
     case quantizer_id::terngrad:
-    case quantizer_id::scaled_sign: return p.p1 == 0;
+    case quantizer_id::scaled_sign: return p.levels == 0;
   }
   return false;
 }
@@ -120,9 +121,9 @@ constexpr value_layout layout_of(quantizer_id id, quantizer_params p,
     case quantizer_id::identity: return {32, 0};
     case quantizer_id::fp16:
     case quantizer_id::bf16: return {16, 0};
-    case quantizer_id::qsgd: return {qsgd_bits(p.p0), bucket_count(count, p.p1)};
-    case quantizer_id::terngrad: return {2, bucket_count(count, p.p0)};
-    case quantizer_id::scaled_sign: return {1, bucket_count(count, p.p0)};
+    case quantizer_id::qsgd: return {qsgd_bits(p.levels), bucket_count(count, p.bucket_size)};
+    case quantizer_id::terngrad: return {2, bucket_count(count, p.bucket_size)};
+    case quantizer_id::scaled_sign: return {1, bucket_count(count, p.bucket_size)};
   }
   return {0, 0};
 }
@@ -176,8 +177,9 @@ inline void check_decode(std::string_view where, const payload& in, std::size_t 
                         "; expected ", bits);
   }
   if (in.params != params) {
-    throw_payload_error(where, "params = (", in.params.p0, ", ", in.params.p1, "); expected (",
-                        params.p0, ", ", params.p1, ")");
+    throw_payload_error(where, "levels = ", in.params.levels, ", bucket size = ",
+                        in.params.bucket_size, "; expected ", params.levels, " and ",
+                        params.bucket_size);
   }
   const std::uint64_t need = packed_size(in.count, bits);
   if (in.values.size() != need) {

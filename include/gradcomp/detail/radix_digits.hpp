@@ -3,7 +3,7 @@
 // the digit layout of the radix select (the same 11-bit digits, most significant first, as
 // detail::radix_kth_largest), the strided sample positions of topk, the bracket test of the
 // filter pass, and the threshold-to-key conversion without std:: calls nvcc cannot run on the
-// device. Keys are those of select_common.hpp (abs_key: |g| as an unsigned integer, NaN above
+// device. Keys are those of detail/select/keys.hpp (abs_key: |g| as an unsigned integer, NaN above
 // +Inf).
 #pragma once
 
@@ -13,7 +13,7 @@
 #include <type_traits>
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/detail/select/keys.hpp>
 
 namespace gradcomp::detail {
 

@@ -90,8 +90,9 @@ inline void write_header(const exchange_header& h, std::byte* out) noexcept {
   std::memset(out + 12, 0, 4);
   store_le64(out + 16, h.dense_size);
   store_le32(out + 24, h.count);
-  store_le32(out + 28, h.params.p0);
-  store_le32(out + 32, h.params.p1);
+  const param_words words = to_param_words(h.quantizer, h.params);
+  store_le32(out + 28, words.word0);
+  store_le32(out + 32, words.word1);
   std::memset(out + 36, 0, 4);
   store_le64(out + 40, h.hash);
 }
@@ -107,7 +108,7 @@ inline exchange_header read_header(const std::byte* in) noexcept {
   h.failed = static_cast<std::uint8_t>(in[11]);
   h.dense_size = load_le64(in + 16);
   h.count = load_le32(in + 24);
-  h.params = {load_le32(in + 28), load_le32(in + 32)};
+  h.params = from_param_words(h.quantizer, load_le32(in + 28), load_le32(in + 32));
   h.hash = load_le64(in + 40);
   return h;
 }
@@ -249,8 +250,8 @@ std::vector<exchange_header> agree_on_header(Comm& comm, std::string_view where,
   }
   if (must_agree & agree::quantizer) {
     check("the quantizer id", [](const exchange_header& h) { return static_cast<unsigned>(h.quantizer); });
-    check("the quantizer parameter p0", [](const exchange_header& h) { return h.params.p0; });
-    check("the quantizer parameter p1", [](const exchange_header& h) { return h.params.p1; });
+    check("the quantizer's levels", [](const exchange_header& h) { return h.params.levels; });
+    check("the quantizer's bucket size", [](const exchange_header& h) { return h.params.bucket_size; });
     check("the bits per value", [](const exchange_header& h) { return static_cast<unsigned>(h.bits_per_value); });
     check("the index layout (0 sparse, 1 dense)",
           [](const exchange_header& h) { return static_cast<unsigned>(h.layout); });

@@ -23,7 +23,6 @@
 #include <gradcomp/exchange/gtopk.hpp>
 #include <gradcomp/exchange/sparse_allgather.hpp>
 #include <gradcomp/exchange/topk_a2a.hpp>
-#include <gradcomp/step.hpp>
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp {
@@ -208,5 +207,7 @@ class auto_exchange {
 };
 
 static_assert(exchange_with_unused<auto_exchange, archetypes::compressor<false>, archetypes::communicator>);
+// The bodies too: calling anything the concepts do not promise fails to compile here.
+static_assert(archetypes::instantiates<auto_exchange, false>);
 
 }  // namespace gradcomp

@@ -223,7 +223,7 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}) {
   std::vector<std::byte> out(o.large_bytes, std::byte{1}), in;
   double result[2] = {0.0, 0.0};  // alpha, beta
 
-  if constexpr (detail::has_sendrecv<Comm, std::byte>) {
+  if constexpr (point_to_point<Comm, std::byte>) {
     const int peer = p - 1;
     auto round_trip = [&](std::size_t bytes, unsigned repeats) {
       const std::span<const std::byte> msg(out.data(), bytes);

@@ -115,5 +115,7 @@ struct dense_allreduce {
 };
 
 static_assert(exchange<dense_allreduce, archetypes::compressor<true>, archetypes::communicator>);
+// The bodies too: calling anything the concepts do not promise fails to compile here.
+static_assert(archetypes::instantiates<dense_allreduce, true>);
 
 }  // namespace gradcomp

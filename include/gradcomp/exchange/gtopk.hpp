@@ -241,5 +241,7 @@ class gtopk {
 };
 
 static_assert(exchange_with_unused<gtopk, archetypes::compressor<false>, archetypes::communicator>);
+// The bodies too: calling anything the concepts do not promise fails to compile here.
+static_assert(archetypes::instantiates<gtopk, false>);
 
 }  // namespace gradcomp

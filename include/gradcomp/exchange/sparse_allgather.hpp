@@ -13,7 +13,6 @@
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/sparse.hpp>
-#include <gradcomp/step.hpp>
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp {
@@ -85,5 +84,7 @@ class sparse_allgather {
 };
 
 static_assert(exchange<sparse_allgather, archetypes::compressor<false>, archetypes::communicator>);
+// The bodies too: calling anything the concepts do not promise fails to compile here.
+static_assert(archetypes::instantiates<sparse_allgather, false>);
 
 }  // namespace gradcomp

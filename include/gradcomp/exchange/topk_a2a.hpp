@@ -267,6 +267,9 @@ class topk_a2a {
 };
 
 static_assert(exchange<topk_a2a, archetypes::compressor<false>, archetypes::communicator>);
+// The bodies too: calling anything the concepts do not promise fails to compile here.
+static_assert(fuses_tensors<topk_a2a, archetypes::compressor<false>, archetypes::communicator>);
+static_assert(archetypes::instantiates<topk_a2a, false>);
 
 // What tune_bucket_elements() tried: each candidate bucket size and its agreed time.
 struct bucket_tuning {
@@ -279,7 +282,7 @@ struct bucket_tuning {
 // below m, else above. That takes about 2 log2(log2(hi / lo)) measurements and assumes the
 // time is unimodal in the bucket size (fewer messages on one side, less overlap and larger
 // buffers on the other). seconds_for(bucket) runs the work with that bucket size (for
-// example a few sparsified_sgd steps with exchange_policy().set_bucket_elements(bucket)) and
+// example a few sparsified_sgd steps with exchange().set_bucket_elements(bucket)) and
 // returns its time; it is called `repeats` times per candidate and the least time kept, then
 // the ranks agree on the largest of their times (an allreduce), so all take the same branch.
 // Every rank must call it with the same lo and hi.

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
-#include <gradcomp/device.hpp>
 #include <gradcomp/feedback/common.hpp>
 
 namespace gradcomp {
@@ -51,32 +50,6 @@ struct residual {
               std::span<const float> decoded) const {
     detail::check_sent("residual::update", idx, decoded.size(), st.e.size());
     for (std::size_t j = 0; j < idx.size(); ++j) st.e[idx[j]] -= static_cast<T>(decoded[j]);
-  }
-
-  // On device memory (gradcomp/cuda/feedback.cuh), the residual e being a device_span<T>:
-  // accumulate(tmp, e, g, stream), update(tmp, e, idx, decoded, stream),
-  // restore(tmp, e, idx, decoded, stream) and gather_and_clear(tmp, e, idx, stats, values,
-  // stream) (the values at the selected indices, then e = 0 there: update() with the exact
-  // values, fused).
-  template <class... Args>
-  decltype(auto) accumulate(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<residual, Args...>::type>;
-    return impl::accumulate(*this, tmp, std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  decltype(auto) update(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<residual, Args...>::type>;
-    return impl::update(*this, tmp, std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  decltype(auto) restore(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<residual, Args...>::type>;
-    return impl::restore(*this, tmp, std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  decltype(auto) gather_and_clear(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<residual, Args...>::type>;
-    return impl::gather_and_clear(*this, tmp, std::forward<Args>(args)...);
   }
 
   // Undo update() for coordinates that were sent but not used by the aggregation (gTop-k

@@ -9,7 +9,6 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
-#include <gradcomp/device.hpp>
 #include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/detail/float16.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
@@ -44,18 +43,8 @@ struct bf16 {
         });
   }
 
-  // Device overloads (gradcomp/cuda/quantize.cuh, nvcc): the same encode and decode on device
-  // spans, given a temp_storage and a stream; the bytes and side values equal the host's.
-  template <class... Args>
-  decltype(auto) encode(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<bf16, Args...>::type>;
-    return impl::encode(*this, tmp, std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  decltype(auto) decode(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<bf16, Args...>::type>;
-    return impl::decode(*this, tmp, std::forward<Args>(args)...);
-  }
+  // On device memory: on_device(q).encode(...) and .decode(...) (gradcomp/cuda/quantize.cuh,
+  // nvcc), with the same bytes and side values as the host's.
 };
 
 static_assert(gradcomp::quantizer<gradcomp::bf16>);

@@ -13,7 +13,6 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
-#include <gradcomp/device.hpp>
 #include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/detail/quantize_math.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
@@ -68,7 +67,7 @@ struct qsgd {
     return detail::qsgd_bits(levels_);
   }
   [[nodiscard]] constexpr quantizer_params params() const noexcept {
-    return {levels_, bucket_size_};
+    return {.levels = levels_, .bucket_size = bucket_size_};
   }
 
   // One pass over memory: each bucket's norm is computed when its first code is needed, and
@@ -115,18 +114,8 @@ struct qsgd {
     });
   }
 
-  // Device overloads (gradcomp/cuda/quantize.cuh, nvcc): the same encode and decode on device
-  // spans, given a temp_storage and a stream; the bytes and side values equal the host's.
-  template <class... Args>
-  decltype(auto) encode(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<qsgd, Args...>::type>;
-    return impl::encode(*this, tmp, std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  decltype(auto) decode(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<qsgd, Args...>::type>;
-    return impl::decode(*this, tmp, std::forward<Args>(args)...);
-  }
+  // On device memory: on_device(q).encode(...) and .decode(...) (gradcomp/cuda/quantize.cuh,
+  // nvcc), with the same bytes and side values as the host's.
 
  private:
   std::uint32_t levels_ = 7;

@@ -12,7 +12,6 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
-#include <gradcomp/device.hpp>
 #include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/detail/quantize_math.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
@@ -41,7 +40,7 @@ struct scaled_sign {
 
   [[nodiscard]] constexpr unsigned bucket_size() const noexcept { return bucket_size_; }
   [[nodiscard]] constexpr unsigned bits_per_value() const noexcept { return 1; }
-  [[nodiscard]] constexpr quantizer_params params() const noexcept { return {bucket_size_, 0}; }
+  [[nodiscard]] constexpr quantizer_params params() const noexcept { return {.levels = 0, .bucket_size = bucket_size_}; }
 
   // Code 1 = negative, 0 = non-negative (-0 and NaN included). Deterministic: the call id is
   // not used.
@@ -80,18 +79,8 @@ struct scaled_sign {
     });
   }
 
-  // Device overloads (gradcomp/cuda/quantize.cuh, nvcc): the same encode and decode on device
-  // spans, given a temp_storage and a stream; the bytes and side values equal the host's.
-  template <class... Args>
-  decltype(auto) encode(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<scaled_sign, Args...>::type>;
-    return impl::encode(*this, tmp, std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  decltype(auto) decode(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<scaled_sign, Args...>::type>;
-    return impl::decode(*this, tmp, std::forward<Args>(args)...);
-  }
+  // On device memory: on_device(q).encode(...) and .decode(...) (gradcomp/cuda/quantize.cuh,
+  // nvcc), with the same bytes and side values as the host's.
 
  private:
   std::uint32_t bucket_size_ = 0;

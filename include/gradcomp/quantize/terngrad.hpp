@@ -13,7 +13,6 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
-#include <gradcomp/device.hpp>
 #include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/detail/quantize_math.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
@@ -43,7 +42,7 @@ struct terngrad {
 
   [[nodiscard]] constexpr unsigned bucket_size() const noexcept { return bucket_size_; }
   [[nodiscard]] constexpr unsigned bits_per_value() const noexcept { return 2; }
-  [[nodiscard]] constexpr quantizer_params params() const noexcept { return {bucket_size_, 0}; }
+  [[nodiscard]] constexpr quantizer_params params() const noexcept { return {.levels = 0, .bucket_size = bucket_size_}; }
 
   void encode(std::span<const float> values, const call_id& call, payload& out) const {
     detail::begin_encode("terngrad::encode", out, values.size(), id, 2, params());
@@ -85,18 +84,8 @@ struct terngrad {
     });
   }
 
-  // Device overloads (gradcomp/cuda/quantize.cuh, nvcc): the same encode and decode on device
-  // spans, given a temp_storage and a stream; the bytes and side values equal the host's.
-  template <class... Args>
-  decltype(auto) encode(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<terngrad, Args...>::type>;
-    return impl::encode(*this, tmp, std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  decltype(auto) decode(temp_storage& tmp, Args&&... args) const {
-    using impl = device_policy<typename detail::dependent_type<terngrad, Args...>::type>;
-    return impl::decode(*this, tmp, std::forward<Args>(args)...);
-  }
+  // On device memory: on_device(q).encode(...) and .decode(...) (gradcomp/cuda/quantize.cuh,
+  // nvcc), with the same bytes and side values as the host's.
 
  private:
   std::uint32_t bucket_size_ = 0;

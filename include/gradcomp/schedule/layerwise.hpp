@@ -23,7 +23,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/exchange/cost_model.hpp>
-#include <gradcomp/step.hpp>
+#include <gradcomp/sparsified_sgd.hpp>
 
 namespace gradcomp {
 

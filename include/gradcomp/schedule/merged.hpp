@@ -15,7 +15,7 @@
 #include <gradcomp/context.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/exchange/cost_model.hpp>
-#include <gradcomp/step.hpp>
+#include <gradcomp/sgd.hpp>
 
 namespace gradcomp {
 

@@ -12,12 +12,13 @@
 #include <utility>
 #include <vector>
 
+#include <gradcomp/compressor.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/feedback/residual.hpp>
 #include <gradcomp/select/dense.hpp>
-#include <gradcomp/step.hpp>
+#include <gradcomp/sgd.hpp>
 
 namespace gradcomp {
 

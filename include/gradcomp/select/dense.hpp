@@ -11,7 +11,7 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
-#include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/detail/select/keys.hpp>
 
 namespace gradcomp {
 

@@ -14,7 +14,10 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/random.hpp>
-#include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/detail/select/compaction.hpp>
+#include <gradcomp/detail/select/exact_finish.hpp>
+#include <gradcomp/detail/select/keys.hpp>
+#include <gradcomp/detail/select/scratch.hpp>
 #include <gradcomp/select/topk.hpp>
 
 namespace gradcomp {

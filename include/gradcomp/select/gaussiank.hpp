@@ -17,8 +17,12 @@
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/moments.hpp>
 #include <gradcomp/detail/normal.hpp>
-#include <gradcomp/detail/select_common.hpp>
-#include <gradcomp/device.hpp>
+#include <gradcomp/detail/select/compaction.hpp>
+#include <gradcomp/detail/select/exact_finish.hpp>
+#include <gradcomp/detail/select/keys.hpp>
+#include <gradcomp/detail/select/sampling.hpp>
+#include <gradcomp/detail/select/scratch.hpp>
+#include <gradcomp/detail/select/sources.hpp>
 #include <gradcomp/select/topk.hpp>
 
 namespace gradcomp {
@@ -84,19 +88,6 @@ struct gaussiank {
     detail::check_index_range("gaussiank", g.size());
     check_k("gaussiank", ctx.k, g.size());
     return select_from(detail::accumulate_source<T>{e, g}, ctx, indices);
-  }
-
-  // On device memory (gradcomp/cuda/select.cuh): select(tmp, g, ctx, indices, stats, stream)
-  // and select_accumulate(tmp, e, g, ctx, indices, stats, stream) with device spans.
-  template <class... Args>
-  decltype(auto) select(temp_storage& tmp, Args&&... args) {
-    using impl = device_policy<typename detail::dependent_type<gaussiank, Args...>::type>;
-    return impl::select(*this, tmp, std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  decltype(auto) select_accumulate(temp_storage& tmp, Args&&... args) {
-    using impl = device_policy<typename detail::dependent_type<gaussiank, Args...>::type>;
-    return impl::select_accumulate(*this, tmp, std::forward<Args>(args)...);
   }
 
   // The tunables' ranges (and those of the exact fallback); select() and select_accumulate()
@@ -199,11 +190,11 @@ struct gaussiank {
     detail::mean_sd ms;
     if (collect) {
       t_list = detail::key_threshold_above<T>(pl.collect);
-      auto& li = scratch.list_a;
-      auto& lk = scratch.keys_b<T>();
-      detail::ensure_size(li, pl.cap + detail::moments_chunk);
-      detail::ensure_size(lk, pl.cap + detail::moments_chunk);
-      list = {li.data(), lk.data(), pl.cap, 0, false};
+      auto& above = scratch.above;
+      auto& above_keys = scratch.list_keys<T>();
+      detail::ensure_size(above, pl.cap + detail::moments_chunk);
+      detail::ensure_size(above_keys, pl.cap + detail::moments_chunk);
+      list = {above.data(), above_keys.data(), pl.cap, 0, false};
       if (pl.bound > 0.0) {
         t_bound = detail::key_threshold_above<T>(pl.bound);
         ms = detail::moments_pass<T, true, true>(src, t_list, &list, t_bound, &bound_count);

@@ -13,7 +13,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/random.hpp>
-#include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/detail/select/keys.hpp>
 
 namespace gradcomp {
 

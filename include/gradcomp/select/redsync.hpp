@@ -13,7 +13,8 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/moments.hpp>
-#include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/detail/select/compaction.hpp>
+#include <gradcomp/detail/select/keys.hpp>
 #include <gradcomp/select/topk.hpp>
 
 namespace gradcomp {

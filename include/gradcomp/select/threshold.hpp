@@ -10,8 +10,8 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
-#include <gradcomp/detail/select_common.hpp>
-#include <gradcomp/device.hpp>
+#include <gradcomp/detail/select/compaction.hpp>
+#include <gradcomp/detail/select/keys.hpp>
 
 namespace gradcomp {
 
@@ -30,13 +30,6 @@ struct threshold {
     st.count = detail::collect_above(g, detail::key_threshold_at_least<T>(tau), indices);
     st.threshold = tau;
     return st;
-  }
-
-  // On device memory (gradcomp/cuda/select.cuh): select(tmp, g, ctx, indices, stats, stream).
-  template <class... Args>
-  decltype(auto) select(temp_storage& tmp, Args&&... args) {
-    using impl = device_policy<typename detail::dependent_type<threshold, Args...>::type>;
-    return impl::select(*this, tmp, std::forward<Args>(args)...);
   }
 
   // compressor<> calls this before the feedback state changes.

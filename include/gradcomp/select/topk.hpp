@@ -17,8 +17,14 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
-#include <gradcomp/detail/select_common.hpp>
-#include <gradcomp/device.hpp>
+#include <gradcomp/detail/select/bracket.hpp>
+#include <gradcomp/detail/select/exact_finish.hpp>
+#include <gradcomp/detail/select/keys.hpp>
+#include <gradcomp/detail/select/radix_select.hpp>
+#include <gradcomp/detail/select/sampling.hpp>
+#include <gradcomp/detail/select/scan.hpp>
+#include <gradcomp/detail/select/scratch.hpp>
+#include <gradcomp/detail/select/sources.hpp>
 
 namespace gradcomp {
 
@@ -129,18 +135,6 @@ abs_key_t<T> topk_stream_heap(std::span<const T> g, std::size_t k, std::uint32_t
   return heap.front().first;
 }
 
-// What the bracketed path decides from n and k alone (topk::bracket_plan): the sample size,
-// where lo and hi sit among the sample keys sorted largest first (0-based), and the candidate
-// budget. The device topk (gradcomp/cuda/dispatch/topk.cuh) uses the same plan.
-struct topk_bracket_plan {
-  enum hi_kind : unsigned { hi_none = 0, hi_is_lo = 1, hi_at_rank = 2 };
-  std::size_t s = 0;       // sample size, 1 <= s <= n / 16
-  std::size_t lo_pos = 0;  // lo = sample key lo_pos; lo_pos == s: lo = 0 (everything)
-  unsigned hi_mode = hi_none;  // hi_none: hi = the largest key (no sure elements)
-  std::size_t hi_pos = 0;  // hi_at_rank: hi = sample key hi_pos (< lo_pos)
-  std::size_t budget = 0;  // candidates before the pass gives up
-};
-
 }  // namespace detail
 
 // How topk finds the k-th key: `automatic` is the sample-bracket-filter with its paths below;
@@ -207,19 +201,6 @@ struct topk {
     return select_from(detail::accumulate_source<T>{e, g}, ctx.k, indices);
   }
 
-  // On device memory (gradcomp/cuda/select.cuh): select(tmp, g, ctx, indices, stats, stream)
-  // and select_accumulate(tmp, e, g, ctx, indices, stats, stream) with device spans.
-  template <class... Args>
-  decltype(auto) select(temp_storage& tmp, Args&&... args) {
-    using impl = device_policy<typename detail::dependent_type<topk, Args...>::type>;
-    return impl::select(*this, tmp, std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  decltype(auto) select_accumulate(temp_storage& tmp, Args&&... args) {
-    using impl = device_policy<typename detail::dependent_type<topk, Args...>::type>;
-    return impl::select_accumulate(*this, tmp, std::forward<Args>(args)...);
-  }
-
   // The bracket of the sampled path for n values and k > heap_max_k (see the class comment).
   // The number of sampled keys above the true k-th key is about Binomial(s, rho): its standard
   // deviation sets the bracket width in sample ranks.
@@ -245,10 +226,10 @@ struct topk {
     if (hi_rank >= 1.0) {
       const auto hi_pos = static_cast<std::size_t>(hi_rank) - 1;
       if (hi_pos < p.lo_pos) {
-        p.hi_mode = detail::topk_bracket_plan::hi_at_rank;
+        p.hi = detail::bracket_hi::sample_rank;
         p.hi_pos = hi_pos;
       } else {
-        p.hi_mode = detail::topk_bracket_plan::hi_is_lo;
+        p.hi = detail::bracket_hi::lo;
       }
     }
     const double ranks_in = std::max(lo_rank, 1.0) - std::max(hi_rank, 0.0) + 1.0;
@@ -333,18 +314,18 @@ struct topk {
       lo = keys[lo_pos];
     }
     key hi = detail::abs_key_traits<T>::mask;  // nothing is above: no sure elements
-    if (plan.hi_mode == detail::topk_bracket_plan::hi_at_rank) {
+    if (plan.hi == detail::bracket_hi::sample_rank) {
       std::nth_element(first, first + static_cast<std::ptrdiff_t>(plan.hi_pos),
                        first + static_cast<std::ptrdiff_t>(lo_pos), std::greater<key>{});
       hi = keys[plan.hi_pos];
-    } else if (plan.hi_mode == detail::topk_bracket_plan::hi_is_lo) {
+    } else if (plan.hi == detail::bracket_hi::lo) {
       hi = lo;
     }
     const std::size_t budget = plan.budget;
 
-    auto& sure = scratch.list_a;
-    auto& cand = scratch.list_b;
-    auto& cand_keys = scratch.keys_b<T>();
+    auto& sure = scratch.above;
+    auto& cand = scratch.candidates;
+    auto& cand_keys = scratch.list_keys<T>();
     detail::ensure_size(sure, k + detail::scan_block);
     detail::ensure_size(cand, budget + detail::scan_block);
     detail::ensure_size(cand_keys, budget + detail::scan_block);
@@ -392,7 +373,7 @@ struct topk {
       return st;
     }
     if (n <= detail::topk_direct_max) {
-      auto& list = scratch.list_b;
+      auto& list = scratch.candidates;
       detail::ensure_size(list, n);
       std::iota(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(n), std::uint32_t{0});
       const key kth = detail::keep_top_of_list(g, std::span(list.data(), n), k, scratch.keys<T>());

@@ -25,13 +25,14 @@
 #include <vector>
 
 #include <gradcomp/comm/in_process.hpp>  // check_config instantiates the exchanges for it
+#include <gradcomp/compressor.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/exchange.hpp>
 #include <gradcomp/feedback.hpp>
 #include <gradcomp/quantize.hpp>
 #include <gradcomp/select.hpp>
-#include <gradcomp/step.hpp>
+#include <gradcomp/sgd.hpp>
 
 namespace gradcomp::runtime {
 
@@ -128,7 +129,7 @@ class compress_impl final : public compress_half {
 
   void restore(std::int64_t bucket, std::span<const std::uint32_t> idx,
                std::span<const float> values) override {
-    if constexpr (can_restore) c_.feedback_policy().restore(states_.at(bucket).st, idx, values);
+    if constexpr (can_restore) c_.feedback().restore(states_.at(bucket).st, idx, values);
   }
 
   std::vector<std::span<float>> buffers(std::int64_t bucket) override {
@@ -154,9 +155,7 @@ class compress_impl final : public compress_half {
   }
 
  private:
-  static constexpr bool can_restore =
-      requires(const F& f, typename C::state_type& st, std::span<const std::uint32_t> i,
-               std::span<const float> v) { f.restore(st, i, v); };
+  static constexpr bool can_restore = restores_picks<F, float>;
 
   struct entry {
     typename C::state_type st;

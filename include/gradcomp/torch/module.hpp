@@ -50,7 +50,7 @@
 #include <gradcomp/schedule/layerwise.hpp>
 #include <gradcomp/schedule/merged.hpp>
 #include <gradcomp/schedule/periodic_averaging.hpp>
-#include <gradcomp/step.hpp>
+#include <gradcomp/sparsified_sgd.hpp>
 #include <gradcomp/torch/tensor.hpp>
 
 namespace gradcomp::torch_module {

@@ -13,7 +13,7 @@
 
 #include <gradcomp/detail/radix_digits.hpp>
 
-namespace gradcomp::cuda::sel {
+namespace gradcomp::cuda::select_impl {
 
 inline constexpr unsigned full_warp = 0xffffffffu;
 
@@ -201,4 +201,4 @@ struct block_radix_select {
   }
 };
 
-}  // namespace gradcomp::cuda::sel
+}  // namespace gradcomp::cuda::select_impl

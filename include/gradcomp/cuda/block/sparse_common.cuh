@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include <gradcomp/cuda/dispatch/launch.cuh>
 #include <gradcomp/cuda/dispatch/scratch.cuh>
 #include <gradcomp/config.hpp>
 #include <gradcomp/device.hpp>
@@ -24,8 +25,7 @@ namespace gradcomp {
 // ever written.
 enum class device_validation { check, trusted };
 
-// Internals of the sparse and quantize device calls.
-namespace cuda::qs {
+namespace cuda {
 
 // The first problem a validation kernel found, as one 64-bit key (smaller = earlier, built by
 // the caller, e.g. position << 32 | detail); no_error when none. A kernel that writes results
@@ -48,13 +48,5 @@ GRADCOMP_DEVICE bool any_error(const error_record* r, unsigned count) {
   return bad;
 }
 
-// Pieces of the caller's scratch buffer and the size query (dispatch/scratch.cuh).
-using scratch = scratch_carver;
-
-inline unsigned grid_for(std::size_t items, unsigned threads, std::size_t max_blocks) {
-  const std::size_t blocks = (items + threads - 1) / threads;
-  return static_cast<unsigned>(blocks < 1 ? 1 : blocks > max_blocks ? max_blocks : blocks);
-}
-
-}  // namespace cuda::qs
+}  // namespace cuda
 }  // namespace gradcomp

@@ -31,7 +31,7 @@
 #include <gradcomp/select/gaussiank.hpp>
 #include <gradcomp/select/threshold.hpp>
 
-namespace gradcomp::cuda::sel {
+namespace gradcomp::cuda::select_impl {
 
 inline constexpr unsigned device_max_rounds = 16;
 
@@ -39,7 +39,7 @@ template <class T>
 void gaussiank_run(const gaussiank& sel, temp_storage& tmp, T* e, const T* g, std::size_t n,
                    std::size_t k, std::uint32_t* out, std::size_t cap, selection_stats* stats,
                    cudaStream_t stream) {
-  carver c(tmp.ptr);
+  scratch_carver c(tmp.ptr);
   auto* st = c.take<select_state<T>>(1);
   const radix_scratch rs = carve_radix<T>(c, n);
   const std::size_t tiles = num_tiles(n);
@@ -101,7 +101,7 @@ template <class T>
 void threshold_run(const threshold& sel, temp_storage& tmp, const T* g, std::size_t n,
                    std::uint32_t* out, std::size_t cap, selection_stats* stats,
                    cudaStream_t stream) {
-  carver c(tmp.ptr);
+  scratch_carver c(tmp.ptr);
   auto* st = c.take<select_state<T>>(1);
   const radix_scratch rs = carve_radix<T>(c, n);
   if (finish_size_query("threshold", tmp, c)) return;
@@ -120,4 +120,4 @@ void threshold_run(const threshold& sel, temp_storage& tmp, const T* g, std::siz
   check_launch("take_stats_kernel");
 }
 
-}  // namespace gradcomp::cuda::sel
+}  // namespace gradcomp::cuda::select_impl

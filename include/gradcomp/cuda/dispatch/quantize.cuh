@@ -39,7 +39,7 @@ struct device_encoded_view {
   device_encoded_view(device_encoded e) : packed(e.packed), side(e.side) {}  // NOLINT: implicit
 };
 
-namespace cuda::qs {
+namespace cuda::quantize_impl {
 
 // Launch shapes (the statistics kernel's block size is fixed by its shared tile, stat_warps).
 struct quantize_tuning {
@@ -47,8 +47,6 @@ struct quantize_tuning {
   std::size_t max_blocks = 1u << 20;  // grid-stride beyond this
 };
 inline constexpr quantize_tuning quantize_tuning_sm90{};
-
-inline void check_launch(const char* what) { detail::cuda_check(cudaGetLastError(), what); }
 
 // The scratch of the statistics tree: a ping and a pong buffer for its upper levels (none
 // when every bucket is one node).
@@ -59,7 +57,7 @@ struct stat_scratch {
 };
 
 template <class Acc>
-stat_scratch<Acc> carve_stats(scratch& s, std::size_t n, std::size_t bucket) {
+stat_scratch<Acc> carve_stats(scratch_carver& s, std::size_t n, std::size_t bucket) {
   stat_scratch<Acc> out;
   detail::stat_level l{n, bucket};
   if (n == 0 || l.seg <= detail::stat_block) return out;
@@ -145,7 +143,7 @@ void encode_bucketed(std::string_view where, temp_storage& tmp, device_span<cons
                      Codec codec, const device_encoded& out, cudaStream_t stream) {
   const std::size_t n = values.size();
   check_encode_args(where, n, bits, side_count, out);
-  scratch s(tmp.ptr);
+  scratch_carver s(tmp.ptr);
   const auto stats = carve_stats<typename Reducer::acc>(s, n, bucket);
   if (finish_size_query(where, tmp, s)) return;
   if (n == 0) return;
@@ -159,7 +157,7 @@ void encode_elementwise(std::string_view where, temp_storage& tmp, device_span<c
                         unsigned bits, Codec codec, const device_encoded& out,
                         cudaStream_t stream) {
   check_encode_args(where, values.size(), bits, 0, out);
-  scratch s(tmp.ptr);
+  scratch_carver s(tmp.ptr);
   if (finish_size_query(where, tmp, s)) return;
   launch_encode(values.data(), values.size(), bits, nullptr, codec, out.packed.data(), stream);
 }
@@ -193,7 +191,7 @@ void decode_codes(std::string_view where, temp_storage& tmp, const device_encode
                   const quantize_tuning& t = quantize_tuning_sm90) {
   const std::size_t n = decoded.size();
   check_decode_args(where, n, bits, side_count, in);
-  scratch s(tmp.ptr);
+  scratch_carver s(tmp.ptr);
   error_record* errors = s.take<error_record>(3);
   if (finish_size_query(where, tmp, s)) return;
   if (n == 0) return;
@@ -232,5 +230,5 @@ void decode_codes(std::string_view where, temp_storage& tmp, const device_encode
   }
 }
 
-}  // namespace cuda::qs
+}  // namespace cuda::quantize_impl
 }  // namespace gradcomp

@@ -12,13 +12,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <gradcomp/cuda/dispatch/launch.cuh>
 #include <gradcomp/cuda/dispatch/scratch.cuh>
 #include <gradcomp/cuda/kernels/select_kernels.cuh>
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/cuda/tuning.cuh>
 #include <gradcomp/detail/radix_digits.hpp>
 
-namespace gradcomp::cuda::sel {
+namespace gradcomp::cuda::select_impl {
 
 inline constexpr select_tuning tune = default_select_tuning;
 inline constexpr int tile_threads = tune.threads;
@@ -26,8 +27,8 @@ inline constexpr int tile_items = tune.items;
 inline constexpr int single_threads = tune.single_threads;
 inline constexpr unsigned buckets = 1u << tune.radix_bits;
 
-// Pieces of the caller's scratch buffer (dispatch/scratch.cuh).
-using carver = scratch_carver;
+// The most blocks a grid-stride launch of the select path takes.
+inline constexpr std::size_t max_grid_blocks = 65535u * 16u;
 
 inline std::size_t num_tiles(std::size_t n) { return (n + tune.tile() - 1) / tune.tile(); }
 
@@ -36,13 +37,6 @@ inline unsigned tile_grid(std::size_t tiles) {
   return static_cast<unsigned>(
       std::min<std::size_t>(tiles, static_cast<std::size_t>(tune.tile_blocks)));
 }
-
-inline unsigned grid_for(std::size_t items, unsigned threads, unsigned max_blocks = 65535u * 16u) {
-  const std::size_t b = (items + threads - 1) / threads;
-  return static_cast<unsigned>(b == 0 ? 1 : (b < max_blocks ? b : max_blocks));
-}
-
-inline void check_launch(const char* what) { detail::cuda_check(cudaGetLastError(), what); }
 
 // A selection of nothing (k == 0): with e (select_accumulate) it still leaves e = e + g; the
 // stats say 0 selected.
@@ -65,7 +59,7 @@ struct radix_scratch {
 };
 
 template <class T>
-radix_scratch carve_radix(carver& c, std::size_t n) {
+radix_scratch carve_radix(scratch_carver& c, std::size_t n) {
   radix_scratch r;
   const std::size_t tiles = num_tiles(n) == 0 ? 1 : num_tiles(n);
   r.hist = c.take<unsigned long long>(
@@ -122,4 +116,4 @@ void launch_radix_topk(Values vals, std::size_t n, select_state<T>* st, const ra
   launch_take<T>(vals, n, st, mode_radix, mode_radix, rs, out, cap, stream);
 }
 
-}  // namespace gradcomp::cuda::sel
+}  // namespace gradcomp::cuda::select_impl

@@ -18,7 +18,7 @@
 #include <gradcomp/device.hpp>
 #include <gradcomp/error.hpp>
 
-namespace gradcomp::cuda::qs {
+namespace gradcomp::cuda::sparse_impl {
 
 struct sparse_tuning {
   unsigned threads = 256;
@@ -91,7 +91,7 @@ void gather(temp_storage& tmp, device_span<const T> g, device_span<const std::ui
             const sparse_tuning& t = sparse_tuning_sm90) {
   constexpr std::string_view where = "cuda::gather";
   check_same_size(where, indices.size(), values.size());
-  scratch s(tmp.ptr);
+  scratch_carver s(tmp.ptr);
   error_record* errors = s.take<error_record>(1);
   if (finish_size_query(where, tmp, s) || indices.empty()) return;
   const bool check = validation == device_validation::check;
@@ -111,7 +111,7 @@ void scatter_add_atomic(temp_storage& tmp, device_span<const std::uint32_t> indi
                         device_validation validation, const sparse_tuning& t = sparse_tuning_sm90) {
   constexpr std::string_view where = "cuda::scatter_add_atomic";
   check_same_size(where, indices.size(), values.size());
-  scratch s(tmp.ptr);
+  scratch_carver s(tmp.ptr);
   error_record* errors = s.take<error_record>(1);
   if (finish_size_query(where, tmp, s) || indices.empty()) return;
   const bool check = validation == device_validation::check;
@@ -151,7 +151,7 @@ void scatter_add_sorted(temp_storage& tmp, device_span<const std::uint32_t> indi
                            static_cast<float*>(nullptr), m, 0, end_bit, stream),
                        "cub::DeviceRadixSort::SortPairs (size query)");
   }
-  scratch s(tmp.ptr);
+  scratch_carver s(tmp.ptr);
   error_record* errors = s.take<error_record>(1);
   std::uint32_t* keys = s.take<std::uint32_t>(m);
   float* sorted = s.take<float>(m);
@@ -181,7 +181,7 @@ void decompress(temp_storage& tmp, device_span<const std::uint32_t> indices,
     detail::throw_payload_error(where, "count ", indices.size(), " exceeds dense_size ",
                                 dense.size());
   }
-  scratch s(tmp.ptr);
+  scratch_carver s(tmp.ptr);
   error_record* errors = s.take<error_record>(1);
   if (finish_size_query(where, tmp, s) || dense.empty()) return;
   const bool check = validation == device_validation::check;
@@ -202,4 +202,4 @@ void decompress(temp_storage& tmp, device_span<const std::uint32_t> indices,
   }
 }
 
-}  // namespace gradcomp::cuda::qs
+}  // namespace gradcomp::cuda::sparse_impl

@@ -24,7 +24,7 @@
 #include <gradcomp/detail/radix_digits.hpp>
 #include <gradcomp/select/topk.hpp>
 
-namespace gradcomp::cuda::sel {
+namespace gradcomp::cuda::select_impl {
 
 // What topk::select_from decides before it touches g: the same paths, and for the bracketed
 // one the host's own plan (topk::bracket_plan), so the bracket and the miss decision are the
@@ -34,8 +34,8 @@ struct topk_plan {
   bool forced = false;      // topk_method::radix (stats.iterations = passes)
   std::size_t s = 0;        // sample size
   std::size_t lo_pos = 0;   // lo = (lo_pos + 1)-th largest sample key; lo_pos == s: lo = 0
-  unsigned hi_mode = 0;     // 0: hi = max key, 1: hi = lo, 2: hi = (hi_pos + 1)-th largest
-  std::size_t hi_pos = 0;
+  detail::bracket_hi hi = detail::bracket_hi::largest_key;  // as the host's plan
+  std::size_t hi_pos = 0;   // bracket_hi::sample_rank: hi = the (hi_pos + 1)-th largest
   std::size_t budget = 0;  // candidate budget
 };
 
@@ -47,13 +47,9 @@ inline topk_plan plan_topk(const topk& sel, std::size_t n, std::size_t k) {
     return p;
   }
   const detail::topk_bracket_plan b = sel.bracket_plan(n, k);
-  static_assert(detail::topk_bracket_plan::hi_none == 0 &&
-                    detail::topk_bracket_plan::hi_is_lo == 1 &&
-                    detail::topk_bracket_plan::hi_at_rank == 2,
-                "bracket_kernel's hi_mode values");
   p.s = b.s;
   p.lo_pos = b.lo_pos;
-  p.hi_mode = b.hi_mode;
+  p.hi = b.hi;
   p.hi_pos = b.hi_pos;
   p.budget = b.budget;
   return p;
@@ -73,7 +69,7 @@ void topk_run(const topk& sel, temp_storage& tmp, T* e, const T* g, std::size_t 
               std::uint32_t* out, selection_stats* stats, cudaStream_t stream) {
   using key = detail::abs_key_t<T>;
   const topk_plan plan = plan_topk(sel, n, k);
-  carver c(tmp.ptr);
+  scratch_carver c(tmp.ptr);
   auto* st = c.take<select_state<T>>(1);
   const radix_scratch rs = carve_radix<T>(c, n);
   key* sample = nullptr;
@@ -124,10 +120,10 @@ void topk_run(const topk& sel, temp_storage& tmp, T* e, const T* g, std::size_t 
   const std::size_t n_full = n - n % detail::scan_block;
   auto filter = [&](auto vals) {
     using V = decltype(vals);
-    sample_kernel<T, V><<<grid_for(plan.s, 256), 256, 0, stream>>>(vals, n, plan.s, sample);
+    sample_kernel<T, V><<<grid_for(plan.s, 256, max_grid_blocks), 256, 0, stream>>>(vals, n, plan.s, sample);
     check_launch("sample_kernel");
     bracket_kernel<T, single_threads, buckets><<<1, single_threads, 0, stream>>>(
-        sample, plan.s, plan.lo_pos, plan.hi_mode, plan.hi_pos, st);
+        sample, plan.s, plan.lo_pos, plan.hi, plan.hi_pos, st);
     check_launch("bracket_kernel");
     filter_kernel<T, V, tile_threads, tile_items>
         <<<static_cast<unsigned>(tiles), tile_threads, 0, stream>>>(vals, n, n_full, st, picks, k,
@@ -152,4 +148,4 @@ void topk_run(const topk& sel, temp_storage& tmp, T* e, const T* g, std::size_t 
   check_launch("radix_stats_kernel");
 }
 
-}  // namespace gradcomp::cuda::sel
+}  // namespace gradcomp::cuda::select_impl

@@ -23,7 +23,7 @@
 // of the divisions and products the codes depend on, and nvcc 13 defines no macro by which
 // this header could refuse them.
 
-namespace gradcomp::cuda::qs {
+namespace gradcomp::cuda::quantize_impl {
 
 // ---------------------------------------------------------------------------------------
 // Bucket statistics.
@@ -167,4 +167,4 @@ __global__ void validate_kernel(const std::byte* packed, std::size_t n, unsigned
   }
 }
 
-}  // namespace gradcomp::cuda::qs
+}  // namespace gradcomp::cuda::quantize_impl

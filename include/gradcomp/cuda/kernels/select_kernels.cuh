@@ -16,9 +16,10 @@
 #include <gradcomp/context.hpp>
 #include <gradcomp/cuda/block/select_block.cuh>
 #include <gradcomp/detail/radix_digits.hpp>
-#include <gradcomp/detail/select_common.hpp>
+#include <gradcomp/detail/select/bracket.hpp>
+#include <gradcomp/detail/select/keys.hpp>
 
-namespace gradcomp::cuda::sel {
+namespace gradcomp::cuda::select_impl {
 
 // Gate bits of select_state::mode.
 inline constexpr unsigned mode_radix = 1;  // the radix select over all of g, then its take
@@ -155,12 +156,12 @@ __global__ void sample_kernel(Values vals, std::size_t n, std::size_t s,
 
 // The bracket from the sample's order statistics, as topk's host code takes them with
 // nth_element: lo = the (lo_pos + 1)-th largest sample key (0 when lo_pos == s), hi = the
-// (hi_pos + 1)-th largest (hi_mode 2), lo (hi_mode 1), or the largest possible key (hi_mode
-// 0: nothing is sure).
+// (hi_pos + 1)-th largest (bracket_hi::sample_rank), lo (bracket_hi::lo), or the largest
+// possible key (bracket_hi::largest_key: nothing is sure).
 template <class T, int Threads, unsigned Buckets>
 __global__ void __launch_bounds__(Threads)
     bracket_kernel(const detail::abs_key_t<T>* keys, std::size_t s, std::size_t lo_pos,
-                   unsigned hi_mode, std::size_t hi_pos, select_state<T>* st) {
+                   detail::bracket_hi hi_from, std::size_t hi_pos, select_state<T>* st) {
   using key = detail::abs_key_t<T>;
   using select_t = block_radix_select<Threads, Buckets>;
   __shared__ typename select_t::storage sm;
@@ -172,8 +173,10 @@ __global__ void __launch_bounds__(Threads)
   key lo = 0;
   if (lo_pos < s) lo = select_t::template run<key>(sm, bits, s, item, lo_pos + 1).kth;
   key hi = detail::abs_key_traits<T>::mask;
-  if (hi_mode == 1) hi = lo;
-  if (hi_mode == 2) hi = select_t::template run<key>(sm, bits, s, item, hi_pos + 1).kth;
+  if (hi_from == detail::bracket_hi::lo) hi = lo;
+  if (hi_from == detail::bracket_hi::sample_rank) {
+    hi = select_t::template run<key>(sm, bits, s, item, hi_pos + 1).kth;
+  }
   if (threadIdx.x == 0) {
     st->lo = lo;
     st->hi = hi;
@@ -728,4 +731,4 @@ __global__ void gather_clear_kernel(T* e, const std::uint32_t* idx, const select
   }
 }
 
-}  // namespace gradcomp::cuda::sel
+}  // namespace gradcomp::cuda::select_impl

@@ -12,7 +12,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/cuda/block/sparse_common.cuh>
 
-namespace gradcomp::cuda::qs {
+namespace gradcomp::cuda::sparse_impl {
 
 GRADCOMP_DEVICE std::size_t first_index() {
   return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -97,4 +97,4 @@ __global__ void scatter_overwrite_kernel(const std::uint32_t* indices, const flo
   }
 }
 
-}  // namespace gradcomp::cuda::qs
+}  // namespace gradcomp::cuda::sparse_impl

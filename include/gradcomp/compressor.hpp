@@ -1,0 +1,255 @@
+// gradcomp/compressor.hpp: compressor<Selector, Quantizer, Feedback, T>, the compile-time
+// composition of three policies. compress() turns one gradient tensor (and its feedback state)
+// into a payload; decompress() and decode_values() turn a payload back into values.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/context.hpp>
+#include <gradcomp/detail/nonfinite.hpp>
+#include <gradcomp/detail/timer.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/feedback/none.hpp>
+#include <gradcomp/sparse.hpp>
+
+namespace gradcomp {
+
+struct compress_context {
+  double density = 1.0;  // target density, (0, 1]
+  call_id id{};          // seed, step and the tensor's stable id
+  // g was already checked for non-finite values (sparsified_sgd checks all tensors at once,
+  // before any state changes): compress() skips its own check.
+  bool finite_checked = false;
+};
+
+struct compress_stats {
+  std::size_t n = 0;
+  selection_stats selection{};
+  double seconds_accumulate = 0.0;
+  double seconds_select = 0.0;
+  double seconds_encode = 0.0;  // gather, quantize, and decode for the feedback
+};
+
+namespace detail {
+
+// Index of the first NaN or Inf, or g.size() if all finite. Vectorised: with the default
+// nonfinite_policy::error this check is a full read of g on every compress().
+template <gradient_value T>
+std::size_t find_nonfinite(std::span<const T> g) {
+  return first_nonfinite(g);
+}
+
+}  // namespace detail
+
+template <class Selector, class Quantizer, class Feedback, class T = float>
+class compressor {
+  static_assert(gradient_value<T>, "compressor<S, Q, F, T>: T must be float or double.");
+  static_assert(gradcomp::selector<Selector, T>,
+                "compressor<S, Q, F>: S is not a gradcomp::selector: it needs a member "
+                "`selection_stats select(std::span<const T>, const select_context&, "
+                "std::vector<std::uint32_t>&)`.");
+  static_assert(gradcomp::quantizer<Quantizer>,
+                "compressor<S, Q, F>: Q is not a gradcomp::quantizer: it needs id, summable, "
+                "bits_per_value(), params(), encode(values, id, payload&) and "
+                "decode(payload, values).");
+  static_assert(gradcomp::feedback<Feedback, T>,
+                "compressor<S, Q, F>: F is not a gradcomp::feedback: it needs state<T>, "
+                "make_state<T>(n), accumulate(state, g) and update(state, indices, decoded).");
+
+ public:
+  using value_type = T;
+  using selector_type = Selector;
+  using quantizer_type = Quantizer;
+  using feedback_type = Feedback;
+  using state_type = typename Feedback::template state<T>;
+
+  // Payloads of two ranks can be added position by position without decoding: the
+  // quantizer's values are summable and every rank picks the same indices.
+  static constexpr bool summable = Quantizer::summable && shared_indices_v<Selector>;
+
+  compressor() = default;
+  explicit compressor(Selector s, Quantizer q = {}, Feedback f = {},
+                      nonfinite_policy nonfinite = nonfinite_policy::error)
+      : selector_(std::move(s)), quantizer_(std::move(q)), feedback_(std::move(f)),
+        nonfinite_(nonfinite) {}
+
+  [[nodiscard]] state_type make_state(std::size_t n) const {
+    return feedback_.template make_state<T>(n);
+  }
+
+  // Compress g (with feedback state st) into out: accumulate (e + g, or DGC's v), select,
+  // encode, and record in st what the receivers will decode. Every argument is checked before
+  // st changes: a bad density, a size mismatch, a non-finite gradient or a selector setting
+  // rejected by the selector's check() throws and leaves st as it was. An exception from
+  // inside a policy's work (bad_alloc, a custom selector that throws) leaves st valid but
+  // holding the accumulated gradient.
+  compress_stats compress(std::span<const T> g, state_type& st, const compress_context& ctx,
+                          payload& out) {
+    const select_context sc{checked_k(g, st, ctx), ctx.density, ctx.id};
+    compress_stats stats;
+    stats.n = g.size();
+    detail::stopwatch clock;
+    const std::span<const T> acc = accumulate_and_select(g, st, sc, out, stats, clock);
+    encode(acc, ctx.id, out);
+    // The feedback keeps exactly what the receivers will decode, not what was intended (a
+    // feedback that keeps nothing needs no decoding).
+    if constexpr (!std::is_same_v<Feedback, no_feedback>) {
+      decoded_.resize(out.count);
+      quantizer_.decode(out, decoded_);
+      feedback_.update(st, sent_indices(out), decoded_);
+    }
+    stats.seconds_encode = clock.lap();
+    return stats;
+  }
+
+  // Decode p into dense (size p.dense_size). The payload is validated (indices in range and
+  // strictly increasing, quantizer and side data consistent) before anything is written.
+  void decompress(const payload& p, std::span<T> dense,
+                  decompress_mode mode = decompress_mode::overwrite) const {
+    if (p.dense_size != dense.size()) {
+      detail::throw_invalid_argument("compressor::decompress", "dense.size()", dense.size(),
+                                     detail::concat("payload dense_size (", p.dense_size, ")"));
+    }
+    validate_indices("compressor::decompress", p);
+    decoded_.resize(p.count);
+    quantizer_.decode(p, decoded_);
+    if (mode == decompress_mode::overwrite) std::fill(dense.begin(), dense.end(), T(0));
+    if (p.layout == index_layout::dense) {
+      for (std::size_t j = 0; j < p.count; ++j) dense[j] += static_cast<T>(decoded_[j]);
+    } else {
+      for (std::size_t j = 0; j < p.count; ++j) dense[p.indices[j]] += static_cast<T>(decoded_[j]);
+    }
+  }
+
+  // The decoded values of p, in payload order (validated like decompress).
+  void decode_values(const payload& p, std::span<float> out) const { quantizer_.decode(p, out); }
+
+  [[nodiscard]] const Selector& selector() const noexcept { return selector_; }
+  [[nodiscard]] Selector& selector() noexcept { return selector_; }
+  [[nodiscard]] const Quantizer& quantizer() const noexcept { return quantizer_; }
+  [[nodiscard]] const Feedback& feedback() const noexcept { return feedback_; }
+  [[nodiscard]] nonfinite_policy nonfinite() const noexcept { return nonfinite_; }
+
+ private:
+  // The feedback accumulates into its own buffer and the selector adds while it scans.
+  static constexpr bool fused = fuses_accumulation<Selector, Feedback, T>;
+
+  // Every check compress() makes before the state changes; returns the target count k.
+  std::size_t checked_k(std::span<const T> g, state_type& st, const compress_context& ctx) const {
+    const std::size_t n = g.size();
+    if (n > (std::size_t{1} << 32)) {
+      detail::throw_invalid_argument("compressor::compress", "g.size()", n, "<= 2^32");
+    }
+    const std::size_t k = k_for_density(n, ctx.density);
+    check_state_size(st, n);
+    // The selector runs on the accumulated vector, after the feedback has changed st: its own
+    // settings (threshold's tau, RedSync's interval) must be rejected before that.
+    if constexpr (checks_settings<Selector>) selector_.check();
+    if (nonfinite_ == nonfinite_policy::error && !ctx.finite_checked) {
+      if (const std::size_t bad = detail::find_nonfinite(g); bad != n) {
+        throw nonfinite_error(detail::concat(
+            "gradcomp::compressor::compress: gradient of tensor ", ctx.id.tensor_id, " holds ",
+            g[bad], " at index ", bad,
+            "; nonfinite_policy::error (the default) rejects non-finite gradients before any "
+            "state changes"));
+      }
+    }
+    return k;
+  }
+
+  void check_state_size(state_type& st, std::size_t n) const {
+    for (const auto& buf : st.buffers()) {
+      if (buf.size() != n) {
+        detail::throw_invalid_argument("compressor::compress", "g.size()", n,
+                                       detail::concat("the size the feedback state was made for (",
+                                                      buf.size(), ")"));
+      }
+    }
+  }
+
+  // Accumulates g into the feedback state and selects from the result into out's indices.
+  // Returns the accumulated vector (the values to encode). Fused, the addition happens inside
+  // the selector's scan and its time counts as selection.
+  std::span<const T> accumulate_and_select(std::span<const T> g, state_type& st,
+                                           const select_context& sc, payload& out,
+                                           compress_stats& stats, detail::stopwatch& clock) {
+    std::span<const T> acc;
+    if constexpr (fused) {
+      const std::span<T> e = feedback_.in_place_accumulator(st);
+      start_payload(out, g.size(), index_layout::sparse);
+      stats.selection = selector_.select_accumulate(e, g, sc, out.indices);
+      acc = e;
+    } else {
+      acc = feedback_.accumulate(st, g);
+      stats.seconds_accumulate = clock.lap();
+      // Only now: accumulate() is where a feedback without buffers (no_feedback) checks g's
+      // size, and a refused call must leave `out` as it was.
+      if constexpr (selects_all_v<Selector>) {
+        start_payload(out, g.size(), index_layout::dense);
+        out.count = static_cast<std::uint32_t>(g.size());
+        stats.selection = selection_stats{g.size(), 0.0, 0, false};
+      } else {
+        start_payload(out, g.size(), index_layout::sparse);
+        stats.selection = selector_.select(acc, sc, out.indices);
+      }
+    }
+    if (out.layout == index_layout::sparse) {
+      out.count = static_cast<std::uint32_t>(out.indices.size());
+      validate_indices("compressor::compress (selector output)", out);
+    }
+    stats.seconds_select = clock.lap();
+    return acc;
+  }
+
+  static void start_payload(payload& out, std::size_t n, index_layout layout) {
+    out.clear();
+    out.dense_size = n;
+    out.layout = layout;
+  }
+
+  // Quantizes the selected values of acc into out. A dense float selection is encoded from acc
+  // as it is; anything else is gathered (and converted to float) first.
+  void encode(std::span<const T> acc, const call_id& id, payload& out) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (out.layout == index_layout::dense) {
+        quantizer_.encode(acc, id, out);
+        return;
+      }
+    }
+    values_.resize(out.count);
+    if (out.layout == index_layout::dense) {
+      for (std::size_t j = 0; j < out.count; ++j) values_[j] = static_cast<float>(acc[j]);
+    } else {
+      for (std::size_t j = 0; j < out.count; ++j) values_[j] = static_cast<float>(acc[out.indices[j]]);
+    }
+    quantizer_.encode(values_, id, out);
+  }
+
+  std::span<const std::uint32_t> sent_indices(const payload& p) {
+    if (p.layout == index_layout::sparse) return p.indices;
+    if (iota_.size() != p.count) {
+      iota_.resize(p.count);
+      std::iota(iota_.begin(), iota_.end(), std::uint32_t{0});
+    }
+    return iota_;
+  }
+
+  [[no_unique_address]] Selector selector_{};
+  [[no_unique_address]] Quantizer quantizer_{};
+  [[no_unique_address]] Feedback feedback_{};
+  nonfinite_policy nonfinite_ = nonfinite_policy::error;
+  // Scratch reused across calls: a compressor belongs to one rank (one thread).
+  std::vector<float> values_;
+  mutable std::vector<float> decoded_;
+  std::vector<std::uint32_t> iota_;
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,123 @@
+// gradcomp/detail/select/sources.hpp: where a selection pass reads its values: g as it is, or
+// e + g with error feedback's accumulation fused into the pass.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+
+#include <gradcomp/detail/select/keys.hpp>
+#include <gradcomp/detail/select/scan.hpp>
+#include <gradcomp/detail/simd.hpp>
+
+namespace gradcomp::detail {
+
+// Sources: where a selection pass gets its values. read_source reads g. accumulate_source
+// makes the pass also do error feedback's accumulate, e += g, block by block just before it
+// scans the block, so that accumulating and selecting cost one read of g and e and one write
+// of e instead of two passes. Both offer
+//   size()               n
+//   at(i)                the value the pass will see at i, with no side effect (for samples)
+//   block(b, len)        the values of [b, b + len), called once per range in index order
+//   hot_block(b, t)      block(b, scan_block) if it holds a key > t, else null
+//   finish(b)            completes the side effects for [b, n) when a pass stops early
+//   values()             what holds the values once the pass is done (g, or e = acc)
+
+// e[i] += g[i] for i < len. The vector form makes no difference to the sums (each lane is
+// the same IEEE addition), but the compiler cannot vectorise the plain loop on its own
+// without knowing that e and g do not overlap.
+template <class T>
+inline void add_into(T* e, const T* g, std::size_t len) noexcept {
+#if GRADCOMP_VECTOR_EXTENSIONS
+  typedef T v __attribute__((vector_size(16)));
+  constexpr std::size_t w = 16 / sizeof(T);
+  const std::size_t pairs = len / (2 * w);
+  for (std::size_t j = 0; j < pairs; ++j, e += 2 * w, g += 2 * w) {
+    v a, b, c, d;
+    std::memcpy(&a, e, sizeof(v));
+    std::memcpy(&b, g, sizeof(v));
+    std::memcpy(&c, e + w, sizeof(v));
+    std::memcpy(&d, g + w, sizeof(v));
+    a += b;
+    c += d;
+    std::memcpy(e, &a, sizeof(v));
+    std::memcpy(e + w, &c, sizeof(v));
+  }
+  len %= 2 * w;
+#endif
+  for (std::size_t i = 0; i < len; ++i) e[i] += g[i];
+}
+
+// e[0, scan_block) += g[0, scan_block), and whether any of the sums has a key > t: the block
+// test on the sums while they are still in registers.
+template <class T>
+inline bool add_block_any_above(T* e, const T* g, signed_key_t<T> t) noexcept {
+#if GRADCOMP_VECTOR_EXTENSIONS
+  using S = signed_key_t<T>;
+  typedef T v __attribute__((vector_size(16)));
+  typedef S sv __attribute__((vector_size(16)));
+  constexpr std::size_t w = 16 / sizeof(T);
+  const sv tt = sv{} + t;
+  const sv mm = sv{} + static_cast<S>(abs_key_traits<T>::mask);
+  sv a = {}, b = {};
+  for (std::size_t j = 0; j < scan_block; j += 2 * w) {
+    v x, y, gx, gy;
+    std::memcpy(&x, e + j, sizeof(v));
+    std::memcpy(&gx, g + j, sizeof(v));
+    std::memcpy(&y, e + j + w, sizeof(v));
+    std::memcpy(&gy, g + j + w, sizeof(v));
+    x += gx;
+    y += gy;
+    std::memcpy(e + j, &x, sizeof(v));
+    std::memcpy(e + j + w, &y, sizeof(v));
+    sv kx, ky;
+    std::memcpy(&kx, &x, sizeof(v));
+    std::memcpy(&ky, &y, sizeof(v));
+    a |= tt - (kx & mm);
+    b |= tt - (ky & mm);
+  }
+  return any_negative(a | b);
+#else
+  add_into(e, g, scan_block);
+  return block_any_above(e, t);
+#endif
+}
+
+template <class T>
+struct read_source {
+  std::span<const T> g;
+
+  std::size_t size() const noexcept { return g.size(); }
+  T at(std::size_t i) const noexcept { return g[i]; }
+  const T* block(std::size_t b, std::size_t /*len*/) const noexcept { return g.data() + b; }
+  // The full block at b when it holds a key > t, else null.
+  const T* hot_block(std::size_t b, signed_key_t<T> t) const noexcept {
+    const T* p = g.data() + b;
+    return block_any_above(p, t) ? p : nullptr;
+  }
+  void finish(std::size_t /*b*/) const noexcept {}
+  std::span<const T> values() const noexcept { return g; }
+};
+
+template <class T>
+struct accumulate_source {
+  std::span<T> e;
+  std::span<const T> g;
+
+  std::size_t size() const noexcept { return g.size(); }
+  T at(std::size_t i) const noexcept { return e[i] + g[i]; }
+  const T* block(std::size_t b, std::size_t len) const noexcept {
+    add_into(e.data() + b, g.data() + b, len);
+    return e.data() + b;
+  }
+  const T* hot_block(std::size_t b, signed_key_t<T> t) const noexcept {
+    T* p = e.data() + b;
+    return add_block_any_above(p, g.data() + b, t) ? p : nullptr;
+  }
+  void finish(std::size_t b) const noexcept {
+    add_into(e.data() + b, g.data() + b, g.size() - b);
+  }
+  std::span<const T> values() const noexcept { return e; }
+};
+
+}  // namespace gradcomp::detail

@@ -1,0 +1,355 @@
+// gradcomp/sparsified_sgd.hpp: sparsified_sgd<Compressor, Exchange, Communicator>, the
+// synchronous data-parallel SGD driver. Each step compresses every tensor's gradient, exchanges
+// it, averages, and applies the update; it reports what it selected, sent and spent, and the
+// feedback state can be checkpointed.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <istream>
+#include <ostream>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/compressor.hpp>
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/timer.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/sgd.hpp>
+#include <gradcomp/sparse.hpp>
+
+namespace gradcomp {
+
+template <class Compressor, class Exchange, class Comm>
+class sparsified_sgd {
+  static_assert(communicator<Comm>,
+                "sparsified_sgd<C, X, Comm>: Comm is not a gradcomp::communicator: it needs "
+                "rank(), size(), barrier(), and allreduce, allgatherv, alltoallv and broadcast "
+                "of the element types listed in gradcomp/concepts.hpp.");
+  static_assert(gradcomp::exchange<Exchange, Compressor, Comm>,
+                "sparsified_sgd<C, X, Comm>: X is not a gradcomp::exchange for this compressor: "
+                "it needs `exchange_stats exchange(Comm&, const C&, const payload&, "
+                "std::span<value_type>)`.");
+
+ public:
+  using value_type = typename Compressor::value_type;
+  using T = value_type;
+
+  // Tensors with ids 0, 1, ... in the order of layer_sizes.
+  sparsified_sgd(Comm& comm, const std::vector<std::size_t>& layer_sizes, Compressor c = {},
+                 Exchange x = {}, sgd_options opt = {},
+                 density_schedule schedule = density_schedule::constant(1.0))
+      : sparsified_sgd(comm, specs_from_sizes(layer_sizes), std::move(c), std::move(x), opt,
+                       schedule) {}
+
+  // Tensors with explicit ids (taken as a span so that a braced list of sizes picks the
+  // constructor above).
+  sparsified_sgd(Comm& comm, std::span<const tensor_spec> tensors, Compressor c, Exchange x,
+                 sgd_options opt, density_schedule schedule)
+      : comm_(&comm), tensors_(tensors.begin(), tensors.end()), compressor_(std::move(c)),
+        exchange_(std::move(x)), opt_(opt), schedule_(schedule) {
+    check_options();
+    offsets_ = detail::tensor_offsets("sparsified_sgd", tensors_);
+    for (const tensor_spec& t : tensors_) states_.push_back(compressor_.make_state(t.size));
+    total_ = detail::total_size(tensors_);
+    average_.assign(total_, T(0));
+    if (opt_.momentum > 0.0) velocity_.assign(total_, T(0));
+  }
+
+  // One synchronous step on every rank: compress every tensor's gradient, exchange each (or all
+  // at once, for an exchange that fuses tensors), hand picks an exchange left out back to the
+  // feedback, then params -= lr * update. Sizes and the gradient's finiteness are checked for
+  // all tensors before any state changes.
+  const step_stats& step(std::span<T> params, std::span<const T> grads) {
+    check_step_arguments(params, grads);
+    const double rho = schedule_.at(step_);
+    start_stats(rho);
+
+    payloads_.resize(tensors_.size());
+    compress_stats_.resize(tensors_.size());
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      compress_stats_[t] = compressor_.compress(gradient_of(t, grads), states_[t],
+                                                context_for(t, rho), payloads_[t]);
+    }
+
+    exchange_stats_.resize(tensors_.size());
+    restored_.assign(tensors_.size(), 0);
+    if constexpr (fuses_tensors<Exchange, Compressor, Comm>) {
+      exchange_.exchange_tensors(*comm_, std::as_const(compressor_),
+                                 std::span<const payload>(payloads_), average_views(),
+                                 std::span<exchange_stats>(exchange_stats_));
+    } else {
+      for (std::size_t t = 0; t < tensors_.size(); ++t) exchange_tensor(t);
+    }
+
+    for (std::size_t t = 0; t < tensors_.size(); ++t) record(t);
+    stats_.density = total_ ? static_cast<double>(stats_.selected) / static_cast<double>(total_) : 0.0;
+    detail::stopwatch clock;
+    detail::sgd_update<T>(params.first(total_), average_, velocity_, opt_);
+    stats_.seconds.update = clock.lap();
+    total_bytes_sent_ += stats_.bytes_sent;
+    total_bytes_received_ += stats_.bytes_received;
+    ++step_;
+    return stats_;
+  }
+
+  [[nodiscard]] const step_stats& last_stats() const noexcept { return stats_; }
+  [[nodiscard]] std::uint64_t steps_done() const noexcept { return step_; }
+  [[nodiscard]] std::size_t size() const noexcept { return total_; }
+  [[nodiscard]] std::size_t total_bytes_sent() const noexcept { return total_bytes_sent_; }
+  [[nodiscard]] std::size_t total_bytes_received() const noexcept { return total_bytes_received_; }
+  [[nodiscard]] const std::vector<tensor_spec>& tensors() const noexcept { return tensors_; }
+  // The last averaged gradient (before weight decay and momentum).
+  [[nodiscard]] std::span<const T> averaged_gradient() const noexcept { return average_; }
+  [[nodiscard]] Compressor& compressor() noexcept { return compressor_; }
+  // The exchange, e.g. to tune topk_a2a's bucket size between steps.
+  [[nodiscard]] Exchange& exchange() noexcept { return exchange_; }
+  [[nodiscard]] typename Compressor::state_type& feedback_state(std::size_t tensor_index) {
+    return states_.at(tensor_index);
+  }
+
+  // Checkpoints: the step counter, every tensor's feedback buffers keyed by tensor id, and
+  // the optimizer's velocity. load_state() accepts the tensors in any order, checks ids,
+  // sizes, element type and buffer counts, and changes nothing unless all of it matches.
+  void save_state(std::ostream& os) const {
+    put(os, checkpoint_magic);
+    put(os, checkpoint_version);
+    put(os, static_cast<std::uint32_t>(sizeof(T)));
+    put(os, step_);
+    put(os, static_cast<std::uint32_t>(tensors_.size()));
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      // buffers() hands out mutable spans for load_state(); here they are only read.
+      auto buffers = const_cast<typename Compressor::state_type&>(states_[t]).buffers();
+      put(os, tensors_[t].id);
+      put(os, static_cast<std::uint64_t>(tensors_[t].size));
+      put(os, static_cast<std::uint32_t>(buffers.size()));
+      for (const auto& b : buffers) put_array(os, std::span<const T>(b.data(), b.size()));
+    }
+    put(os, static_cast<std::uint64_t>(velocity_.size()));
+    put_array(os, std::span<const T>(velocity_));
+    if (!os) throw error("gradcomp::sparsified_sgd::save_state: the stream failed while writing");
+  }
+
+  void load_state(std::istream& is) {
+    if (get<std::uint32_t>(is) != checkpoint_magic) fail_load("not a gradcomp checkpoint (bad magic)");
+    if (const auto v = get<std::uint32_t>(is); v != checkpoint_version) {
+      fail_load(detail::concat("checkpoint version ", v, " is not supported (this build reads version ",
+                               checkpoint_version, ")"));
+    }
+    if (const auto sz = get<std::uint32_t>(is); sz != sizeof(T)) {
+      fail_load(detail::concat("checkpoint holds ", sz, "-byte values, this optimizer uses ",
+                               sizeof(T), "-byte values"));
+    }
+    const auto step = get<std::uint64_t>(is);
+    const auto count = get<std::uint32_t>(is);
+    if (count != tensors_.size()) {
+      fail_load(detail::concat("checkpoint has ", count, " tensors, this optimizer has ", tensors_.size()));
+    }
+    std::vector<typename Compressor::state_type> states;
+    states.reserve(tensors_.size());
+    for (const auto& t : tensors_) states.push_back(compressor_.make_state(t.size));
+    std::vector<bool> seen(tensors_.size(), false);
+    for (std::uint32_t c = 0; c < count; ++c) {
+      const auto id = get<std::uint32_t>(is);
+      const auto n = get<std::uint64_t>(is);
+      const auto nbuf = get<std::uint32_t>(is);
+      std::size_t t = 0;
+      while (t < tensors_.size() && tensors_[t].id != id) ++t;
+      if (t == tensors_.size()) fail_load(detail::concat("checkpoint has unknown tensor id ", id));
+      if (seen[t]) fail_load(detail::concat("checkpoint has tensor id ", id, " twice"));
+      seen[t] = true;
+      if (n != tensors_[t].size) {
+        fail_load(detail::concat("tensor ", id, " has ", n, " elements in the checkpoint, ",
+                                 tensors_[t].size, " here"));
+      }
+      auto buffers = states[t].buffers();
+      if (nbuf != buffers.size()) {
+        fail_load(detail::concat("tensor ", id, " has ", nbuf, " feedback buffers in the checkpoint, ",
+                                 buffers.size(), " here (another feedback policy?)"));
+      }
+      for (auto& b : buffers) get_array(is, b);
+    }
+    const auto nvel = get<std::uint64_t>(is);
+    if (nvel != velocity_.size()) {
+      fail_load(detail::concat("checkpoint has a velocity of ", nvel, " elements, this optimizer ",
+                               velocity_.size(), " (momentum set differently?)"));
+    }
+    std::vector<T> velocity(velocity_.size());
+    get_array(is, std::span<T>(velocity));
+    states_ = std::move(states);
+    velocity_ = std::move(velocity);
+    step_ = step;
+  }
+
+ private:
+  // This rank, for call_id::rank: each rank rounds with its own quantize stream.
+  std::uint32_t rank_id() const { return static_cast<std::uint32_t>(comm_->rank()); }
+
+  static constexpr std::uint32_t checkpoint_magic = 0x504b4347;  // "GCKP" little-endian
+  static constexpr std::uint32_t checkpoint_version = 1;
+
+  static std::vector<tensor_spec> specs_from_sizes(const std::vector<std::size_t>& sizes) {
+    std::vector<tensor_spec> specs;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      specs.push_back(tensor_spec{static_cast<std::uint32_t>(i), sizes[i]});
+    }
+    return specs;
+  }
+
+  void check_options() const {
+    detail::check_sgd_options("sparsified_sgd", opt_);
+    if constexpr (applies_momentum_v<typename Compressor::feedback_type>) {
+      if (opt_.momentum != 0.0) {
+        detail::throw_invalid_argument(
+            "sparsified_sgd", "momentum", opt_.momentum,
+            "0 with dgc_momentum feedback (it applies momentum before compression)");
+      }
+    }
+  }
+
+  std::size_t tensor_of(std::size_t flat_index) const {
+    const auto it = std::upper_bound(offsets_.begin(), offsets_.end(), flat_index);
+    return static_cast<std::size_t>(it - offsets_.begin()) - 1;
+  }
+
+  void check_step_arguments(std::span<const T> params, std::span<const T> grads) const {
+    if (params.size() != total_) {
+      detail::throw_invalid_argument("sparsified_sgd::step", "params.size()", params.size(),
+                                     detail::concat("the total of the tensor sizes (", total_, ")"));
+    }
+    if (grads.size() != total_) {
+      detail::throw_invalid_argument("sparsified_sgd::step", "grads.size()", grads.size(),
+                                     detail::concat("the total of the tensor sizes (", total_, ")"));
+    }
+    if (compressor_.nonfinite() == nonfinite_policy::error) {
+      if (const std::size_t bad = detail::find_nonfinite(grads); bad != total_) {
+        const std::size_t t = tensor_of(bad);
+        throw nonfinite_error(detail::concat(
+            "gradcomp::sparsified_sgd::step: gradient of tensor ", tensors_[t].id, " holds ",
+            grads[bad], " at index ", bad - offsets_[t],
+            "; nonfinite_policy::error (the default) rejects non-finite gradients before any "
+            "state changes"));
+      }
+    }
+  }
+
+  std::span<const T> gradient_of(std::size_t t, std::span<const T> grads) const {
+    return grads.subspan(offsets_[t], tensors_[t].size);
+  }
+  std::span<T> average_of(std::size_t t) {
+    return std::span<T>(average_).subspan(offsets_[t], tensors_[t].size);
+  }
+  std::span<const std::span<T>> average_views() {
+    average_views_.resize(tensors_.size());
+    for (std::size_t t = 0; t < tensors_.size(); ++t) average_views_[t] = average_of(t);
+    return average_views_;
+  }
+
+  compress_context context_for(std::size_t t, double rho) const {
+    // The gradient's finiteness was checked for all tensors at once (check_step_arguments).
+    const bool finite_checked = compressor_.nonfinite() == nonfinite_policy::error;
+    return compress_context{rho, call_id{opt_.seed, step_, tensors_[t].id, rank_id()}, finite_checked};
+  }
+
+  // Tensor t's exchange into its part of the average. Picks the exchange left out (gTop-k) go
+  // back to the feedback, so that nothing is lost, when the feedback can take them.
+  void exchange_tensor(std::size_t t) {
+    if constexpr (exchange_with_unused<Exchange, Compressor, Comm>) {
+      exchange_stats_[t] = exchange_.exchange(*comm_, compressor_, payloads_[t], average_of(t), unused_);
+      if constexpr (restores_picks<typename Compressor::feedback_type, T>) {
+        compressor_.feedback().restore(states_[t], unused_.indices, unused_.values);
+        restored_[t] = unused_.indices.size();
+      }
+    } else {
+      exchange_stats_[t] = exchange_.exchange(*comm_, compressor_, payloads_[t], average_of(t));
+    }
+  }
+
+  void start_stats(double rho) {
+    stats_ = step_stats{};
+    stats_.step = step_;
+    stats_.target_density = rho;
+    stats_.n = total_;
+    stats_.tensors.reserve(tensors_.size());
+  }
+
+  // Adds tensor t's compression and exchange to the step's statistics.
+  void record(std::size_t t) {
+    const compress_stats& cs = compress_stats_[t];
+    const exchange_stats& xs = exchange_stats_[t];
+    tensor_stats ts;
+    ts.id = tensors_[t].id;
+    ts.n = tensors_[t].size;
+    ts.selected = cs.selection.count;
+    ts.density = ts.n ? static_cast<double>(ts.selected) / static_cast<double>(ts.n) : 0.0;
+    ts.threshold = cs.selection.threshold;
+    ts.iterations = cs.selection.iterations;
+    ts.fallback = cs.selection.fallback;
+    ts.bytes_sent = xs.bytes_sent;
+    ts.bytes_received = xs.bytes_received;
+    ts.exchange = xs.name;
+    ts.predicted_seconds = xs.predicted_seconds;
+    ts.exchange_seconds = xs.seconds;
+    ts.restored = restored_[t];
+    stats_.tensors.push_back(ts);
+    stats_.selected += ts.selected;
+    stats_.bytes_sent += xs.bytes_sent;
+    stats_.bytes_received += xs.bytes_received;
+    stats_.seconds.accumulate += cs.seconds_accumulate;
+    stats_.seconds.select += cs.seconds_select;
+    stats_.seconds.encode += cs.seconds_encode;
+    stats_.seconds.exchange += xs.seconds;
+  }
+
+  [[noreturn]] static void fail_load(const std::string& why) {
+    throw invalid_argument("gradcomp::sparsified_sgd::load_state: " + why +
+                           "; the optimizer state is unchanged");
+  }
+
+  template <class V>
+  static void put(std::ostream& os, V v) {
+    os.write(reinterpret_cast<const char*>(&v), sizeof(V));
+  }
+  static void put_array(std::ostream& os, std::span<const T> a) {
+    os.write(reinterpret_cast<const char*>(a.data()), static_cast<std::streamsize>(a.size_bytes()));
+  }
+  template <class V>
+  static V get(std::istream& is) {
+    V v{};
+    if (!is.read(reinterpret_cast<char*>(&v), sizeof(V))) fail_load("the checkpoint is truncated");
+    return v;
+  }
+  static void get_array(std::istream& is, std::span<T> a) {
+    if (!is.read(reinterpret_cast<char*>(a.data()), static_cast<std::streamsize>(a.size_bytes()))) {
+      fail_load("the checkpoint is truncated");
+    }
+  }
+
+  Comm* comm_;
+  std::vector<tensor_spec> tensors_;
+  std::vector<std::size_t> offsets_;
+  std::size_t total_ = 0;
+  Compressor compressor_;
+  Exchange exchange_;
+  sgd_options opt_;
+  density_schedule schedule_;
+  std::vector<typename Compressor::state_type> states_;
+  std::vector<T> average_;
+  std::vector<T> velocity_;
+  // Per tensor, reused from step to step.
+  std::vector<payload> payloads_;
+  std::vector<compress_stats> compress_stats_;
+  std::vector<exchange_stats> exchange_stats_;
+  std::vector<std::size_t> restored_;  // picks given back to the feedback
+  std::vector<std::span<T>> average_views_;
+  unused_picks unused_;
+  step_stats stats_;
+  std::uint64_t step_ = 0;
+  std::size_t total_bytes_sent_ = 0;
+  std::size_t total_bytes_received_ = 0;
+};
+
+}  // namespace gradcomp
