@@ -44,8 +44,8 @@ inline double sum_abs(std::span<const float> g) {
 
 // A plain copy with 16-byte loads and ordinary stores, written out so that the compiler does
 // not turn it into a memcpy call: glibc's memcpy switches to non-temporal stores above a size
-// threshold, which on the machine of the README numbers is slower than this loop (both are
-// in the suite: baseline/copy and baseline/memcpy).
+// threshold, which on the machine of docs/performance.md is slower than this loop (both are in
+// the suite: baseline/copy and baseline/memcpy).
 inline void copy_floats(std::span<const float> src, std::span<float> dst) {
   typedef float v4 __attribute__((vector_size(16)));
   const float* s = src.data();

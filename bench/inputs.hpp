@@ -94,9 +94,9 @@ inline void fill(std::vector<float>& buf, dist d, std::uint64_t stream) {
   for (auto& t : threads) t.join();
 }
 
-// At least 4x the 32 MiB L3 of the machine the README numbers come from, and at least two
-// buffers: a benchmark that cycles through them always reads from memory. The environment
-// variable GRADCOMP_BENCH_ROTATE_MIB overrides the 128 MiB (the ctest smoke run sets 0: two
+// At least 4x the 32 MiB L3 of the machine of docs/performance.md, and at least two buffers:
+// a benchmark that cycles through them always reads from memory. The environment variable
+// GRADCOMP_BENCH_ROTATE_MIB overrides the 128 MiB (the ctest smoke run sets 0: two
 // buffers, quick to fill under the sanitizers).
 inline std::size_t buffers_for(std::size_t n) {
   std::size_t rotate_bytes = std::size_t{128} << 20;

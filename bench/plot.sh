@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Plots GB/s against density for every selector, the fused top-k step and the baselines, at
-# the largest-but-one size of a gradcomp_bench JSON result (n = 25557032 for the README run).
+# the largest-but-one size of a gradcomp_bench JSON result (n = 25557032 for the run in docs/performance.md).
 # Needs python3 and gnuplot (Debian: gnuplot-nox); CI does not run it.
 # usage: bench/plot.sh RESULT.json OUT.png
 set -euo pipefail

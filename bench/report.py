@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns gradcomp_bench JSON output into the README's tables and the plot's data.
+"""Turns gradcomp_bench JSON output into the tables of docs/performance.md and the plot's data.
 
 usage: bench/report.py RESULT.json            markdown tables and the targets, to stdout
        bench/report.py RESULT.json --dat DIR  also one gnuplot data file per series in DIR

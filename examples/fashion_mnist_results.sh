@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the Fashion-MNIST example once per row of the README's results table, one run after
+# Runs the Fashion-MNIST example once per row of the results table in docs/training.md, one run after
 # the other (they share the machine's cores), and keeps each run's output in
 # docs/results/<row>.txt; then examples/plot_results.sh draws docs/fashion_mnist.png.
 # Usage: examples/fashion_mnist_results.sh [row...]   (default: every row)

@@ -277,12 +277,12 @@ TEST_CASE("wire: malformed headers are rejected") {
   SUBCASE("invalid params, side_count mismatch") {
     // (Params that are valid and give the same sizes, such as 6 levels for 7, pass the wire
     // check; the quantizer's decode rejects them.)
-    for (const auto& [p0, p1] :
+    for (const auto& [word0, word1] :
          {std::pair{0u, 4u}, std::pair{32768u, 4u}, std::pair{7u, 0u},
           std::pair{7u, (1u << 24) + 1}, std::pair{7u, 5u}, std::pair{8u, 4u}}) {
       bytes_t b = good;
-      put_u32(b, 32, p0);
-      put_u32(b, 36, p1);
+      put_u32(b, 32, word0);
+      put_u32(b, 36, word1);
       require_rejected(b);
     }
     for (const std::uint32_t sc :
@@ -292,7 +292,7 @@ TEST_CASE("wire: malformed headers are rejected") {
       require_rejected(b);
     }
     bytes_t b = good_dense;
-    put_u32(b, 36, 1);  // terngrad p1 must be 0
+    put_u32(b, 36, 1);  // terngrad's parameter word 1 (levels) must be 0
     require_rejected(b);
   }
   SUBCASE("count and dense_size") {

@@ -92,7 +92,8 @@ void bench_encode(benchmark::State& state, Q q) {
   gradcomp::on_device(q).encode(tmp, values, call, enc.view(), stream.s);
   device_buffer<std::byte> scratch(tmp.bytes);
   tmp.ptr = scratch.data();
-  timed_events(state, stream.s, [&] { gradcomp::on_device(q).encode(tmp, values, call, enc.view(), stream.s); });
+  timed_events(state, stream.s,
+               [&] { gradcomp::on_device(q).encode(tmp, values, call, enc.view(), stream.s); });
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(n * sizeof(float)));
   state.counters["packed_bytes"] = static_cast<double>(enc.size.packed_bytes);
@@ -106,19 +107,23 @@ void bench_decode(benchmark::State& state, Q q) {
   encoded_buffers<Q> enc(q, n);
   const gradcomp::call_id call{1, 2, 3};
   gradcomp::temp_storage tmp;
-  gradcomp::on_device(q).encode(tmp, device_span<const float>{input.data(), n}, call, enc.view(), stream.s);
+  gradcomp::on_device(q).encode(tmp, device_span<const float>{input.data(), n}, call, enc.view(),
+                                stream.s);
   device_buffer<std::byte> scratch(tmp.bytes);
   tmp.ptr = scratch.data();
-  gradcomp::on_device(q).encode(tmp, device_span<const float>{input.data(), n}, call, enc.view(), stream.s);
+  gradcomp::on_device(q).encode(tmp, device_span<const float>{input.data(), n}, call, enc.view(),
+                                stream.s);
   device_buffer<float> out(n);
   gradcomp::temp_storage dtmp;
   const device_span<float> decoded{out.data(), n};
   // Trusted: the bytes come from the device encoder; no host round trip in the timing.
-  gradcomp::on_device(q).decode(dtmp, enc.view(), decoded, stream.s, gradcomp::device_validation::trusted);
+  gradcomp::on_device(q).decode(dtmp, enc.view(), decoded, stream.s,
+                                gradcomp::device_validation::trusted);
   device_buffer<std::byte> dscratch(dtmp.bytes);
   dtmp.ptr = dscratch.data();
   timed_events(state, stream.s, [&] {
-    gradcomp::on_device(q).decode(dtmp, enc.view(), decoded, stream.s, gradcomp::device_validation::trusted);
+    gradcomp::on_device(q).decode(dtmp, enc.view(), decoded, stream.s,
+                                  gradcomp::device_validation::trusted);
   });
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(n * sizeof(float)));

@@ -144,7 +144,9 @@ void bench_selector(benchmark::State& state, Sel sel, bool direct = false) {
   gradcomp::on_device(sel).select(tmp, gs, ctx, idx.span(), st.data(), nullptr);
   gradcomp::device_buffer<char> scratch(tmp.bytes);
   tmp.ptr = scratch.data();
-  auto call = [&](cudaStream_t s) { gradcomp::on_device(sel).select(tmp, gs, ctx, idx.span(), st.data(), s); };
+  auto call = [&](cudaStream_t s) {
+    gradcomp::on_device(sel).select(tmp, gs, ctx, idx.span(), st.data(), s);
+  };
   if (direct) {
     timed(state, n, nullptr, [&] { call(nullptr); });
   } else {
@@ -187,13 +189,15 @@ void bm_topk_residual(benchmark::State& state) {
   const gradcomp::select_context ctx{k, static_cast<double>(k) / static_cast<double>(n), {}};
   const gradcomp::device_span<const float> gs{g, n};
   gradcomp::temp_storage tmp;
-  gradcomp::on_device(sel).select_accumulate(tmp, e.span(), gs, ctx, idx.span(), st.data(), nullptr);
+  gradcomp::on_device(sel).select_accumulate(tmp, e.span(), gs, ctx, idx.span(), st.data(),
+                                             nullptr);
   gradcomp::device_buffer<char> scratch(tmp.bytes);
   tmp.ptr = scratch.data();
   timed_graph(state, n, [&](cudaStream_t s) {
     gradcomp::on_device(sel).select_accumulate(tmp, e.span(), gs, ctx, idx.span(), st.data(), s);
-    gradcomp::on_device(fb).gather_and_clear(tmp, e.span(), gradcomp::device_span<const std::uint32_t>{idx.data(), k},
-                        st.data(), values.span(), s);
+    gradcomp::on_device(fb).gather_and_clear(
+        tmp, e.span(), gradcomp::device_span<const std::uint32_t>{idx.data(), k}, st.data(),
+        values.span(), s);
   });
   state.counters["k"] = static_cast<double>(k);
 }

@@ -49,13 +49,13 @@ TEST_CASE_TEMPLATE("device residual accumulate/update/restore equal the host's",
     auto dg2 = upload(g2);
     gradcomp::temp_storage tmp;
     gradcomp::on_device(fb).accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
-                  gradcomp::device_span<const T>{dg.data(), n});
+                                       gradcomp::device_span<const T>{dg.data(), n});
     CHECK(tmp.bytes == 0);
     tmp.ptr = de.data();  // any non-null pointer: nothing is used
     gradcomp::on_device(fb).accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
-                  gradcomp::device_span<const T>{dg.data(), n});
+                                       gradcomp::device_span<const T>{dg.data(), n});
     gradcomp::on_device(fb).accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
-                  gradcomp::device_span<const T>{dg2.data(), n});
+                                       gradcomp::device_span<const T>{dg2.data(), n});
     fb.accumulate(st, std::span<const T>(g));
     fb.accumulate(st, std::span<const T>(g2));
     check_cuda(cudaDeviceSynchronize());
@@ -69,27 +69,31 @@ TEST_CASE_TEMPLATE("device residual accumulate/update/restore equal the host's",
     }
     auto di = upload(idx);
     auto dd = upload(dec);
-    gradcomp::on_device(fb).update(tmp, gradcomp::device_span<T>{de.data(), n},
-              gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
-              gradcomp::device_span<const float>{dd.data(), dec.size()});
+    gradcomp::on_device(fb).update(
+        tmp, gradcomp::device_span<T>{de.data(), n},
+        gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
+        gradcomp::device_span<const float>{dd.data(), dec.size()});
     fb.update(st, std::span<const std::uint32_t>(idx), std::span<const float>(dec));
     check_cuda(cudaDeviceSynchronize());
     CHECK(bitwise_equal(download(de.data(), n), st.e));
-    gradcomp::on_device(fb).restore(tmp, gradcomp::device_span<T>{de.data(), n},
-               gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
-               gradcomp::device_span<const float>{dd.data(), dec.size()});
+    gradcomp::on_device(fb).restore(
+        tmp, gradcomp::device_span<T>{de.data(), n},
+        gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
+        gradcomp::device_span<const float>{dd.data(), dec.size()});
     fb.restore(st, std::span<const std::uint32_t>(idx), std::span<const float>(dec));
     check_cuda(cudaDeviceSynchronize());
     CHECK(bitwise_equal(download(de.data(), n), st.e));
 
     // Bad sizes throw before anything runs.
     if (n > 0) {
-      CHECK_THROWS_AS(gradcomp::on_device(fb).accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
-                                    gradcomp::device_span<const T>{dg.data(), n - 1}),
-                      gradcomp::invalid_argument);
-      CHECK_THROWS_AS(gradcomp::on_device(fb).update(tmp, gradcomp::device_span<T>{de.data(), n},
-                                gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
-                                gradcomp::device_span<const float>{dd.data(), dec.size() - 1}),
+      CHECK_THROWS_AS(
+          gradcomp::on_device(fb).accumulate(tmp, gradcomp::device_span<T>{de.data(), n},
+                                             gradcomp::device_span<const T>{dg.data(), n - 1}),
+          gradcomp::invalid_argument);
+      CHECK_THROWS_AS(gradcomp::on_device(fb).update(
+                          tmp, gradcomp::device_span<T>{de.data(), n},
+                          gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
+                          gradcomp::device_span<const float>{dd.data(), dec.size() - 1}),
                       gradcomp::invalid_argument);
       check_cuda(cudaDeviceSynchronize());
       CHECK(bitwise_equal(download(de.data(), n), st.e));
@@ -127,12 +131,15 @@ void check_fused_step(Sel sel, std::size_t n, std::size_t k, dist d) {
     const gradcomp::device_span<T> e{de.data(), n};
     const gradcomp::device_span<const T> gs{dg.data(), n};
     const gradcomp::device_span<std::uint32_t> idx{di.data(), n};
-    gradcomp::on_device(sel).select_accumulate(tmp, e, gs, gradcomp::select_context{k, 0.0, {}}, idx, dst.data());
+    gradcomp::on_device(sel).select_accumulate(tmp, e, gs, gradcomp::select_context{k, 0.0, {}},
+                                               idx, dst.data());
     scratch.resize(tmp.bytes);
     tmp.ptr = scratch.data();
-    gradcomp::on_device(sel).select_accumulate(tmp, e, gs, gradcomp::select_context{k, 0.0, {}}, idx, dst.data());
-    gradcomp::on_device(fb).gather_and_clear(tmp, e, gradcomp::device_span<const std::uint32_t>{di.data(), n},
-                        dst.data(), gradcomp::device_span<T>{dv.data(), n});
+    gradcomp::on_device(sel).select_accumulate(tmp, e, gs, gradcomp::select_context{k, 0.0, {}},
+                                               idx, dst.data());
+    gradcomp::on_device(fb).gather_and_clear(
+        tmp, e, gradcomp::device_span<const std::uint32_t>{di.data(), n}, dst.data(),
+        gradcomp::device_span<T>{dv.data(), n});
     check_cuda(cudaDeviceSynchronize());
     const auto stats = download(dst.data(), 1)[0];
     if constexpr (std::is_same_v<Sel, gradcomp::topk>) {

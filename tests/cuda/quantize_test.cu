@@ -190,27 +190,30 @@ TEST_CASE("cuda quantize: bad arguments are refused before anything is written")
   gradcomp::temp_storage query;
   const gradcomp::call_id call{};
   // Wrong packed size, wrong side count.
-  CHECK_THROWS_AS(gradcomp::on_device(q).encode(query, values, call,
-                           gradcomp::device_encoded{{d_packed.data(), 4}, {d_side.data(), 3}}),
-                  gradcomp::invalid_argument);
-  CHECK_THROWS_AS(gradcomp::on_device(q).encode(query, values, call,
-                           gradcomp::device_encoded{{d_packed.data(), 5}, {d_side.data(), 2}}),
-                  gradcomp::invalid_argument);
+  CHECK_THROWS_AS(
+      gradcomp::on_device(q).encode(
+          query, values, call, gradcomp::device_encoded{{d_packed.data(), 4}, {d_side.data(), 3}}),
+      gradcomp::invalid_argument);
+  CHECK_THROWS_AS(
+      gradcomp::on_device(q).encode(
+          query, values, call, gradcomp::device_encoded{{d_packed.data(), 5}, {d_side.data(), 2}}),
+      gradcomp::invalid_argument);
   // Too little scratch.
   const gradcomp::device_encoded enc{{d_packed.data(), 5}, {d_side.data(), 3}};
   scratch_buffer s;
   gradcomp::on_device(q).encode(s.tmp, values, call, enc);
   s.allocate();
   gradcomp::temp_storage small{s.tmp.ptr, s.tmp.bytes - 1};
-  CHECK_THROWS_AS(gradcomp::on_device(q).encode(small, values, call, enc), gradcomp::invalid_argument);
+  CHECK_THROWS_AS(gradcomp::on_device(q).encode(small, values, call, enc),
+                  gradcomp::invalid_argument);
   const auto untouched = download(d_packed.data(), 16);
   for (const auto b : untouched) CHECK(b == std::byte{0x11});
   // Decode: output size that does not match the encoding.
   device_buffer<float> d_out(n + 1);
   gradcomp::temp_storage dq;
-  CHECK_THROWS_AS(
-      gradcomp::on_device(q).decode(dq, gradcomp::device_encoded_view(enc), device_span<float>{d_out.data(), n + 1}),
-      gradcomp::payload_error);
+  CHECK_THROWS_AS(gradcomp::on_device(q).decode(dq, gradcomp::device_encoded_view(enc),
+                                                device_span<float>{d_out.data(), n + 1}),
+                  gradcomp::payload_error);
 }
 
 namespace {

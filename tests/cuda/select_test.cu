@@ -72,7 +72,7 @@ void compare_topk(gradcomp::topk sel, const std::vector<T>& g, std::size_t k) {
       run_device(k, [&](gradcomp::temp_storage& tmp, gradcomp::device_span<std::uint32_t> idx,
                         gradcomp::selection_stats* st) {
         gradcomp::on_device(sel).select(tmp, gradcomp::device_span<const T>{dg.data(), g.size()},
-                   gradcomp::select_context{k, 0.0, {}}, idx, st);
+                                        gradcomp::select_context{k, 0.0, {}}, idx, st);
       });
   CHECK(dev.stats.count == hs.count);
   CHECK(dev.indices == host);
@@ -92,9 +92,10 @@ void compare_topk(gradcomp::topk sel, const std::vector<T>& g, std::size_t k) {
       run_device(k, [&](gradcomp::temp_storage& tmp, gradcomp::device_span<std::uint32_t> idx,
                         gradcomp::selection_stats* st) {
         // The size query does not touch e; the real call adds g once.
-        gradcomp::on_device(sel).select_accumulate(tmp, gradcomp::device_span<T>{de.data(), g.size()},
-                              gradcomp::device_span<const T>{dg.data(), g.size()},
-                              gradcomp::select_context{k, 0.0, {}}, idx, st);
+        gradcomp::on_device(sel).select_accumulate(
+            tmp, gradcomp::device_span<T>{de.data(), g.size()},
+            gradcomp::device_span<const T>{dg.data(), g.size()},
+            gradcomp::select_context{k, 0.0, {}}, idx, st);
       });
   CHECK(dacc.indices == hacc);
   CHECK(dacc.stats.fallback == has.fallback);
@@ -221,33 +222,38 @@ TEST_CASE("device topk: bad input throws before anything is written") {
   gradcomp::topk sel;
   gradcomp::temp_storage tmp;
   const gradcomp::device_span<const float> dgs{dg.data(), 100};
-  CHECK_THROWS_AS(gradcomp::on_device(sel).select(tmp, dgs, gradcomp::select_context{101, 0.0, {}},
-                             gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
+  CHECK_THROWS_AS(gradcomp::on_device(sel).select(
+                      tmp, dgs, gradcomp::select_context{101, 0.0, {}},
+                      gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
                   gradcomp::invalid_argument);
-  CHECK_THROWS_AS(gradcomp::on_device(sel).select(tmp, dgs, gradcomp::select_context{11, 0.0, {}},
-                             gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
+  CHECK_THROWS_AS(gradcomp::on_device(sel).select(
+                      tmp, dgs, gradcomp::select_context{11, 0.0, {}},
+                      gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
                   gradcomp::invalid_argument);
-  CHECK_THROWS_AS(gradcomp::on_device(sel).select(tmp, dgs, gradcomp::select_context{5, 0.0, {}},
-                             gradcomp::device_span<std::uint32_t>{idx.data(), 10}, nullptr),
+  CHECK_THROWS_AS(gradcomp::on_device(sel).select(
+                      tmp, dgs, gradcomp::select_context{5, 0.0, {}},
+                      gradcomp::device_span<std::uint32_t>{idx.data(), 10}, nullptr),
                   gradcomp::invalid_argument);
   gradcomp::device_buffer<float> e(99);
-  CHECK_THROWS_AS(
-      gradcomp::on_device(sel).select_accumulate(tmp, gradcomp::device_span<float>{e.data(), 99}, dgs,
-                            gradcomp::select_context{5, 0.0, {}},
-                            gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
-      gradcomp::invalid_argument);
+  CHECK_THROWS_AS(gradcomp::on_device(sel).select_accumulate(
+                      tmp, gradcomp::device_span<float>{e.data(), 99}, dgs,
+                      gradcomp::select_context{5, 0.0, {}},
+                      gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
+                  gradcomp::invalid_argument);
   gradcomp::topk bad;
   bad.sample_scale = -1.0;
-  CHECK_THROWS_AS(gradcomp::on_device(bad).select(tmp, dgs, gradcomp::select_context{5, 0.0, {}},
-                             gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
+  CHECK_THROWS_AS(gradcomp::on_device(bad).select(
+                      tmp, dgs, gradcomp::select_context{5, 0.0, {}},
+                      gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
                   gradcomp::invalid_argument);
   // Too little scratch.
   gradcomp::on_device(sel).select(tmp, dgs, gradcomp::select_context{5, 0.0, {}},
-             gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data());
+                                  gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data());
   gradcomp::device_buffer<char> small(tmp.bytes);
   gradcomp::temp_storage short_tmp{small.data(), tmp.bytes / 2};
-  CHECK_THROWS_AS(gradcomp::on_device(sel).select(short_tmp, dgs, gradcomp::select_context{5, 0.0, {}},
-                             gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
+  CHECK_THROWS_AS(gradcomp::on_device(sel).select(
+                      short_tmp, dgs, gradcomp::select_context{5, 0.0, {}},
+                      gradcomp::device_span<std::uint32_t>{idx.data(), 10}, st.data()),
                   gradcomp::invalid_argument);
   check_cuda(cudaDeviceSynchronize());
   CHECK(download(idx.data(), 10) == pattern);
@@ -268,7 +274,7 @@ void compare_gaussiank(gradcomp::gaussiank sel, const std::vector<T>& g, std::si
       run_device(n, [&](gradcomp::temp_storage& tmp, gradcomp::device_span<std::uint32_t> idx,
                         gradcomp::selection_stats* st) {
         gradcomp::on_device(sel).select(tmp, gradcomp::device_span<const T>{dg.data(), n},
-                   gradcomp::select_context{k, 0.0, {}}, idx, st);
+                                        gradcomp::select_context{k, 0.0, {}}, idx, st);
       });
   CHECK(dev.stats.fallback == hs.fallback);
   if (k == 0) {
@@ -361,7 +367,7 @@ TEST_CASE_TEMPLATE("device threshold equals host threshold", T, float, double) {
             run_device(n, [&](gradcomp::temp_storage& tmp, gradcomp::device_span<std::uint32_t> idx,
                               gradcomp::selection_stats* st) {
               gradcomp::on_device(sel).select(tmp, gradcomp::device_span<const T>{dg.data(), n},
-                         gradcomp::select_context{}, idx, st);
+                                              gradcomp::select_context{}, idx, st);
             });
         CHECK(dev.stats.count == hs.count);
         CHECK(dev.indices == host);
@@ -374,8 +380,8 @@ TEST_CASE_TEMPLATE("device threshold equals host threshold", T, float, double) {
   gradcomp::device_buffer<std::uint32_t> idx(4);
   gradcomp::device_buffer<gradcomp::selection_stats> st(1);
   gradcomp::device_buffer<T> dg(4);
-  CHECK_THROWS_AS(
-      gradcomp::on_device(bad).select(tmp, gradcomp::device_span<const T>{dg.data(), 4}, gradcomp::select_context{},
-                 gradcomp::device_span<std::uint32_t>{idx.data(), 4}, st.data()),
-      gradcomp::invalid_argument);
+  CHECK_THROWS_AS(gradcomp::on_device(bad).select(
+                      tmp, gradcomp::device_span<const T>{dg.data(), 4}, gradcomp::select_context{},
+                      gradcomp::device_span<std::uint32_t>{idx.data(), 4}, st.data()),
+                  gradcomp::invalid_argument);
 }

@@ -2,14 +2,15 @@
 // payload (bits per value, side-data count, valid parameters), read by the quantizers and the
 // wire decoder alike so that they cannot disagree, plus the checks every decode runs first.
 //
-//   id             params (p0, p1)                     bits               side entries
-//   identity  1    (0, 0)                              32                 0
-//   fp16      2    (0, 0)                              16                 0
-//   bf16      3    (0, 0)                              16                 0
-//   qsgd      4    (levels s in 1..2^15-1,             bit_width(2s)      one norm per bucket
-//                   bucket size in 1..2^24)
-//   terngrad  5    (bucket size, 0 = one bucket; 0)    2                  one max|v| per bucket
-//   scaled_sign 6  (bucket size, 0 = one bucket; 0)    1                  one mean|v| per bucket
+//   id             quantizer_params {levels, bucket_size}  bits           side entries
+//   identity  1    {0, 0}                                  32             0
+//   fp16      2    {0, 0}                                  16             0
+//   bf16      3    {0, 0}                                  16             0
+//   qsgd      4    {s in 1..2^15-1, 1..2^24}               bit_width(2s)  one norm per bucket
+//   terngrad  5    {0, bucket size; 0 = one bucket}        2              one max|v| per bucket
+//   scaled_sign 6  {0, bucket size; 0 = one bucket}        1              one mean|v| per bucket
+//
+// On the wire the two are the parameter words of detail::to_param_words (sparse.hpp).
 //
 // Buckets are consecutive runs of `bucket size` values (the last may be shorter); an empty
 // payload has no buckets. Side values are finite and >= 0.

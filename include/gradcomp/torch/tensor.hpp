@@ -2,7 +2,7 @@
 // is only made of what gradcomp can read in place: a dense (strided), contiguous CPU tensor of
 // the span's element type. Anything else is refused with an error that names the argument and
 // the tensor's dtype, device and layout; nothing is ever copied behind the caller's back.
-// Needs LibTorch (link torch; see the README's PyTorch section).
+// Needs LibTorch (link torch; see docs/torch.md and docs/libtorch.md).
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,5 @@
-// compressor<> and sparsified_sgd<>: argument checks that leave state untouched, the
-// non-finite policy, decompression, the SGD update rules, the density schedule, statistics
-// and checkpoints.
+// sparsified_sgd<>: the SGD update rules, options and sizes checked before anything changes,
+// statistics, P ranks against the reference, checkpoints, and the ranks' random streams.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,7 +12,7 @@
 #include <gradcomp/feedback.hpp>
 #include <gradcomp/quantize.hpp>
 #include <gradcomp/select.hpp>
-#include <gradcomp/step.hpp>
+#include <gradcomp/sparsified_sgd.hpp>
 
 #include "support/data.hpp"
 #include "support/solo_comm.hpp"
@@ -25,96 +24,6 @@ using namespace gradcomp;
 using gradcomp_test::solo_comm;
 
 }  // namespace
-
-TEST_CASE("compressor: bad arguments throw and leave the feedback state unchanged") {
-  compressor<topk, identity, residual> c;
-  auto st = c.make_state(100);
-  const auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, 100, 1);
-  payload p;
-  c.compress(g, st, {0.1, {}}, p);
-  const auto before = st.e;
-  for (double bad : {0.0, -0.5, 1.5, static_cast<double>(NAN)}) {
-    CAPTURE(bad);
-    CHECK_THROWS_AS(c.compress(g, st, {bad, {}}, p), invalid_argument);
-    CHECK(st.e == before);
-  }
-  const auto short_g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, 99, 1);
-  CHECK_THROWS_AS(c.compress(short_g, st, {0.1, {}}, p), invalid_argument);
-  CHECK(st.e == before);
-}
-
-TEST_CASE("compressor: NaN or Inf in a gradient is an error by default, state unchanged") {
-  compressor<topk, identity, residual> c;
-  auto st = c.make_state(50);
-  auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, 50, 2);
-  payload p;
-  c.compress(g, st, {0.1, {}}, p);
-  const auto before = st.e;
-  for (float bad : {NAN, INFINITY, -INFINITY}) {
-    g[17] = bad;
-    try {
-      c.compress(g, st, {0.1, call_id{0, 0, 4}}, p);
-      FAIL("no exception");
-    } catch (const nonfinite_error& e) {
-      const std::string what = e.what();
-      CHECK(what.find("tensor 4") != std::string::npos);
-      CHECK(what.find("index 17") != std::string::npos);
-    }
-    CHECK(st.e == before);
-  }
-}
-
-TEST_CASE("compressor: nonfinite_policy::propagate sends NaN first") {
-  compressor<topk, identity, no_feedback> c(topk{}, identity{}, no_feedback{}, nonfinite_policy::propagate);
-  auto st = c.make_state(10);
-  std::vector<float> g(10, 1.0f);
-  g[3] = NAN;
-  g[6] = 5.0f;
-  payload p;
-  c.compress(g, st, {0.2, {}}, p);
-  REQUIRE(p.count == 2);
-  CHECK(p.indices == std::vector<std::uint32_t>{3, 6});
-}
-
-TEST_CASE("compressor: decompress overwrites or accumulates, and rejects malformed payloads") {
-  compressor<topk, identity, no_feedback> c;
-  auto st = c.make_state(8);
-  const std::vector<float> g{0, 5, 0, -7, 0, 0, 1, 0};
-  payload p;
-  c.compress(g, st, {0.25, {}}, p);
-  std::vector<float> dense(8, 2.0f);
-  c.decompress(p, dense, decompress_mode::accumulate);
-  CHECK(dense == std::vector<float>{2, 7, 2, -5, 2, 2, 2, 2});
-  c.decompress(p, dense);
-  CHECK(dense == std::vector<float>{0, 5, 0, -7, 0, 0, 0, 0});
-
-  const auto keep = dense;
-  payload bad = p;
-  bad.indices[1] = 8;  // out of range
-  CHECK_THROWS_AS(c.decompress(bad, dense), payload_error);
-  bad = p;
-  bad.indices[1] = 1;  // duplicate
-  CHECK_THROWS_AS(c.decompress(bad, dense), payload_error);
-  bad = p;
-  bad.values.pop_back();  // truncated values
-  CHECK_THROWS_AS(c.decompress(bad, dense), payload_error);
-  std::vector<float> wrong(7);
-  CHECK_THROWS_AS(c.decompress(p, wrong), invalid_argument);
-  CHECK(dense == keep);
-}
-
-TEST_CASE("density_schedule: DGC warm-up") {
-  const auto s = density_schedule::warmup(0.001, 4, 10);
-  CHECK(s.at(0) == doctest::Approx(std::pow(0.001, 0.2)));
-  CHECK(s.at(9) == doctest::Approx(std::pow(0.001, 0.2)));
-  CHECK(s.at(10) == doctest::Approx(std::pow(0.001, 0.4)));
-  CHECK(s.at(39) == doctest::Approx(std::pow(0.001, 0.8)));
-  CHECK(s.at(40) == 0.001);
-  CHECK(s.at(1000000) == 0.001);
-  CHECK(density_schedule::constant(0.5).at(3) == 0.5);
-  CHECK_THROWS_AS(density_schedule::constant(0.0), invalid_argument);
-  CHECK_THROWS_AS(density_schedule::warmup(0.1, 2, 0), invalid_argument);
-}
 
 TEST_CASE("sparsified_sgd: dense S-SGD on one rank is plain SGD (momentum, Nesterov, weight decay)") {
   for (bool nesterov : {false, true}) {
