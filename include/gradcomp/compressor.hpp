@@ -93,21 +93,20 @@ class compressor {
   // holding the accumulated gradient.
   compress_stats compress(std::span<const T> g, state_type& st, const compress_context& ctx,
                           payload& out) {
-    const select_context sc{checked_k(g, st, ctx), ctx.density, ctx.id};
-    compress_stats stats;
-    stats.n = g.size();
-    detail::stopwatch clock;
-    const std::span<const T> acc = accumulate_and_select(g, st, sc, out, stats, clock);
-    encode(acc, ctx.id, out);
-    // The feedback keeps exactly what the receivers will decode, not what was intended (a
-    // feedback that keeps nothing needs no decoding).
-    if constexpr (!std::is_same_v<Feedback, no_feedback>) {
-      decoded_.resize(out.count);
-      quantizer_.decode(out, decoded_);
-      feedback_.update(st, sent_indices(out), decoded_);
-    }
-    stats.seconds_encode = clock.lap();
-    return stats;
+    return compress_staged(g, nullptr, st, ctx, out);
+  }
+
+  // The same step, staged: reads the feedback state `from` and writes the state after this
+  // step to `to` (made by make_state for the same size; its old contents do not matter),
+  // leaving `from` exactly as it was. A driver whose step may still fail after compression
+  // (an exchange that throws) keeps `from` on failure and `to` on success: the step then
+  // changes nothing or everything. With a feedback that stages_accumulation (residual,
+  // dgc_momentum, no_feedback) this costs no more than compress() (the accumulation writes `to`
+  // instead of `from`); any other feedback's state is copied first.
+  compress_stats compress(std::span<const T> g, const state_type& from, state_type& to,
+                          const compress_context& ctx, payload& out) {
+    if (&from == &to) return compress_staged(g, nullptr, to, ctx, out);
+    return compress_staged(g, &from, to, ctx, out);
   }
 
   // Decode p into dense (size p.dense_size). The payload is validated (indices in range and
@@ -139,17 +138,56 @@ class compressor {
   [[nodiscard]] nonfinite_policy nonfinite() const noexcept { return nonfinite_; }
 
  private:
+  static constexpr std::size_t max_count = 0xffffffffu;
+
   // The feedback accumulates into its own buffer and the selector adds while it scans.
   static constexpr bool fused = fuses_accumulation<Selector, Feedback, T>;
 
+  // compress() from the state `from` (null: in place) into `to`.
+  compress_stats compress_staged(std::span<const T> g, const state_type* from, state_type& to,
+                                 const compress_context& ctx, payload& out) {
+    const select_context sc{checked_k(g, from, to, ctx), ctx.density, ctx.id};
+    compress_stats stats;
+    stats.n = g.size();
+    detail::stopwatch clock;
+    const std::span<const T> acc = accumulate_and_select(g, from, to, sc, out, stats, clock);
+    encode(acc, ctx.id, out);
+    // The feedback keeps exactly what the receivers will decode, not what was intended (a
+    // feedback that keeps nothing needs no decoding).
+    if constexpr (!std::is_same_v<Feedback, no_feedback>) {
+      decoded_.resize(out.count);
+      quantizer_.decode(out, decoded_);
+      feedback_.update(to, sent_indices(out), decoded_);
+    }
+    stats.seconds_encode = clock.lap();
+    return stats;
+  }
+
   // Every check compress() makes before the state changes; returns the target count k.
-  std::size_t checked_k(std::span<const T> g, state_type& st, const compress_context& ctx) const {
+  std::size_t checked_k(std::span<const T> g, const state_type* from, state_type& to,
+                        const compress_context& ctx) const {
     const std::size_t n = g.size();
     if (n > (std::size_t{1} << 32)) {
-      detail::throw_invalid_argument("compressor::compress", "g.size()", n, "<= 2^32");
+      detail::throw_invalid_argument("compressor::compress", "g.size()", n,
+                                     "<= 2^32 (a payload's indices are 32-bit)");
     }
     const std::size_t k = k_for_density(n, ctx.density);
-    check_state_size(st, n);
+    // A payload counts its coordinates in 32 bits: 2^32 of them cannot be described.
+    if constexpr (selects_all_v<Selector>) {
+      if (n > max_count) {
+        detail::throw_invalid_argument("compressor::compress", "g.size()", n,
+                                       "<= 2^32 - 1 (a payload's count is 32-bit, and this "
+                                       "selector sends every coordinate)");
+      }
+    }
+    if (k > max_count) {
+      detail::throw_invalid_argument("compressor::compress", "k", k,
+                                     "<= 2^32 - 1 (a payload's count is 32-bit): a density "
+                                     "below 1 for a tensor of 2^32 elements");
+    }
+    // buffers() is not const; `from` is only measured here.
+    if (from) check_state_size(const_cast<state_type&>(*from), n);
+    check_state_size(to, n);
     // The selector runs on the accumulated vector, after the feedback has changed st: its own
     // settings (threshold's tau, RedSync's interval) must be rejected before that.
     if constexpr (checks_settings<Selector>) selector_.check();
@@ -175,20 +213,23 @@ class compressor {
     }
   }
 
-  // Accumulates g into the feedback state and selects from the result into out's indices.
-  // Returns the accumulated vector (the values to encode). Fused, the addition happens inside
-  // the selector's scan and its time counts as selection.
-  std::span<const T> accumulate_and_select(std::span<const T> g, state_type& st,
-                                           const select_context& sc, payload& out,
-                                           compress_stats& stats, detail::stopwatch& clock) {
+  // Accumulates g into the feedback state (from `from` into `to`, or in place in `to`) and
+  // selects from the result into out's indices. Returns the accumulated vector (the values to
+  // encode). Fused, the addition happens inside the selector's scan and its time counts as
+  // selection.
+  std::span<const T> accumulate_and_select(std::span<const T> g, const state_type* from,
+                                           state_type& to, const select_context& sc,
+                                           payload& out, compress_stats& stats,
+                                           detail::stopwatch& clock) {
     std::span<const T> acc;
     if constexpr (fused) {
-      const std::span<T> e = feedback_.in_place_accumulator(st);
+      const std::span<T> e = feedback_.in_place_accumulator(to);
+      const std::span<const T> e_from = from ? feedback_.in_place_accumulator(*from) : e;
       start_payload(out, g.size(), index_layout::sparse);
-      stats.selection = selector_.select_accumulate(e, g, sc, out.indices);
+      stats.selection = selector_.select_accumulate_into(e, e_from, g, sc, out.indices);
       acc = e;
     } else {
-      acc = feedback_.accumulate(st, g);
+      acc = accumulate(g, from, to);
       stats.seconds_accumulate = clock.lap();
       // Only now: accumulate() is where a feedback without buffers (no_feedback) checks g's
       // size, and a refused call must leave `out` as it was.
@@ -202,11 +243,29 @@ class compressor {
       }
     }
     if (out.layout == index_layout::sparse) {
+      // A selector with a data-dependent count (threshold, Gaussian-k) may pick every one of
+      // 2^32 coordinates: more than a payload can count.
+      if (out.indices.size() > max_count) {
+        const std::size_t picked = out.indices.size();
+        out.clear();
+        detail::throw_invalid_argument("compressor::compress", "selected count", picked,
+                                       "<= 2^32 - 1 (a payload's count is 32-bit)");
+      }
       out.count = static_cast<std::uint32_t>(out.indices.size());
       validate_indices("compressor::compress (selector output)", out);
     }
     stats.seconds_select = clock.lap();
     return acc;
+  }
+
+  std::span<const T> accumulate(std::span<const T> g, const state_type* from, state_type& to) {
+    if (!from) return feedback_.accumulate(to, g);
+    if constexpr (stages_accumulation<Feedback, T>) {
+      return feedback_.accumulate_into(*from, to, g);
+    } else {
+      to = *from;  // a feedback that cannot stage: start from a copy
+      return feedback_.accumulate(to, g);
+    }
   }
 
   static void start_payload(payload& out, std::size_t n, index_layout layout) {

@@ -129,6 +129,14 @@ concept point_to_point = requires(C& c, std::span<const T> send, std::vector<T>&
   c.sendrecv(send, 0, recv, 0);
 };
 
+// Optional: a communicator that can only be used from another thread under conditions
+// (mpi_comm needs MPI_THREAD_SERIALIZED) checks them in require_thread_support(who), which a
+// driver with a communication thread of its own (layerwise_sgd) calls before it starts.
+template <class C>
+concept checks_thread_support = requires(const C& c, std::string_view who) {
+  c.require_thread_support(who);
+};
+
 // ---------------------------------------------------------------------------------------
 // The compressor as the exchanges see it
 
@@ -205,17 +213,33 @@ inline constexpr bool shared_indices_v = requires { requires S::shared_indices; 
 template <class S>
 inline constexpr bool selects_all_v = requires { requires S::selects_all; };
 
-// Selector and feedback together: the feedback accumulates by e += g into a buffer it hands
-// out (`std::span<T> in_place_accumulator(state&) const`: residual), and the selector can do
-// that addition during its own scan (`select_accumulate(e, g, ctx, indices)`: topk,
-// gaussiank). compressor<> then fuses the two passes: one read of g and e, one write of e.
+// Feedback: `accumulate_into(const state& from, state& to, g) const` writes the state after
+// accumulating g to `to` and leaves `from` as it was (residual, dgc_momentum, no_feedback).
+// A step that must be able to fail without changing anything compresses from the current
+// state into a second one and keeps the second only when the step succeeds; a feedback
+// without this ability costs a copy of its buffers per step there instead.
+template <class F, class T = float>
+concept stages_accumulation =
+    requires(const F& f, const typename F::template state<T>& from,
+             typename F::template state<T>& to, std::span<const T> g) {
+      { f.accumulate_into(from, to, g) } -> std::same_as<std::span<const T>>;
+    };
+
+// Selector and feedback together: the feedback accumulates by e + g into a buffer it hands
+// out (`in_place_accumulator(state&)`, and a const form for the state a step only reads:
+// residual), and the selector can do that addition during its own scan
+// (`select_accumulate_into(out, e, g, ctx, indices)`, out = e + g, out may be e: topk,
+// gaussiank). compressor<> then fuses the two passes: one read of g and e, one write.
 template <class S, class F, class T = float>
 concept fuses_accumulation =
     !selects_all_v<S> &&
-    requires(const F& f, typename F::template state<T>& st, S& s, std::span<T> e,
-             std::span<const T> g, const select_context& ctx, std::vector<std::uint32_t>& idx) {
+    requires(const F& f, typename F::template state<T>& st,
+             const typename F::template state<T>& cst, S& s, std::span<T> out,
+             std::span<const T> e, std::span<const T> g, const select_context& ctx,
+             std::vector<std::uint32_t>& idx) {
       { f.in_place_accumulator(st) } -> std::same_as<std::span<T>>;
-      { s.select_accumulate(e, g, ctx, idx) } -> std::same_as<selection_stats>;
+      { f.in_place_accumulator(cst) } -> std::same_as<std::span<const T>>;
+      { s.select_accumulate_into(out, e, g, ctx, idx) } -> std::same_as<selection_stats>;
     };
 
 // Feedback: `restore(state&, indices, values) const` takes back picks that an exchange left

@@ -82,6 +82,19 @@ inline void check_sgd_options(std::string_view where, const sgd_options& opt) {
   }
 }
 
+// The largest tensor a payload can describe: indices are 32-bit, so n <= 2^32, and the count is
+// 32-bit, so a selector that sends every coordinate (dense) needs n < 2^32. Checked before any
+// buffer of the tensor's size is allocated.
+inline void check_tensor_size(std::string_view where, const tensor_spec& t, bool selects_all) {
+  const std::uint64_t limit = selects_all ? 0xffffffffull : (std::uint64_t{1} << 32);
+  if (static_cast<std::uint64_t>(t.size) > limit) {
+    throw_invalid_argument(where, concat("size of tensor ", t.id), t.size,
+                           selects_all ? "n <= 2^32 - 1 (a payload's count is 32-bit, and this "
+                                         "selector sends every coordinate)"
+                                       : "n <= 2^32 (a payload's indices are 32-bit)");
+  }
+}
+
 // Where each tensor starts in the flat parameter buffer, after checking that the tensor ids
 // (which key the feedback state and the random streams) are unique.
 inline std::vector<std::size_t> tensor_offsets(std::string_view where,

@@ -11,10 +11,12 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <gradcomp/compressor.hpp>
+#include <gradcomp/detail/checkpoint.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
@@ -53,9 +55,16 @@ class sparsified_sgd {
         exchange_(std::move(x)), opt_(opt), schedule_(schedule) {
     check_options();
     offsets_ = detail::tensor_offsets("sparsified_sgd", tensors_);
-    for (const tensor_spec& t : tensors_) states_.push_back(compressor_.make_state(t.size));
+    for (const tensor_spec& t : tensors_) {
+      detail::check_tensor_size("sparsified_sgd", t, selects_all_v<typename Compressor::selector_type>);
+    }
+    for (const tensor_spec& t : tensors_) {
+      states_.push_back(compressor_.make_state(t.size));
+      staged_.push_back(compressor_.make_state(t.size));
+    }
     total_ = detail::total_size(tensors_);
     average_.assign(total_, T(0));
+    staged_average_.assign(total_, T(0));
     if (opt_.momentum > 0.0) velocity_.assign(total_, T(0));
   }
 
@@ -63,38 +72,77 @@ class sparsified_sgd {
   // at once, for an exchange that fuses tensors), hand picks an exchange left out back to the
   // feedback, then params -= lr * update. Sizes and the gradient's finiteness are checked for
   // all tensors before any state changes.
+  //
+  // A step is all or nothing: when it throws (a bad argument, a peer that failed, an exchange
+  // that rejected a payload), the parameters, the velocity, every feedback buffer, the step
+  // counter, the statistics and averaged_gradient() are exactly what they were before, so the
+  // caller can retry the step or save a checkpoint. The feedback state is compressed into a
+  // second copy that is kept only when every exchange has succeeded (twice the feedback's
+  // memory, no extra pass over it).
   const step_stats& step(std::span<T> params, std::span<const T> grads) {
-    check_step_arguments(params, grads);
+    check_size("params.size()", params.size());
+    exchange_step(grads);
+    return commit_step(params);
+  }
+
+  // step() in two halves, for a driver that runs the exchanges elsewhere and applies the
+  // updates later (layerwise_sgd). exchange_step() compresses and exchanges every tensor into
+  // staged state and changes nothing that can be observed; commit_step() then applies the
+  // update, keeps the staged state and counts the step, and cannot fail once its argument is
+  // checked; discard_step() drops a staged step (another tensor's exchange failed). Every
+  // rank must stage and commit or discard the same steps.
+  void exchange_step(std::span<const T> grads) {
+    staged_ready_ = false;
+    check_gradient(grads);
     const double rho = schedule_.at(step_);
-    start_stats(rho);
+    staged_stats_ = step_stats{};
+    staged_stats_.step = step_;
+    staged_stats_.target_density = rho;
+    staged_stats_.n = total_;
 
     payloads_.resize(tensors_.size());
     compress_stats_.resize(tensors_.size());
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
-      compress_stats_[t] = compressor_.compress(gradient_of(t, grads), states_[t],
-                                                context_for(t, rho), payloads_[t]);
+      compress_stats_[t] = compressor_.compress(gradient_of(t, grads), std::as_const(states_[t]),
+                                                staged_[t], context_for(t, rho), payloads_[t]);
     }
 
     exchange_stats_.resize(tensors_.size());
     restored_.assign(tensors_.size(), 0);
     if constexpr (fuses_tensors<Exchange, Compressor, Comm>) {
       exchange_.exchange_tensors(*comm_, std::as_const(compressor_),
-                                 std::span<const payload>(payloads_), average_views(),
+                                 std::span<const payload>(payloads_), staged_average_views(),
                                  std::span<exchange_stats>(exchange_stats_));
     } else {
       for (std::size_t t = 0; t < tensors_.size(); ++t) exchange_tensor(t);
     }
 
     for (std::size_t t = 0; t < tensors_.size(); ++t) record(t);
-    stats_.density = total_ ? static_cast<double>(stats_.selected) / static_cast<double>(total_) : 0.0;
+    staged_stats_.density =
+        total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
+    staged_ready_ = true;
+  }
+
+  const step_stats& commit_step(std::span<T> params) {
+    check_size("params.size()", params.size());
+    if (!staged_ready_) {
+      detail::throw_invalid_argument("sparsified_sgd::commit_step", "state", "no staged step",
+                                     "a successful exchange_step() first");
+    }
     detail::stopwatch clock;
-    detail::sgd_update<T>(params.first(total_), average_, velocity_, opt_);
-    stats_.seconds.update = clock.lap();
+    detail::sgd_update<T>(params.first(total_), staged_average_, velocity_, opt_);
+    staged_stats_.seconds.update = clock.lap();
+    states_.swap(staged_);
+    average_.swap(staged_average_);
+    stats_ = std::move(staged_stats_);
     total_bytes_sent_ += stats_.bytes_sent;
     total_bytes_received_ += stats_.bytes_received;
     ++step_;
+    staged_ready_ = false;
     return stats_;
   }
+
+  void discard_step() noexcept { staged_ready_ = false; }
 
   [[nodiscard]] const step_stats& last_stats() const noexcept { return stats_; }
   [[nodiscard]] std::uint64_t steps_done() const noexcept { return step_; }
@@ -115,21 +163,21 @@ class sparsified_sgd {
   // the optimizer's velocity. load_state() accepts the tensors in any order, checks ids,
   // sizes, element type and buffer counts, and changes nothing unless all of it matches.
   void save_state(std::ostream& os) const {
-    put(os, checkpoint_magic);
-    put(os, checkpoint_version);
-    put(os, static_cast<std::uint32_t>(sizeof(T)));
-    put(os, step_);
-    put(os, static_cast<std::uint32_t>(tensors_.size()));
+    detail::put(os, checkpoint_magic);
+    detail::put(os, checkpoint_version);
+    detail::put(os, static_cast<std::uint32_t>(sizeof(T)));
+    detail::put(os, step_);
+    detail::put(os, static_cast<std::uint32_t>(tensors_.size()));
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       // buffers() hands out mutable spans for load_state(); here they are only read.
       auto buffers = const_cast<typename Compressor::state_type&>(states_[t]).buffers();
-      put(os, tensors_[t].id);
-      put(os, static_cast<std::uint64_t>(tensors_[t].size));
-      put(os, static_cast<std::uint32_t>(buffers.size()));
-      for (const auto& b : buffers) put_array(os, std::span<const T>(b.data(), b.size()));
+      detail::put(os, tensors_[t].id);
+      detail::put(os, static_cast<std::uint64_t>(tensors_[t].size));
+      detail::put(os, static_cast<std::uint32_t>(buffers.size()));
+      for (const auto& b : buffers) detail::put_array(os, std::span<const T>(b.data(), b.size()));
     }
-    put(os, static_cast<std::uint64_t>(velocity_.size()));
-    put_array(os, std::span<const T>(velocity_));
+    detail::put(os, static_cast<std::uint64_t>(velocity_.size()));
+    detail::put_array(os, std::span<const T>(velocity_));
     if (!os) throw error("gradcomp::sparsified_sgd::save_state: the stream failed while writing");
   }
 
@@ -182,6 +230,7 @@ class sparsified_sgd {
     states_ = std::move(states);
     velocity_ = std::move(velocity);
     step_ = step;
+    staged_ready_ = false;
   }
 
  private:
@@ -215,15 +264,15 @@ class sparsified_sgd {
     return static_cast<std::size_t>(it - offsets_.begin()) - 1;
   }
 
-  void check_step_arguments(std::span<const T> params, std::span<const T> grads) const {
-    if (params.size() != total_) {
-      detail::throw_invalid_argument("sparsified_sgd::step", "params.size()", params.size(),
+  void check_size(const char* what, std::size_t n) const {
+    if (n != total_) {
+      detail::throw_invalid_argument("sparsified_sgd::step", what, n,
                                      detail::concat("the total of the tensor sizes (", total_, ")"));
     }
-    if (grads.size() != total_) {
-      detail::throw_invalid_argument("sparsified_sgd::step", "grads.size()", grads.size(),
-                                     detail::concat("the total of the tensor sizes (", total_, ")"));
-    }
+  }
+
+  void check_gradient(std::span<const T> grads) const {
+    check_size("grads.size()", grads.size());
     if (compressor_.nonfinite() == nonfinite_policy::error) {
       if (const std::size_t bad = detail::find_nonfinite(grads); bad != total_) {
         const std::size_t t = tensor_of(bad);
@@ -239,44 +288,38 @@ class sparsified_sgd {
   std::span<const T> gradient_of(std::size_t t, std::span<const T> grads) const {
     return grads.subspan(offsets_[t], tensors_[t].size);
   }
-  std::span<T> average_of(std::size_t t) {
-    return std::span<T>(average_).subspan(offsets_[t], tensors_[t].size);
+  std::span<T> staged_average_of(std::size_t t) {
+    return std::span<T>(staged_average_).subspan(offsets_[t], tensors_[t].size);
   }
-  std::span<const std::span<T>> average_views() {
+  std::span<const std::span<T>> staged_average_views() {
     average_views_.resize(tensors_.size());
-    for (std::size_t t = 0; t < tensors_.size(); ++t) average_views_[t] = average_of(t);
+    for (std::size_t t = 0; t < tensors_.size(); ++t) average_views_[t] = staged_average_of(t);
     return average_views_;
   }
 
   compress_context context_for(std::size_t t, double rho) const {
-    // The gradient's finiteness was checked for all tensors at once (check_step_arguments).
+    // The gradient's finiteness was checked for all tensors at once (check_gradient).
     const bool finite_checked = compressor_.nonfinite() == nonfinite_policy::error;
     return compress_context{rho, call_id{opt_.seed, step_, tensors_[t].id, rank_id()}, finite_checked};
   }
 
-  // Tensor t's exchange into its part of the average. Picks the exchange left out (gTop-k) go
-  // back to the feedback, so that nothing is lost, when the feedback can take them.
+  // Tensor t's exchange into its part of the staged average. Picks the exchange left out
+  // (gTop-k) go back to the staged feedback state, so that nothing is lost, when the feedback
+  // can take them.
   void exchange_tensor(std::size_t t) {
     if constexpr (exchange_with_unused<Exchange, Compressor, Comm>) {
-      exchange_stats_[t] = exchange_.exchange(*comm_, compressor_, payloads_[t], average_of(t), unused_);
+      exchange_stats_[t] =
+          exchange_.exchange(*comm_, compressor_, payloads_[t], staged_average_of(t), unused_);
       if constexpr (restores_picks<typename Compressor::feedback_type, T>) {
-        compressor_.feedback().restore(states_[t], unused_.indices, unused_.values);
+        compressor_.feedback().restore(staged_[t], unused_.indices, unused_.values);
         restored_[t] = unused_.indices.size();
       }
     } else {
-      exchange_stats_[t] = exchange_.exchange(*comm_, compressor_, payloads_[t], average_of(t));
+      exchange_stats_[t] = exchange_.exchange(*comm_, compressor_, payloads_[t], staged_average_of(t));
     }
   }
 
-  void start_stats(double rho) {
-    stats_ = step_stats{};
-    stats_.step = step_;
-    stats_.target_density = rho;
-    stats_.n = total_;
-    stats_.tensors.reserve(tensors_.size());
-  }
-
-  // Adds tensor t's compression and exchange to the step's statistics.
+  // Adds tensor t's compression and exchange to the staged step's statistics.
   void record(std::size_t t) {
     const compress_stats& cs = compress_stats_[t];
     const exchange_stats& xs = exchange_stats_[t];
@@ -294,39 +337,23 @@ class sparsified_sgd {
     ts.predicted_seconds = xs.predicted_seconds;
     ts.exchange_seconds = xs.seconds;
     ts.restored = restored_[t];
-    stats_.tensors.push_back(ts);
-    stats_.selected += ts.selected;
-    stats_.bytes_sent += xs.bytes_sent;
-    stats_.bytes_received += xs.bytes_received;
-    stats_.seconds.accumulate += cs.seconds_accumulate;
-    stats_.seconds.select += cs.seconds_select;
-    stats_.seconds.encode += cs.seconds_encode;
-    stats_.seconds.exchange += xs.seconds;
+    staged_stats_.tensors.push_back(ts);
+    staged_stats_.selected += ts.selected;
+    staged_stats_.bytes_sent += xs.bytes_sent;
+    staged_stats_.bytes_received += xs.bytes_received;
+    staged_stats_.seconds.accumulate += cs.seconds_accumulate;
+    staged_stats_.seconds.select += cs.seconds_select;
+    staged_stats_.seconds.encode += cs.seconds_encode;
+    staged_stats_.seconds.exchange += xs.seconds;
   }
 
-  [[noreturn]] static void fail_load(const std::string& why) {
-    throw invalid_argument("gradcomp::sparsified_sgd::load_state: " + why +
-                           "; the optimizer state is unchanged");
-  }
-
-  template <class V>
-  static void put(std::ostream& os, V v) {
-    os.write(reinterpret_cast<const char*>(&v), sizeof(V));
-  }
-  static void put_array(std::ostream& os, std::span<const T> a) {
-    os.write(reinterpret_cast<const char*>(a.data()), static_cast<std::streamsize>(a.size_bytes()));
-  }
+  static constexpr std::string_view driver_name = "sparsified_sgd";
+  [[noreturn]] static void fail_load(const std::string& why) { detail::fail_load(driver_name, why); }
   template <class V>
   static V get(std::istream& is) {
-    V v{};
-    if (!is.read(reinterpret_cast<char*>(&v), sizeof(V))) fail_load("the checkpoint is truncated");
-    return v;
+    return detail::get<V>(is, driver_name);
   }
-  static void get_array(std::istream& is, std::span<T> a) {
-    if (!is.read(reinterpret_cast<char*>(a.data()), static_cast<std::streamsize>(a.size_bytes()))) {
-      fail_load("the checkpoint is truncated");
-    }
-  }
+  static void get_array(std::istream& is, std::span<T> a) { detail::get_array(is, a, driver_name); }
 
   Comm* comm_;
   std::vector<tensor_spec> tensors_;
@@ -337,7 +364,9 @@ class sparsified_sgd {
   sgd_options opt_;
   density_schedule schedule_;
   std::vector<typename Compressor::state_type> states_;
+  std::vector<typename Compressor::state_type> staged_;  // the state a step in flight makes
   std::vector<T> average_;
+  std::vector<T> staged_average_;
   std::vector<T> velocity_;
   // Per tensor, reused from step to step.
   std::vector<payload> payloads_;
@@ -347,6 +376,8 @@ class sparsified_sgd {
   std::vector<std::span<T>> average_views_;
   unused_picks unused_;
   step_stats stats_;
+  step_stats staged_stats_;
+  bool staged_ready_ = false;
   std::uint64_t step_ = 0;
   std::size_t total_bytes_sent_ = 0;
   std::size_t total_bytes_received_ = 0;

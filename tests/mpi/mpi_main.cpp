@@ -7,7 +7,8 @@
 #include <gradcomp/comm/mpi.hpp>
 
 int main(int argc, char** argv) {
-  gradcomp::mpi_environment env(argc, argv);
+  // layerwise_sgd (tests/mpi/mpi_faults.cpp) calls MPI from its communication thread.
+  gradcomp::mpi_environment env(argc, argv, MPI_THREAD_SERIALIZED);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   doctest::Context context(argc, argv);

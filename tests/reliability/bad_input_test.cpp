@@ -1574,10 +1574,13 @@ TEST_CASE_TEMPLATE("bad input: exchanges: ranks that disagree on the tensor or t
 TEST_CASE_TEMPLATE("bad input: gtopk refuses corrupt pairs in the tree and in the broadcast, before "
                    "writing its output",
                    X, x_gtopk_tree, x_gtopk_exact, x_auto_gtopk) {
-  // Rank 1 sends its picks to rank 0 in the first round of the tree.
+  // Rank 1 sends its picks to rank 0 in the first round of the tree, after a status pair
+  // (index 0: fine, 1: a rank below failed). The edits apply to the picks; the last one to the
+  // status pair itself.
   struct edit {
     const char* name;
     std::function<void(std::vector<index_value>&)> apply;
+    bool status = false;
   };
   const std::vector<edit> pair_edits = {
       {"index == n", [](auto& v) { v.back().index = static_cast<std::uint32_t>(matrix_n); }},
@@ -1585,6 +1588,7 @@ TEST_CASE_TEMPLATE("bad input: gtopk refuses corrupt pairs in the tree and in th
       {"duplicate index", [](auto& v) { v[1].index = v[0].index; }},
       {"unsorted indices", [](auto& v) { std::swap(v[0], v[1]); }},
       {"more than k pairs", [](auto& v) { v.push_back(index_value{v.back().index + 1, 1.0f}); }},
+      {"a status pair that is neither 0 nor 1", [](auto& v) { v[0].index = 7; }, true},
   };
   for (const edit& e : pair_edits) {
     CAPTURE(e.name);
@@ -1592,9 +1596,16 @@ TEST_CASE_TEMPLATE("bad input: gtopk refuses corrupt pairs in the tree and in th
     const auto res = exchange_run<X>(matrix_n, no_spoil, [&](tamper_comm& comm) {
       if (comm.rank() != 1) return;
       comm.on_pairs = [&](std::vector<index_value>& v, std::vector<std::size_t>& counts) {
-        if (applied || v.size() < 2) return;
+        if (applied || v.size() < 3) return;
         applied = true;
-        e.apply(v);
+        if (e.status) {
+          e.apply(v);
+        } else {
+          std::vector<index_value> picks(v.begin() + 1, v.end());
+          e.apply(picks);
+          v.resize(1);
+          v.insert(v.end(), picks.begin(), picks.end());
+        }
         counts[0] = v.size();
       };
     });

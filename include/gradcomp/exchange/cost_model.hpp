@@ -117,14 +117,15 @@ inline double sparse_allgather(const exchange_shape& s, const link_model& l) {
   return std::ceil(std::log2(p)) * l.alpha + (p - 1.0) * s.payload_bytes * l.beta;
 }
 
-// gTop-k: ceil(log2 P) rounds up the tree with k pairs of 8 bytes, then a binomial broadcast
-// of k pairs: 2 ceil(log2 P) alpha + 2 ceil(log2 P) 8k beta (an alpha term of log P, as
-// often quoted, counts the tree only).
+// gTop-k: ceil(log2 P) rounds up the tree with k pairs of 8 bytes (and a status pair), then a
+// binomial broadcast of k pairs (and a count pair): 2 ceil(log2 P) alpha +
+// 2 ceil(log2 P) 8 (k + 1) beta (an alpha term of log P, as often quoted, counts the tree only).
 inline double gtopk(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;
   const double rounds = std::ceil(std::log2(p));
-  return 2.0 * rounds * l.alpha + 2.0 * rounds * 8.0 * static_cast<double>(s.k_max) * l.beta;
+  return 2.0 * rounds * l.alpha +
+         2.0 * rounds * 8.0 * (static_cast<double>(s.k_max) + 1.0) * l.beta;
 }
 
 // TopKA2A: header-free alltoallv of the pairs plus allgather of the shards:

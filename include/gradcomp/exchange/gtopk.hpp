@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
@@ -160,34 +161,68 @@ class gtopk {
 
     // Up the tree: in round j (step 2^j) rank r sends to r - step when r % 2step == step, and
     // receives from r + step when r % 2step == 0. Every rank calls pairwise() every round,
-    // which a communicator without point-to-point turns into one alltoallv.
+    // which a communicator without point-to-point turns into one alltoallv. Each message
+    // starts with a status pair (index 0: fine, 1: a rank below failed), so that a message
+    // that some rank rejects fails the exchange on every rank: the failure travels up to the
+    // root, the root broadcasts it, and every rank throws after the broadcast. No rank leaves
+    // early while the others wait for it.
+    std::string failure;  // this rank's own rejection of a message, if any
+    bool below_failed = false;
     current_ = mine_;
     for (int step = 1; step < ranks; step *= 2) {
       const int dest = r % (2 * step) == step ? r - step : -1;
       const int source = r % (2 * step) == 0 && r + step < ranks ? r + step : -1;
-      const std::span<const index_value> send =
-          dest >= 0 ? std::span<const index_value>(current_) : std::span<const index_value>();
-      detail::pairwise(comm, send, dest, received_, source);
-      st.bytes_sent += send.size_bytes();
-      st.bytes_received += received_.size() * sizeof(index_value);
-      if (source >= 0) {
-        detail::check_received_pairs(received_, out.size(), k, source);
-        detail::gtopk_merge(current_, received_, k, merged_);
-        current_.swap(merged_);
+      outgoing_.clear();
+      if (dest >= 0) {
+        const bool failed = !failure.empty() || below_failed;
+        outgoing_.push_back(index_value{failed ? status_failed : status_ok, 0.0f});
+        if (!failed) outgoing_.insert(outgoing_.end(), current_.begin(), current_.end());
       }
+      detail::pairwise(comm, std::span<const index_value>(outgoing_), dest, received_, source);
+      st.bytes_sent += outgoing_.size() * sizeof(index_value);
+      st.bytes_received += received_.size() * sizeof(index_value);
+      if (source < 0 || !failure.empty() || below_failed) continue;
+      if (received_.empty() || received_[0].index > status_failed) {
+        failure = detail::concat("gradcomp::gtopk::exchange: malformed payload: rank ", source,
+                                 " sent a message without a valid status pair");
+        continue;
+      }
+      if (received_[0].index == status_failed) {
+        below_failed = true;
+        continue;
+      }
+      const std::span<const index_value> pairs = std::span<const index_value>(received_).subspan(1);
+      try {
+        detail::check_received_pairs(pairs, out.size(), k, source);
+      } catch (const payload_error& e) {
+        failure = e.what();
+        continue;
+      }
+      detail::gtopk_merge(current_, pairs, k, merged_);
+      current_.swap(merged_);
     }
 
-    // Down: one broadcast of k + 1 pairs, the first holding the count, so that its size is
-    // known to every rank beforehand.
+    // Down: one broadcast of k + 1 pairs, the first holding the count and the status, so that
+    // its size is known to every rank beforehand.
     global_.assign(k + 1, index_value{0, 0.0f});
     if (r == 0) {
-      detail::check_invariant(current_.size() <= k, "gtopk: the root holds more than k pairs");
-      global_[0].index = static_cast<std::uint32_t>(current_.size());
-      std::copy(current_.begin(), current_.end(), global_.begin() + 1);
+      if (failure.empty() && !below_failed) {
+        detail::check_invariant(current_.size() <= k, "gtopk: the root holds more than k pairs");
+        global_[0].index = static_cast<std::uint32_t>(current_.size());
+        std::copy(current_.begin(), current_.end(), global_.begin() + 1);
+      } else {
+        global_[0].value = 1.0f;  // failed: no global set
+      }
     }
     comm.broadcast(std::span<index_value>(global_), 0);
     const std::size_t bcast_bytes = global_.size() * sizeof(index_value);
     (r == 0 ? st.bytes_sent : st.bytes_received) += ranks > 1 ? bcast_bytes : 0;
+    if (!failure.empty()) throw payload_error(failure);
+    if (global_[0].value != 0.0f) {
+      throw communicator_error(
+          "gradcomp::gtopk: a rank rejected a message in the merge tree (its own exception says "
+          "which); no rank applied this exchange");
+    }
     const std::size_t g = global_[0].index;
     if (g > k) {
       detail::throw_payload_error("gtopk::exchange", "rank 0 broadcast a global set of ", g,
@@ -198,13 +233,15 @@ class gtopk {
     // Checked on every rank before out is written: the indices below are written to.
     detail::check_received_pairs(global_, out.size(), k, 0);
 
-    std::fill(out.begin(), out.end(), T(0));
     const T divisor = static_cast<T>(ranks);
     if (values_ == gtopk_values::tree) {
+      std::fill(out.begin(), out.end(), T(0));
       for (const auto& e : global_) out[e.index] = static_cast<T>(e.value) / divisor;
     } else {
-      // This rank's value at each global index, or zero; summed over ranks in rank order.
-      std::vector<T> sums(g, T(0));
+      // This rank's value at each global index, or zero; summed over ranks in rank order. One
+      // more element counts the ranks that could not use the broadcast (a copy corrupted on its
+      // way to them only), so that they do not fail alone.
+      std::vector<T> sums(g + 1, T(0));
       std::size_t j = 0;
       for (std::size_t i = 0; i < g; ++i) {
         while (j < mine_.size() && mine_[j].index < global_[i].index) ++j;
@@ -213,8 +250,14 @@ class gtopk {
         }
       }
       comm.allreduce(std::span<T>(sums), reduce_op::sum);
-      st.bytes_sent += g * sizeof(T);
-      st.bytes_received += g * sizeof(T);
+      st.bytes_sent += (g + 1) * sizeof(T);
+      st.bytes_received += (g + 1) * sizeof(T);
+      if (sums[g] != T(0)) {
+        throw communicator_error(
+            "gradcomp::gtopk: a rank could not use the broadcast global set; no rank applied "
+            "this exchange");
+      }
+      std::fill(out.begin(), out.end(), T(0));
       for (std::size_t i = 0; i < g; ++i) out[global_[i].index] = sums[i] / divisor;
     }
 
@@ -234,10 +277,13 @@ class gtopk {
   [[nodiscard]] std::span<const index_value> last_global() const noexcept { return global_; }
 
  private:
+  static constexpr std::uint32_t status_ok = 0;
+  static constexpr std::uint32_t status_failed = 1;
+
   gtopk_values values_ = gtopk_values::tree;
   std::vector<std::byte> header_scratch_;
   std::vector<float> decoded_;
-  std::vector<index_value> mine_, current_, received_, merged_, global_;
+  std::vector<index_value> mine_, current_, outgoing_, received_, merged_, global_;
 };
 
 static_assert(exchange_with_unused<gtopk, archetypes::compressor<false>, archetypes::communicator>);

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -218,35 +219,27 @@ class topk_a2a {
     const std::uint64_t begin = topk_a2a_shard_begin(n, p, r);
     const std::uint64_t end = topk_a2a_shard_begin(n, p, r + 1);
     std::vector<T> shard(end - begin, T(0));
-    // Each source's pairs are one run of its sorted list: strictly increasing. A repeated index
-    // would be added twice; one outside the shard would be written out of bounds.
-    std::size_t received_total = 0;
-    for (const std::size_t c : recv_counts_) received_total += c;
-    detail::check_invariant(received_total == received_.size(),
-                            "topk_a2a: the receive counts do not add up to the pairs received");
-    std::size_t pos = 0;
-    for (std::size_t from = 0; from < recv_counts_.size(); ++from) {
-      for (std::size_t j = 0; j < recv_counts_[from]; ++j, ++pos) {
-        const index_value& e = received_[pos];
-        // The ranks agreed on the tensor sizes, so such a pair can only be a corrupt message.
-        if (e.index < begin || e.index >= end) {
-          detail::throw_payload_error("topk_a2a::exchange", "rank ", from, " sent index ",
-                                      e.index, " outside this rank's shard [", begin, ", ", end,
-                                      ")");
-        }
-        if (j > 0 && e.index <= received_[pos - 1].index) {
-          detail::throw_payload_error("topk_a2a::exchange", "rank ", from, " sent index ",
-                                      e.index, " after ", received_[pos - 1].index,
-                                      "; each rank's indices must be strictly increasing");
-        }
-        shard[e.index - begin] += static_cast<T>(e.value);
-      }
+    // A message this rank rejects fails the exchange on every rank, never only here: the rank
+    // still takes part in the allgatherv below, with a shard one element too long, and every
+    // rank throws once it has seen that.
+    const std::string rejected = scatter_received(shard, begin, end);
+    if (rejected.empty()) {
+      const T divisor = static_cast<T>(p);
+      for (T& x : shard) x /= divisor;
+    } else {
+      shard.push_back(T(0));
     }
-    const T divisor = static_cast<T>(p);
-    for (T& x : shard) x /= divisor;
 
     std::vector<T> dense;
     comm.allgatherv(std::span<const T>(shard), dense, shard_counts_);
+    if (!rejected.empty()) throw payload_error(rejected);
+    for (std::uint64_t s = 0; s < p; ++s) {
+      if (shard_counts_[s] != topk_a2a_shard_begin(n, p, s + 1) - topk_a2a_shard_begin(n, p, s)) {
+        throw communicator_error(detail::concat(
+            "gradcomp::topk_a2a: rank ", s, " rejected a message it received (its own exception "
+            "says which); no rank applied this exchange"));
+      }
+    }
     detail::check_invariant(dense.size() == n, "topk_a2a: the gathered shards do not add up to n");
     st.bytes_sent += shard.size() * sizeof(T);
     st.bytes_received += (dense.size() - shard.size()) * sizeof(T);
@@ -259,6 +252,37 @@ class topk_a2a {
   }
 
  private:
+  // Adds the pairs received, in source rank order, into this rank's shard [begin, end), after
+  // checking each: inside the shard, strictly increasing per source (a repeated index would be
+  // added twice; one outside would be written out of bounds). Returns the first problem found
+  // (then the shard is incomplete), or nothing.
+  template <class T>
+  std::string scatter_received(std::vector<T>& shard, std::uint64_t begin, std::uint64_t end) const {
+    std::size_t received_total = 0;
+    for (const std::size_t c : recv_counts_) received_total += c;
+    if (received_total != received_.size()) {
+      return "gradcomp::topk_a2a::exchange: the receive counts do not add up to the pairs received";
+    }
+    std::size_t pos = 0;
+    for (std::size_t from = 0; from < recv_counts_.size(); ++from) {
+      for (std::size_t j = 0; j < recv_counts_[from]; ++j, ++pos) {
+        const index_value& e = received_[pos];
+        // The ranks agreed on the tensor sizes, so such a pair can only be a corrupt message.
+        if (e.index < begin || e.index >= end) {
+          return detail::concat("gradcomp::topk_a2a::exchange: malformed payload: rank ", from, " sent index ",
+                                e.index, " outside this rank's shard [", begin, ", ", end, ")");
+        }
+        if (j > 0 && e.index <= received_[pos - 1].index) {
+          return detail::concat("gradcomp::topk_a2a::exchange: malformed payload: rank ", from, " sent index ",
+                                e.index, " after ", received_[pos - 1].index,
+                                "; each rank's indices must be strictly increasing");
+        }
+        shard[e.index - begin] += static_cast<T>(e.value);
+      }
+    }
+    return {};
+  }
+
   std::size_t bucket_elements_ = 0;
   std::vector<std::byte> header_scratch_;
   std::vector<float> decoded_;

@@ -37,8 +37,17 @@ struct dgc_momentum {
 
   template <gradient_value T>
   std::span<const T> accumulate(state<T>& st, std::span<const T> g) const {
+    return accumulate_into(st, st, g);
+  }
+
+  // The state after accumulate(from, g), written to `to` with `from` left as it was (to may be
+  // from): to.u = m from.u + g, to.v = from.v + to.u.
+  template <gradient_value T>
+  std::span<const T> accumulate_into(const state<T>& from, state<T>& to,
+                                     std::span<const T> g) const {
     check();
-    detail::check_feedback_size("dgc_momentum::accumulate", g.size(), st.v.size());
+    detail::check_feedback_size("dgc_momentum::accumulate", g.size(), from.v.size());
+    detail::check_feedback_size("dgc_momentum::accumulate", g.size(), to.v.size());
     T scale = T(1);
     if (clip_norm > 0.0) {
       double sq = 0.0;
@@ -47,14 +56,17 @@ struct dgc_momentum {
       if (norm > clip_norm) scale = static_cast<T>(clip_norm / norm);
     }
     const T m = static_cast<T>(momentum);
-    T* u = st.u.data();
-    T* v = st.v.data();
+    const T* u0 = from.u.data();
+    const T* v0 = from.v.data();
+    T* u = to.u.data();
+    T* v = to.v.data();
     const T* gp = g.data();
     for (std::size_t i = 0, n = g.size(); i < n; ++i) {
-      u[i] = m * u[i] + scale * gp[i];
-      v[i] += u[i];
+      const T ui = m * u0[i] + scale * gp[i];
+      u[i] = ui;
+      v[i] = v0[i] + ui;
     }
-    return st.v;
+    return to.v;
   }
 
   template <gradient_value T>

@@ -30,6 +30,15 @@ struct no_feedback {
     return g;
   }
 
+  // Nothing to keep: the state after a step is the state before it.
+  template <gradient_value T>
+  std::span<const T> accumulate_into(const state<T>& from, state<T>& to,
+                                     std::span<const T> g) const {
+    detail::check_feedback_size("no_feedback::accumulate", g.size(), from.size);
+    to.size = from.size;
+    return g;
+  }
+
   template <gradient_value T>
   void update(state<T>&, std::span<const std::uint32_t>, std::span<const float>) const {}
 };

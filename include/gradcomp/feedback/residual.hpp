@@ -36,11 +36,31 @@ struct residual {
     return st.e;
   }
 
+  // The state after accumulate(from, g), written to `to` with `from` left as it was:
+  // to.e = from.e + g. A step that must be able to fail without changing anything compresses
+  // into a second state this way and keeps whichever of the two survives.
+  template <gradient_value T>
+  std::span<const T> accumulate_into(const state<T>& from, state<T>& to,
+                                     std::span<const T> g) const {
+    detail::check_feedback_size("residual::accumulate", g.size(), from.e.size());
+    detail::check_feedback_size("residual::accumulate", g.size(), to.e.size());
+    T* e = to.e.data();
+    const T* ep = from.e.data();
+    const T* gp = g.data();
+    for (std::size_t i = 0, n = g.size(); i < n; ++i) e[i] = ep[i] + gp[i];
+    return to.e;
+  }
+
   // The buffer accumulate() adds g into and returns, for a selector that does e += g itself
-  // while it scans (select_accumulate): accumulate(st, g) is exactly e[i] += g[i] on it, so
-  // folding the addition into the selector's pass changes no value. compressor<> uses this.
+  // while it scans (select_accumulate_into): accumulate(st, g) is exactly e[i] += g[i] on it,
+  // so folding the addition into the selector's pass changes no value. compressor<> uses
+  // this, and the const form for the state a step reads without changing.
   template <gradient_value T>
   std::span<T> in_place_accumulator(state<T>& st) const {
+    return st.e;
+  }
+  template <gradient_value T>
+  std::span<const T> in_place_accumulator(const state<T>& st) const {
     return st.e;
   }
 

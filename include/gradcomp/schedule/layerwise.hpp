@@ -75,7 +75,7 @@ struct layer_timing {
   double density = 0.0;     // target
   double ready = 0.0;       // ready() was called
   double comm_begin = 0.0;  // the communication thread took it up
-  double comm_end = 0.0;    // compressed, exchanged and applied
+  double comm_end = 0.0;    // compressed and exchanged (finish_step() applies it)
 };
 
 struct layerwise_stats {
@@ -83,7 +83,7 @@ struct layerwise_stats {
   step_stats step;
   std::vector<layer_timing> layers;  // in the order they were exchanged
   double backward_seconds = 0.0;     // begin_step() to the call of finish_step()
-  // Per tensor, the communication thread's time on it (compression, exchange, update), summed.
+  // Per tensor, the communication thread's time on it (compression and exchange), summed.
   double communication_seconds = 0.0;
   // The part of communication_seconds that ran before finish_step() was called, i.e. while
   // the backward pass was still computing.
@@ -101,17 +101,20 @@ struct layerwise_stats {
 //     sgd.ready(t);
 //     const layerwise_stats& s = sgd.finish_step();   // waits, then every tensor is updated
 //
-// The communication thread compresses tensor t, exchanges it and applies the SGD update to
-// its parameters, while the caller goes on with the backward pass. Every rank must call
-// ready() for the same tensors in the same order (the exchanges are collectives and run in
-// ready() order), and must not call the communicator itself between begin_step() and
-// finish_step(): the thread is then its only user, from one thread at a time. With MPI this
-// needs MPI_THREAD_SERIALIZED (mpi_environment(argc, argv, MPI_THREAD_SERIALIZED)).
+// The communication thread compresses tensor t and exchanges it while the caller goes on with
+// the backward pass; finish_step() applies every tensor's SGD update once all exchanges have
+// succeeded. Every rank must call ready() for the same tensors in the same order (the
+// exchanges are collectives and run in ready() order), and must not call the communicator
+// itself between begin_step() and finish_step(): the thread is then its only user, from one
+// thread at a time. With MPI this needs MPI_THREAD_SERIALIZED (mpi_environment(argc, argv,
+// MPI_THREAD_SERIALIZED)); the constructor checks the level MPI granted.
 //
-// An exception on the communication thread skips the rest of the step and is rethrown by
-// finish_step(); the ranks then disagree on where the step stopped, so the optimizer (and the
-// communicator) must not be used further. Destroying it while a step is in flight waits for
-// the exchanges already started.
+// A step is all or nothing, as sparsified_sgd's: an exception on the communication thread
+// skips the rest of the step's exchanges and is rethrown by finish_step(), and then no
+// parameter, velocity, feedback buffer or counter has changed (the tensors exchanged before
+// the failure are discarded too). The caller may retry the step, on a communicator that still
+// works. Destroying the optimizer while a step is in flight waits for the exchanges already
+// started.
 template <class Compressor, class Exchange, class Comm>
 class layerwise_sgd {
  public:
@@ -135,8 +138,10 @@ class layerwise_sgd {
     }
     total_ = detail::total_size(tensors_);
     timings_.resize(tensors_.size());
-    tensor_stats_.resize(tensors_.size());
     is_ready_.assign(tensors_.size(), false);
+    // The exchanges run on a thread of their own: a communicator that needs to be told (MPI
+    // without MPI_THREAD_SERIALIZED) refuses here, not in a collective later.
+    if constexpr (checks_thread_support<Comm>) comm.require_thread_support("layerwise_sgd");
     worker_ = std::thread([this] { run(); });
   }
 
@@ -174,8 +179,8 @@ class layerwise_sgd {
     in_step_ = true;
   }
 
-  // Tensor t's gradient is complete: the communication thread compresses, exchanges and
-  // applies it, after the tensors made ready before it.
+  // Tensor t's gradient is complete: the communication thread compresses and exchanges it,
+  // after the tensors made ready before it; finish_step() applies it.
   void ready(std::size_t t) {
     if (!in_step_) {
       detail::throw_invalid_argument("layerwise_sgd::ready", "state", "no step",
@@ -209,28 +214,32 @@ class layerwise_sgd {
     done_cv_.wait(lock, [this] { return done_ == queue_.size(); });
     const double finished = since_start();
     in_step_ = false;
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-    if (queue_.size() != tensors_.size()) {
+    if (error_ || queue_.size() != tensors_.size()) {
+      // Nothing of the step is kept: the tensors exchanged so far are discarded.
+      for (const std::size_t t : queue_) optimizers_[t]->discard_step();
+      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
       detail::throw_invalid_argument("layerwise_sgd::finish_step", "tensors made ready",
                                      queue_.size(), detail::concat("all ", tensors_.size()));
     }
 
-    stats_ = layerwise_stats{};
-    stats_.backward_seconds = backward_end;
-    stats_.wait_seconds = finished - backward_end;
-    step_stats& s = stats_.step;
+    // Every exchange succeeded: apply the updates, in ready() order.
+    layerwise_stats next;
+    next.backward_seconds = backward_end;
+    next.wait_seconds = finished - backward_end;
+    step_stats& s = next.step;
     s.step = step_;
     double weighted_target = 0.0;
     for (std::size_t j = 0; j < queue_.size(); ++j) {
       const std::size_t t = queue_[j];
-      const step_stats& ts = tensor_stats_[j];
+      const step_stats& ts =
+          optimizers_[t]->commit_step(params_.subspan(offsets_[t], tensors_[t].size));
       layer_timing timing = timings_[j];
       timing.id = tensors_[t].id;
       timing.density = densities_[t];
-      stats_.layers.push_back(timing);
+      next.layers.push_back(timing);
       const double busy = timing.comm_end - timing.comm_begin;
-      stats_.communication_seconds += busy;
-      stats_.overlapped_seconds +=
+      next.communication_seconds += busy;
+      next.overlapped_seconds +=
           std::clamp(std::min(timing.comm_end, backward_end) - timing.comm_begin, 0.0, busy);
       s.n += ts.n;
       s.selected += ts.selected;
@@ -248,9 +257,10 @@ class layerwise_sgd {
       s.density = static_cast<double>(s.selected) / static_cast<double>(s.n);
       s.target_density = weighted_target / static_cast<double>(s.n);
     }
-    if (stats_.communication_seconds > 0.0) {
-      stats_.overlap = stats_.overlapped_seconds / stats_.communication_seconds;
+    if (next.communication_seconds > 0.0) {
+      next.overlap = next.overlapped_seconds / next.communication_seconds;
     }
+    stats_ = std::move(next);
     total_bytes_sent_ += s.bytes_sent;
     total_bytes_received_ += s.bytes_received;
     ++step_;
@@ -290,16 +300,14 @@ class layerwise_sgd {
       const std::size_t j = next_++;
       const std::size_t t = queue_[j];
       const bool skip = error_ != nullptr;  // the ranks' collectives are out of step already
-      const std::span<T> params = params_.subspan(offsets_[t], tensors_[t].size);
       const std::span<const T> grads = grads_.subspan(offsets_[t], tensors_[t].size);
       lock.unlock();
 
       const double begin = since_start();
       std::exception_ptr failure;
-      step_stats result;
       if (!skip) {
         try {
-          result = optimizers_[t]->step(params, grads);
+          optimizers_[t]->exchange_step(grads);
         } catch (...) {
           failure = std::current_exception();
         }
@@ -309,7 +317,6 @@ class layerwise_sgd {
       lock.lock();
       timings_[j].comm_begin = begin;
       timings_[j].comm_end = end;
-      tensor_stats_[j] = std::move(result);
       if (failure && !error_) error_ = failure;
       ++done_;
       done_cv_.notify_all();
@@ -342,7 +349,6 @@ class layerwise_sgd {
   std::size_t next_ = 0;            // queue_[next_] is the next to take up
   std::size_t done_ = 0;
   std::vector<layer_timing> timings_;      // by queue position
-  std::vector<step_stats> tensor_stats_;   // by queue position
   std::exception_ptr error_;
 
   std::thread worker_;  // last: started once everything above exists

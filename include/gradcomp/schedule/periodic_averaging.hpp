@@ -8,12 +8,17 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <istream>
+#include <ostream>
 #include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/checkpoint.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/feedback/residual.hpp>
@@ -63,10 +68,12 @@ class periodic_averaging {
     }
     detail::check_sgd_options("periodic_averaging", opt_);
     offsets_ = detail::tensor_offsets("periodic_averaging", tensors_);
+    for (const tensor_spec& t : tensors_) detail::check_tensor_size("periodic_averaging", t, true);
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       for (unsigned c = 0; c < avg_.subsets; ++c) {
         const auto [begin, end] = slice(t, c);
         states_.push_back(compressor_.make_state(end - begin));
+        staged_.push_back(compressor_.make_state(end - begin));
       }
     }
     total_ = detail::total_size(tensors_);
@@ -76,6 +83,12 @@ class periodic_averaging {
   // One local SGD step (lr, momentum, Nesterov and weight decay on this rank's own gradient),
   // then an averaging round if this was the p-th step since the last one. Collective on the
   // averaging steps only; the statistics count this step's communication.
+  //
+  // All or nothing: when a round fails (a peer failed, an exchange rejected a payload), the
+  // parameters, the velocity, the anchor, every error-feedback buffer and the counters are
+  // what they were before the step. To restore them, a step that ends with a round keeps a
+  // copy of the parameters and the velocity (one copy every p steps); the round compresses
+  // into a second feedback state and applies nothing until every exchange has succeeded.
   const step_stats& step(std::span<T> params, std::span<const T> grads) {
     check_size("params.size()", params.size());
     check_size("grads.size()", grads.size());
@@ -84,32 +97,53 @@ class periodic_averaging {
                                            grads[bad], " at index ", bad,
                                            "; nothing was changed"));
     }
-    if (anchor_.empty() && total_) anchor_.assign(params.begin(), params.end());
-    stats_ = step_stats{};
-    stats_.step = step_;
-    stats_.n = total_;
-
+    const bool with_round = (step_ + 1) % avg_.period == 0;
+    // The anchor is the parameters at the first step (every rank holds the same then).
+    const bool new_anchor = anchor_.empty() && total_;
+    if (new_anchor) anchor_.assign(params.begin(), params.begin() + static_cast<std::ptrdiff_t>(total_));
+    if (with_round) {
+      saved_params_.assign(params.begin(), params.begin() + static_cast<std::ptrdiff_t>(total_));
+      saved_velocity_ = velocity_;
+    }
+    step_stats next;
+    next.step = step_;
+    next.n = total_;
     detail::stopwatch clock;
     detail::sgd_update<T>(params.first(total_), grads, velocity_, opt_);
-    stats_.seconds.update = clock.lap();
+    next.seconds.update = clock.lap();
+    if (with_round) {
+      try {
+        run_round(params, next);
+      } catch (...) {
+        std::copy(saved_params_.begin(), saved_params_.end(), params.begin());
+        velocity_.swap(saved_velocity_);
+        if (new_anchor) anchor_.clear();
+        throw;
+      }
+      last_round_step_ = step_ + 1;
+    }
     ++step_;
-    if (step_ % avg_.period == 0) run_round(params);
-    total_bytes_sent_ += stats_.bytes_sent;
-    total_bytes_received_ += stats_.bytes_received;
+    finish(std::move(next));
     return stats_;
   }
 
   // An averaging round now, whatever the step count (e.g. before evaluating at the end of an
-  // epoch). Collective.
+  // epoch). Collective; all or nothing, as step().
   const step_stats& average(std::span<T> params) {
     check_size("params.size()", params.size());
-    if (anchor_.empty() && total_) anchor_.assign(params.begin(), params.end());
-    stats_ = step_stats{};
-    stats_.step = step_;
-    stats_.n = total_;
-    run_round(params);
-    total_bytes_sent_ += stats_.bytes_sent;
-    total_bytes_received_ += stats_.bytes_received;
+    step_stats next;
+    next.step = step_;
+    next.n = total_;
+    const bool new_anchor = anchor_.empty() && total_;
+    if (new_anchor) anchor_.assign(params.begin(), params.begin() + static_cast<std::ptrdiff_t>(total_));
+    try {
+      run_round(params, next);
+    } catch (...) {
+      if (new_anchor) anchor_.clear();
+      throw;
+    }
+    last_round_step_ = step_;
+    finish(std::move(next));
     return stats_;
   }
 
@@ -124,7 +158,120 @@ class periodic_averaging {
   [[nodiscard]] std::size_t total_bytes_received() const noexcept { return total_bytes_received_; }
   [[nodiscard]] const averaging_options& options() const noexcept { return avg_; }
 
+  // Checkpoints: the counters, the anchor, the velocity and every slice's error-feedback
+  // buffers, with the tensors' ids and sizes. load_state() checks all of it against this
+  // optimizer and changes nothing unless it all matches.
+  void save_state(std::ostream& os) const {
+    detail::put(os, checkpoint_magic);
+    detail::put(os, checkpoint_version);
+    detail::put(os, static_cast<std::uint32_t>(sizeof(T)));
+    detail::put(os, step_);
+    detail::put(os, round_);
+    detail::put(os, last_round_step_);
+    detail::put(os, static_cast<std::uint32_t>(avg_.subsets));
+    detail::put(os, static_cast<std::uint32_t>(tensors_.size()));
+    for (const tensor_spec& t : tensors_) {
+      detail::put(os, t.id);
+      detail::put(os, static_cast<std::uint64_t>(t.size));
+    }
+    put_vector(os, anchor_);
+    put_vector(os, velocity_);
+    for (const auto& state : states_) {
+      // buffers() hands out mutable spans for load_state(); here they are only read.
+      auto buffers = const_cast<typename compressor_type::state_type&>(state).buffers();
+      detail::put(os, static_cast<std::uint32_t>(buffers.size()));
+      for (const auto& b : buffers) {
+        detail::put(os, static_cast<std::uint64_t>(b.size()));
+        detail::put_array(os, std::span<const T>(b.data(), b.size()));
+      }
+    }
+    if (!os) throw error("gradcomp::periodic_averaging::save_state: the stream failed while writing");
+  }
+
+  void load_state(std::istream& is) {
+    if (get<std::uint32_t>(is) != checkpoint_magic) {
+      fail_load("not a gradcomp periodic_averaging checkpoint (bad magic)");
+    }
+    if (const auto v = get<std::uint32_t>(is); v != checkpoint_version) {
+      fail_load(detail::concat("checkpoint version ", v, " is not supported (this build reads version ",
+                               checkpoint_version, ")"));
+    }
+    if (const auto sz = get<std::uint32_t>(is); sz != sizeof(T)) {
+      fail_load(detail::concat("checkpoint holds ", sz, "-byte values, this optimizer uses ",
+                               sizeof(T), "-byte values"));
+    }
+    const auto step = get<std::uint64_t>(is);
+    const auto round = get<std::uint64_t>(is);
+    const auto last_round_step = get<std::uint64_t>(is);
+    if (const auto subsets = get<std::uint32_t>(is); subsets != avg_.subsets) {
+      fail_load(detail::concat("checkpoint averages ", subsets, " slices per tensor, this optimizer ",
+                               avg_.subsets));
+    }
+    if (const auto count = get<std::uint32_t>(is); count != tensors_.size()) {
+      fail_load(detail::concat("checkpoint has ", count, " tensors, this optimizer has ", tensors_.size()));
+    }
+    for (const tensor_spec& t : tensors_) {
+      const auto id = get<std::uint32_t>(is);
+      const auto n = get<std::uint64_t>(is);
+      if (id != t.id || n != t.size) {
+        fail_load(detail::concat("checkpoint has tensor ", id, " of ", n, " elements where this "
+                                 "optimizer has tensor ", t.id, " of ", t.size));
+      }
+    }
+    std::vector<T> anchor = get_vector(is, "anchor", {0, total_});
+    std::vector<T> velocity = get_vector(is, "velocity", {velocity_.size(), velocity_.size()});
+    std::vector<typename compressor_type::state_type> states;
+    for (std::size_t s = 0; s < states_.size(); ++s) {
+      const auto [begin, end] = slice(s / avg_.subsets, static_cast<unsigned>(s % avg_.subsets));
+      states.push_back(compressor_.make_state(end - begin));
+      auto buffers = states.back().buffers();
+      if (const auto nbuf = get<std::uint32_t>(is); nbuf != buffers.size()) {
+        fail_load(detail::concat("a slice has ", nbuf, " feedback buffers in the checkpoint, ",
+                                 buffers.size(), " here"));
+      }
+      for (auto& b : buffers) {
+        if (const auto n = get<std::uint64_t>(is); n != b.size()) {
+          fail_load(detail::concat("a feedback buffer has ", n, " elements in the checkpoint, ",
+                                   b.size(), " here"));
+        }
+        detail::get_array(is, b, driver_name);
+      }
+    }
+    step_ = step;
+    round_ = round;
+    last_round_step_ = last_round_step;
+    anchor_ = std::move(anchor);
+    velocity_ = std::move(velocity);
+    states_ = std::move(states);
+  }
+
  private:
+  static constexpr std::uint32_t checkpoint_magic = 0x41504347;  // "GCPA" little-endian
+  static constexpr std::uint32_t checkpoint_version = 1;
+  static constexpr std::string_view driver_name = "periodic_averaging";
+
+  [[noreturn]] static void fail_load(const std::string& why) { detail::fail_load(driver_name, why); }
+  template <class V>
+  static V get(std::istream& is) {
+    return detail::get<V>(is, driver_name);
+  }
+  static void put_vector(std::ostream& os, const std::vector<T>& v) {
+    detail::put(os, static_cast<std::uint64_t>(v.size()));
+    detail::put_array(os, std::span<const T>(v));
+  }
+  // A vector whose size must be one of `sizes` (the anchor is empty before the first step).
+  static std::vector<T> get_vector(std::istream& is, const char* what,
+                                   std::pair<std::size_t, std::size_t> sizes) {
+    const auto n = get<std::uint64_t>(is);
+    if (n != sizes.first && n != sizes.second) {
+      fail_load(detail::concat("checkpoint has a ", what, " of ", n, " elements, this optimizer ",
+                               sizes.second));
+    }
+    std::vector<T> v(static_cast<std::size_t>(n));
+    detail::get_array(is, std::span<T>(v), driver_name);
+    return v;
+  }
+
   void check_size(const char* what, std::size_t n) const {
     if (n != total_) {
       detail::throw_invalid_argument("periodic_averaging", what, n,
@@ -139,57 +286,80 @@ class periodic_averaging {
             n / r * (c + 1) + std::min<std::size_t>(c + 1, n % r)};
   }
 
-  void run_round(std::span<T> params) {
+  void finish(step_stats&& next) {
+    stats_ = std::move(next);
+    total_bytes_sent_ += stats_.bytes_sent;
+    total_bytes_received_ += stats_.bytes_received;
+  }
+
+  // One averaging round, in two phases: every tensor's slice is compressed (into staged
+  // feedback state) and exchanged, then, once all have succeeded, the anchor and the
+  // parameters take the means and the staged state is kept. A throw in the first phase leaves
+  // everything as it was; the second cannot throw.
+  void run_round(std::span<T> params, step_stats& st) {
     const unsigned c = static_cast<unsigned>(round_ % avg_.subsets);
     // Quantizers draw from (seed, step, tensor id); mixing the rank into the seed gives each
     // rank its own rounding noise, so that the noise averages out over the ranks instead of
     // adding up coherently (the dense selector picks the same coordinates everywhere anyway).
     const std::uint64_t seed =
         opt_.seed + 0x9e3779b97f4a7c15ULL * (static_cast<std::uint64_t>(comm_->rank()) + 1);
+    mean_.resize(total_);
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       const auto [begin, end] = slice(t, c);
       if (begin == end) continue;
       const std::size_t m = end - begin;
       const std::size_t at = offsets_[t] + begin;
-      auto& state = states_[t * avg_.subsets + c];
+      const std::size_t s = t * avg_.subsets + c;
       change_.resize(m);
       for (std::size_t i = 0; i < m; ++i) change_[i] = params[at + i] - anchor_[at + i];
       const compress_context ctx{1.0, call_id{seed, round_, tensors_[t].id}};
-      const compress_stats cs = compressor_.compress(change_, state, ctx, payload_);
+      const compress_stats cs =
+          compressor_.compress(change_, std::as_const(states_[s]), staged_[s], ctx, payload_);
       if (!avg_.error_feedback) {
-        for (auto& b : state.buffers()) std::fill(b.begin(), b.end(), T(0));
+        for (auto& b : staged_[s].buffers()) std::fill(b.begin(), b.end(), T(0));
       }
-      mean_.resize(m);
-      const exchange_stats xs = exchange_.exchange(*comm_, compressor_, payload_, std::span<T>(mean_));
-      detail::stopwatch clock;
-      for (std::size_t i = 0; i < m; ++i) {
-        anchor_[at + i] += mean_[i];
+      const exchange_stats xs = exchange_.exchange(*comm_, compressor_, payload_,
+                                                   std::span<T>(mean_).subspan(at, m));
+      record(st, t, m, cs, xs);
+    }
+
+    detail::stopwatch clock;
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      const auto [begin, end] = slice(t, c);
+      if (begin == end) continue;
+      const std::size_t at = offsets_[t] + begin;
+      for (std::size_t i = 0; i < end - begin; ++i) {
+        anchor_[at + i] += mean_[at + i];
         params[at + i] = anchor_[at + i];
       }
-      tensor_stats ts;
-      ts.id = tensors_[t].id;
-      ts.n = m;
-      ts.selected = cs.selection.count;
-      ts.density = 1.0;
-      ts.bytes_sent = xs.bytes_sent;
-      ts.bytes_received = xs.bytes_received;
-      ts.exchange = xs.name;
-      ts.predicted_seconds = xs.predicted_seconds;
-      ts.exchange_seconds = xs.seconds;
-      stats_.tensors.push_back(ts);
-      stats_.selected += ts.selected;
-      stats_.bytes_sent += xs.bytes_sent;
-      stats_.bytes_received += xs.bytes_received;
-      stats_.seconds.accumulate += cs.seconds_accumulate;
-      stats_.seconds.select += cs.seconds_select;
-      stats_.seconds.encode += cs.seconds_encode;
-      stats_.seconds.exchange += xs.seconds;
-      stats_.seconds.update += clock.lap();
+      std::swap(states_[t * avg_.subsets + c], staged_[t * avg_.subsets + c]);
     }
-    stats_.target_density = 1.0 / static_cast<double>(avg_.subsets);
-    stats_.density = total_ ? static_cast<double>(stats_.selected) / static_cast<double>(total_) : 0.0;
+    st.seconds.update += clock.lap();
+    st.target_density = 1.0 / static_cast<double>(avg_.subsets);
+    st.density = total_ ? static_cast<double>(st.selected) / static_cast<double>(total_) : 0.0;
     ++round_;
-    last_round_step_ = step_;
+  }
+
+  void record(step_stats& st, std::size_t t, std::size_t m, const compress_stats& cs,
+              const exchange_stats& xs) const {
+    tensor_stats ts;
+    ts.id = tensors_[t].id;
+    ts.n = m;
+    ts.selected = cs.selection.count;
+    ts.density = 1.0;
+    ts.bytes_sent = xs.bytes_sent;
+    ts.bytes_received = xs.bytes_received;
+    ts.exchange = xs.name;
+    ts.predicted_seconds = xs.predicted_seconds;
+    ts.exchange_seconds = xs.seconds;
+    st.tensors.push_back(ts);
+    st.selected += ts.selected;
+    st.bytes_sent += xs.bytes_sent;
+    st.bytes_received += xs.bytes_received;
+    st.seconds.accumulate += cs.seconds_accumulate;
+    st.seconds.select += cs.seconds_select;
+    st.seconds.encode += cs.seconds_encode;
+    st.seconds.exchange += xs.seconds;
   }
 
   Comm* comm_;
@@ -201,8 +371,11 @@ class periodic_averaging {
   sgd_options opt_;
   averaging_options avg_;
   std::vector<typename compressor_type::state_type> states_;  // [tensor][slice]
+  std::vector<typename compressor_type::state_type> staged_;  // what a round in flight makes
   std::vector<T> anchor_;    // the parameters at each slice's last averaging
   std::vector<T> velocity_;
+  std::vector<T> saved_params_;    // a step with a round restores these when the round fails
+  std::vector<T> saved_velocity_;
   std::vector<T> change_;
   std::vector<T> mean_;
   payload payload_;

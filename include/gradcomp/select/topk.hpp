@@ -187,18 +187,31 @@ struct topk {
     return select_from(detail::read_source<T>{g}, ctx.k, indices);
   }
 
+  // select() of e + g that also leaves e = e + g: error feedback's accumulation folded into
+  // the selection pass.
   template <gradient_value T>
   selection_stats select_accumulate(std::span<T> e, std::span<const T> g,
                                     const select_context& ctx,
                                     std::vector<std::uint32_t>& indices) {
-    if (e.size() != g.size()) {
-      detail::throw_invalid_argument("topk::select_accumulate", "e.size()", e.size(),
-                                     detail::concat("g.size() (", g.size(), ")"));
+    return select_accumulate_into(e, std::span<const T>(e), g, ctx, indices);
+  }
+
+  // select() of e + g that writes e + g to `out` and leaves e alone (out may be e itself): the
+  // form a step that must be able to fail without changing the feedback state uses.
+  template <gradient_value T>
+  selection_stats select_accumulate_into(std::span<T> out, std::span<const T> e,
+                                         std::span<const T> g, const select_context& ctx,
+                                         std::vector<std::uint32_t>& indices) {
+    for (const auto& [arg, size] : {std::pair{"e.size()", e.size()}, std::pair{"out.size()", out.size()}}) {
+      if (size != g.size()) {
+        detail::throw_invalid_argument("topk::select_accumulate", arg, size,
+                                       detail::concat("g.size() (", g.size(), ")"));
+      }
     }
     check();
     detail::check_index_range("topk", g.size());
     check_k("topk", ctx.k, g.size());
-    return select_from(detail::accumulate_source<T>{e, g}, ctx.k, indices);
+    return select_from(detail::sum_source<T>{out, e, g}, ctx.k, indices);
   }
 
   // The bracket of the sampled path for n values and k > heap_max_k (see the class comment).

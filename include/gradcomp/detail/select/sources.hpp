@@ -1,5 +1,6 @@
 // gradcomp/detail/select/sources.hpp: where a selection pass reads its values: g as it is, or
-// e + g with error feedback's accumulation fused into the pass.
+// e + g with error feedback's accumulation fused into the pass (written to e itself, or to a
+// second buffer so that e stays as it was until the step commits).
 #pragma once
 
 #include <cstddef>
@@ -12,10 +13,10 @@
 
 namespace gradcomp::detail {
 
-// Sources: where a selection pass gets its values. read_source reads g. accumulate_source
-// makes the pass also do error feedback's accumulate, e += g, block by block just before it
-// scans the block, so that accumulating and selecting cost one read of g and e and one write
-// of e instead of two passes. Both offer
+// Sources: where a selection pass gets its values. read_source reads g. sum_source makes the
+// pass also do error feedback's accumulate, out = e + g, block by block just before it scans
+// the block, so that accumulating and selecting cost one read of g and e and one write of
+// out instead of two passes. Both offer
 //   size()               n
 //   at(i)                the value the pass will see at i, with no side effect (for samples)
 //   block(b, len)        the values of [b, b + len), called once per range in index order
@@ -23,16 +24,16 @@ namespace gradcomp::detail {
 //   finish(b)            completes the side effects for [b, n) when a pass stops early
 //   values()             what holds the values once the pass is done (g, or e = acc)
 
-// e[i] += g[i] for i < len. The vector form makes no difference to the sums (each lane is
-// the same IEEE addition), but the compiler cannot vectorise the plain loop on its own
-// without knowing that e and g do not overlap.
+// out[i] = e[i] + g[i] for i < len; out may be e itself (e += g). The vector form makes no
+// difference to the sums (each lane is the same IEEE addition), but the compiler cannot
+// vectorise the plain loop on its own without knowing how the arrays overlap.
 template <class T>
-inline void add_into(T* e, const T* g, std::size_t len) noexcept {
+inline void sum_into(T* out, const T* e, const T* g, std::size_t len) noexcept {
 #if GRADCOMP_VECTOR_EXTENSIONS
   typedef T v __attribute__((vector_size(16)));
   constexpr std::size_t w = 16 / sizeof(T);
   const std::size_t pairs = len / (2 * w);
-  for (std::size_t j = 0; j < pairs; ++j, e += 2 * w, g += 2 * w) {
+  for (std::size_t j = 0; j < pairs; ++j, out += 2 * w, e += 2 * w, g += 2 * w) {
     v a, b, c, d;
     std::memcpy(&a, e, sizeof(v));
     std::memcpy(&b, g, sizeof(v));
@@ -40,18 +41,18 @@ inline void add_into(T* e, const T* g, std::size_t len) noexcept {
     std::memcpy(&d, g + w, sizeof(v));
     a += b;
     c += d;
-    std::memcpy(e, &a, sizeof(v));
-    std::memcpy(e + w, &c, sizeof(v));
+    std::memcpy(out, &a, sizeof(v));
+    std::memcpy(out + w, &c, sizeof(v));
   }
   len %= 2 * w;
 #endif
-  for (std::size_t i = 0; i < len; ++i) e[i] += g[i];
+  for (std::size_t i = 0; i < len; ++i) out[i] = e[i] + g[i];
 }
 
-// e[0, scan_block) += g[0, scan_block), and whether any of the sums has a key > t: the block
-// test on the sums while they are still in registers.
+// out[0, scan_block) = e + g over the block (out may be e), and whether any of the sums has a
+// key > t: the block test on the sums while they are still in registers.
 template <class T>
-inline bool add_block_any_above(T* e, const T* g, signed_key_t<T> t) noexcept {
+inline bool sum_block_any_above(T* out, const T* e, const T* g, signed_key_t<T> t) noexcept {
 #if GRADCOMP_VECTOR_EXTENSIONS
   using S = signed_key_t<T>;
   typedef T v __attribute__((vector_size(16)));
@@ -68,8 +69,8 @@ inline bool add_block_any_above(T* e, const T* g, signed_key_t<T> t) noexcept {
     std::memcpy(&gy, g + j + w, sizeof(v));
     x += gx;
     y += gy;
-    std::memcpy(e + j, &x, sizeof(v));
-    std::memcpy(e + j + w, &y, sizeof(v));
+    std::memcpy(out + j, &x, sizeof(v));
+    std::memcpy(out + j + w, &y, sizeof(v));
     sv kx, ky;
     std::memcpy(&kx, &x, sizeof(v));
     std::memcpy(&ky, &y, sizeof(v));
@@ -78,8 +79,8 @@ inline bool add_block_any_above(T* e, const T* g, signed_key_t<T> t) noexcept {
   }
   return any_negative(a | b);
 #else
-  add_into(e, g, scan_block);
-  return block_any_above(e, t);
+  sum_into(out, e, g, scan_block);
+  return block_any_above(out, t);
 #endif
 }
 
@@ -99,25 +100,27 @@ struct read_source {
   std::span<const T> values() const noexcept { return g; }
 };
 
+// The values e + g, written to `out` as the pass goes (out may be e itself: error feedback's
+// e += g folded into the selector's pass). `e` and `g` are read once, `out` written once.
 template <class T>
-struct accumulate_source {
-  std::span<T> e;
+struct sum_source {
+  std::span<T> out;
+  std::span<const T> e;
   std::span<const T> g;
 
   std::size_t size() const noexcept { return g.size(); }
   T at(std::size_t i) const noexcept { return e[i] + g[i]; }
   const T* block(std::size_t b, std::size_t len) const noexcept {
-    add_into(e.data() + b, g.data() + b, len);
-    return e.data() + b;
+    sum_into(out.data() + b, e.data() + b, g.data() + b, len);
+    return out.data() + b;
   }
   const T* hot_block(std::size_t b, signed_key_t<T> t) const noexcept {
-    T* p = e.data() + b;
-    return add_block_any_above(p, g.data() + b, t) ? p : nullptr;
+    T* p = out.data() + b;
+    return sum_block_any_above(p, e.data() + b, g.data() + b, t) ? p : nullptr;
   }
   void finish(std::size_t b) const noexcept {
-    add_into(e.data() + b, g.data() + b, g.size() - b);
+    sum_into(out.data() + b, e.data() + b, g.data() + b, g.size() - b);
   }
-  std::span<const T> values() const noexcept { return e; }
+  std::span<const T> values() const noexcept { return out; }
 };
-
 }  // namespace gradcomp::detail
