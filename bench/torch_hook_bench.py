@@ -75,6 +75,7 @@ def main() -> int:
                         t0 = time.perf_counter()
                         if side == "gradcomp":
                             engine.run(0, buf, rep, density)
+                            engine.commit()  # what the hook does at the end of an iteration
                         elif side == "torch_topk":
                             idx = torch_topk_hook_body(residual, buf, k)
                         else:

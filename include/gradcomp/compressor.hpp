@@ -111,6 +111,10 @@ class compressor {
 
   // Decode p into dense (size p.dense_size). The payload is validated (indices in range and
   // strictly increasing, quantizer and side data consistent) before anything is written.
+  //
+  // The const members (decompress, decode_values, make_state, the accessors) may be called
+  // from several threads at once on one compressor: they keep no scratch in the object.
+  // compress() is not const and needs the compressor to itself.
   void decompress(const payload& p, std::span<T> dense,
                   decompress_mode mode = decompress_mode::overwrite) const {
     if (p.dense_size != dense.size()) {
@@ -118,13 +122,16 @@ class compressor {
                                      detail::concat("payload dense_size (", p.dense_size, ")"));
     }
     validate_indices("compressor::decompress", p);
-    decoded_.resize(p.count);
-    quantizer_.decode(p, decoded_);
+    // Per thread, reused: a fresh buffer per call (megabytes for a dense payload) would cost a
+    // page fault per page.
+    thread_local std::vector<float> decoded;
+    decoded.resize(p.count);
+    quantizer_.decode(p, decoded);
     if (mode == decompress_mode::overwrite) std::fill(dense.begin(), dense.end(), T(0));
     if (p.layout == index_layout::dense) {
-      for (std::size_t j = 0; j < p.count; ++j) dense[j] += static_cast<T>(decoded_[j]);
+      for (std::size_t j = 0; j < p.count; ++j) dense[j] += static_cast<T>(decoded[j]);
     } else {
-      for (std::size_t j = 0; j < p.count; ++j) dense[p.indices[j]] += static_cast<T>(decoded_[j]);
+      for (std::size_t j = 0; j < p.count; ++j) dense[p.indices[j]] += static_cast<T>(decoded[j]);
     }
   }
 
@@ -305,9 +312,9 @@ class compressor {
   [[no_unique_address]] Quantizer quantizer_{};
   [[no_unique_address]] Feedback feedback_{};
   nonfinite_policy nonfinite_ = nonfinite_policy::error;
-  // Scratch reused across calls: a compressor belongs to one rank (one thread).
+  // compress()'s scratch, reused across calls (compress is not const: one thread at a time).
   std::vector<float> values_;
-  mutable std::vector<float> decoded_;
+  std::vector<float> decoded_;
   std::vector<std::uint32_t> iota_;
 };
 

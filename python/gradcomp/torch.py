@@ -183,6 +183,8 @@ class GradcompState:
         self._lock = threading.Lock()
         self._last: Dict[int, Dict[str, Any]] = {}
         self._timeline: List[Tuple[float, float]] = []  # (start, end) of each bucket's work
+        # The buckets' statistics of the iteration in flight, counted once it has succeeded.
+        self._iteration_stats: List[Dict[str, Any]] = []
         self._last_ready = 0.0  # when DDP handed over the last bucket of the backward pass
         self._last_overlap: Optional[float] = None
         self.rebuilds = 0  # times DDP re-formed the buckets and the feedback followed
@@ -358,18 +360,33 @@ class GradcompState:
             buffer.copy_(staged)
         end = time.perf_counter()
         with self._lock:
-            for stats in results:
-                self._last[stats["bucket"]] = stats
-                self._totals["bytes_sent"] += stats["bytes_sent"]
-                self._totals["bytes_received"] += stats["bytes_received"]
-                self._totals["selected"] += stats["selected"]
-                self._totals["elements"] += stats["n"]
+            self._iteration_stats.extend(results)
             self._timeline.append((start, end))
             if is_last:
+                # Every bucket of the iteration succeeded: keep their new feedback state and
+                # count them. Until now a failure would have changed nothing.
+                engine.commit()
+                for stats in self._iteration_stats:
+                    self._last[stats["bucket"]] = stats
+                    self._totals["bytes_sent"] += stats["bytes_sent"]
+                    self._totals["bytes_received"] += stats["bytes_received"]
+                    self._totals["selected"] += stats["selected"]
+                    self._totals["elements"] += stats["n"]
+                self._iteration_stats = []
                 self._finish_iteration()
         if is_last:
             self._check_pending()
         return buffer
+
+    def _abandon_iteration(self, step: int) -> None:
+        # A bucket of iteration `step` failed: its buckets' new feedback state and statistics
+        # are forgotten, and a retry runs the iteration again from where it started.
+        self.iteration = min(self.iteration, step)
+        with self._lock:
+            if self._engine is not None:
+                self._engine.discard()
+            self._iteration_stats = []
+            self._timeline = []
 
     def _check_pending(self) -> None:
         if self._pending:
@@ -576,7 +593,7 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
         try:
             fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
         except BaseException:
-            state.iteration = min(state.iteration, step)  # a retry runs this step again
+            state._abandon_iteration(step)  # nothing of the step is kept; a retry runs it again
             raise
         return fut
 
@@ -590,7 +607,7 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
         try:
             fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
         except BaseException as e:  # the training loop sees it when DDP waits on the future
-            state.iteration = min(state.iteration, step)  # a retry runs this step again
+            state._abandon_iteration(step)  # nothing of the step is kept; a retry runs it again
             fut.set_exception(e)
 
     state._executor.submit(work)

@@ -97,6 +97,8 @@ class engine {
   }
 
   void clear() { engine_.feedback().clear(); }
+  void commit() { engine_.commit(); }
+  void discard() { engine_.discard(); }
   [[nodiscard]] std::size_t buffer_count() { return engine_.feedback().buffer_count(); }
   [[nodiscard]] int rank() const { return comm_.rank(); }
   [[nodiscard]] int size() const { return comm_.size(); }
@@ -131,7 +133,10 @@ std::vector<std::vector<at::Tensor>> reference(const rt::engine_config& config, 
   gradcomp::run_in_process(static_cast<int>(ranks), [&](gradcomp::in_process_comm& comm) {
     rt::bucket_engine<gradcomp::in_process_comm> e(comm, config);
     const auto r = static_cast<std::size_t>(comm.rank());
-    for (std::size_t s = 0; s < views.size(); ++s) e.run(bucket, views[s][r], first_step + s, density);
+    for (std::size_t s = 0; s < views.size(); ++s) {
+      e.run(bucket, views[s][r], first_step + s, density);
+      e.commit();
+    }
   });
   return out;
 }
@@ -176,6 +181,10 @@ PYBIND11_MODULE(_torch_ext, m) {
       .def("state", &engine::state, py::arg("bucket"))
       .def("set_state", &engine::set_state, py::arg("bucket"), py::arg("buffers"))
       .def("clear", &engine::clear)
+      .def("commit", &engine::commit,
+           "Keeps the new feedback state of every bucket run since the last commit or discard.")
+      .def("discard", &engine::discard,
+           "Forgets it: every bucket's feedback state is what the last commit left.")
       .def_property_readonly("buffer_count", &engine::buffer_count)
       .def_property_readonly("rank", &engine::rank)
       .def_property_readonly("size", &engine::size);

@@ -10,6 +10,7 @@
 - a rank that raises inside the hook makes the others fail within the group's timeout.
 """
 
+import copy
 import io
 import pickle
 import time
@@ -217,6 +218,82 @@ def _checkpoint_worker(rank: int, world: int) -> int:
     for k in want["feedback"]:
         assert all(torch.equal(x, y) for x, y in zip(again["feedback"][k], want["feedback"][k]))
     return buckets
+
+
+def _same_state(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+    if a["iteration"] != b["iteration"] or a["totals"] != b["totals"] or set(a["feedback"]) != set(b["feedback"]):
+        return False
+    return all(len(a["feedback"][k]) == len(b["feedback"][k]) and
+               all(torch.equal(x, y) for x, y in zip(a["feedback"][k], b["feedback"][k]))
+               for k in a["feedback"])
+
+
+def _failed_step_worker(rank: int, world: int, overlap: bool) -> int:
+    cap = 4096  # several buckets after DDP's first iteration
+
+    def fresh() -> tuple:
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        state = gct.GradcompState(selector="topk", density=0.1, module=model, overlap=overlap)
+        return model, opt, state
+
+    model, opt, state = fresh()
+    _train(rank, world, 4, cap, state, model, opt)
+    unfaulted = [p.detach().clone() for p in model.parameters()]
+    state.close()
+
+    # Three steps, then a fourth whose last bucket fails inside gradcomp on every rank (as a
+    # failed exchange would; on every rank, so that no rank waits for another), after the
+    # other buckets of that step went through.
+    model, opt, state = fresh()
+    ddp = _train(rank, world, 3, cap, state, model, opt)
+    before = state.state_dict()
+    saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+             "opt": copy.deepcopy(opt.state_dict()), "gradcomp": before}
+    run_bucket = state._run_bucket
+    exchanged = []
+
+    def failing(index: int, buffer: torch.Tensor, params: Any, step: int, is_last: bool) -> torch.Tensor:
+        if is_last:
+            raise RuntimeError("injected failure of the last bucket's exchange")
+        exchanged.append(index)
+        return run_bucket(index, buffer, params, step, is_last)
+
+    state._run_bucket = failing
+    x, y = batch(rank, 3)
+    opt.zero_grad(set_to_none=True)
+    try:
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        raise AssertionError("the step did not fail")
+    except RuntimeError as e:
+        if "injected failure" not in str(e):
+            raise
+    if not exchanged:
+        raise AssertionError("no bucket went through before the failure: nothing was tested")
+    after = state.state_dict()
+    if not _same_state(before, after):
+        raise AssertionError("the failed step changed the hook's state")
+    state.close()
+
+    # The caller checkpoints and retries: the retried step is the unfaulted one.
+    model, opt, state = fresh()
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    state.load_state_dict(saved["gradcomp"])
+    _train(rank, world, 1, cap, state, model, opt, first_step=3)
+    state.close()
+    for a, b in zip(unfaulted, model.parameters()):
+        if not torch.equal(a, b.detach()):
+            raise AssertionError(f"the retried step differs by {(a - b).abs().max().item()}")
+    return len(exchanged)
+
+
+class FailedStepTest(unittest.TestCase):
+    def test_a_failed_step_changes_nothing_and_its_retry_is_the_unfaulted_step(self) -> None:
+        for overlap in (False, True):
+            out = spawn(_failed_step_worker, 2, overlap)
+            self.assertGreater(out[0], 0)
 
 
 class CheckpointTest(unittest.TestCase):

@@ -87,6 +87,10 @@ struct bucket_stats {
 
 // ---- the compressing half ---------------------------------------------------------------
 
+// Each bucket's feedback state is kept twice: the committed state, and the state a step in
+// flight makes from it (compress() writes it, restore() adds to it). commit() keeps the new
+// states of every bucket compressed since the last commit or discard; discard() forgets them.
+// A step that fails anywhere therefore leaves every bucket's state as it was.
 class compress_half {
  public:
   virtual ~compress_half() = default;
@@ -94,6 +98,10 @@ class compress_half {
                                   const compress_context& ctx, payload& out) = 0;
   virtual void restore(std::int64_t bucket, std::span<const std::uint32_t> idx,
                        std::span<const float> values) = 0;
+  virtual void commit() = 0;
+  virtual void discard() = 0;
+  // Whether a bucket's new state waits for commit() or discard().
+  [[nodiscard]] virtual bool pending() const = 0;
   // The bucket's feedback buffers (residual: e; dgc: u, v), or none before its first step.
   virtual std::vector<std::span<float>> buffers(std::int64_t bucket) = 0;
   // Makes (zeroed) state for a bucket of n elements, replacing what was there.
@@ -117,19 +125,39 @@ class compress_impl final : public compress_half {
   compress_stats compress(std::int64_t bucket, std::span<const float> g,
                           const compress_context& ctx, payload& out) override {
     auto it = states_.find(bucket);
-    if (it == states_.end()) it = states_.emplace(bucket, entry{c_.make_state(g.size()), g.size()}).first;
-    if (it->second.n != g.size()) {
+    if (it == states_.end()) it = states_.emplace(bucket, make_entry(g.size())).first;
+    entry& e = it->second;
+    if (e.n != g.size()) {
       detail::throw_invalid_argument(
           "bucket_engine", "bucket size", g.size(),
-          detail::concat("the size bucket ", bucket, " had before (", it->second.n,
+          detail::concat("the size bucket ", bucket, " had before (", e.n,
                          "); its feedback state is kept per bucket id"));
     }
-    return c_.compress(g, it->second.st, ctx, out);
+    e.pending = false;  // a second compression of the bucket replaces the first
+    const compress_stats cs = c_.compress(g, std::as_const(e.st), e.staged, ctx, out);
+    e.pending = true;
+    return cs;
   }
 
   void restore(std::int64_t bucket, std::span<const std::uint32_t> idx,
                std::span<const float> values) override {
-    if constexpr (can_restore) c_.feedback().restore(states_.at(bucket).st, idx, values);
+    if constexpr (can_restore) c_.feedback().restore(states_.at(bucket).staged, idx, values);
+  }
+
+  void commit() override {
+    for (auto& [bucket, e] : states_) {
+      if (e.pending) std::swap(e.st, e.staged);
+      e.pending = false;
+    }
+  }
+  void discard() override {
+    for (auto& [bucket, e] : states_) e.pending = false;
+  }
+  [[nodiscard]] bool pending() const override {
+    for (const auto& [bucket, e] : states_) {
+      if (e.pending) return true;
+    }
+    return false;
   }
 
   std::vector<std::span<float>> buffers(std::int64_t bucket) override {
@@ -139,7 +167,7 @@ class compress_impl final : public compress_half {
   }
 
   std::vector<std::span<float>> reset(std::int64_t bucket, std::size_t n) override {
-    states_.insert_or_assign(bucket, entry{c_.make_state(n), n});
+    states_.insert_or_assign(bucket, make_entry(n));
     return states_.at(bucket).st.buffers();
   }
 
@@ -158,9 +186,13 @@ class compress_impl final : public compress_half {
   static constexpr bool can_restore = restores_picks<F, float>;
 
   struct entry {
-    typename C::state_type st;
+    typename C::state_type st;      // committed
+    typename C::state_type staged;  // what the step in flight makes of it
     std::size_t n = 0;  // the bucket's size (a feedback without buffers has no other record)
+    bool pending = false;
   };
+
+  entry make_entry(std::size_t n) const { return entry{c_.make_state(n), c_.make_state(n), n, false}; }
 
   C c_;
   std::map<std::int64_t, entry> states_;
@@ -337,23 +369,29 @@ class bucket_engine {
         exchange_(make_exchange_half<Comm>(config_, compress_->summable())) {}
 
   // Compresses g (one bucket's gradients) with the bucket's feedback state, exchanges, and
-  // writes the mean over ranks of what every rank sent over g.
+  // writes the mean over ranks of what every rank sent over g. The bucket's new feedback state
+  // waits for commit(), which the caller makes once every bucket of the step has succeeded;
+  // discard() (or a run() for another step) forgets the new states, so that a step that fails
+  // anywhere leaves all feedback state as it was. A failed exchange also leaves g as it was.
   bucket_stats run(std::int64_t bucket, std::span<float> g, std::uint64_t step, double density) {
     if (bucket < 0 || bucket > std::int64_t{0xffffffff}) {
       detail::throw_invalid_argument("bucket_engine::run", "bucket", bucket, "0 <= bucket < 2^32");
     }
+    if (compress_->pending() && step != pending_step_) compress_->discard();
+    pending_step_ = step;
     const compress_context ctx{density, call_id{config_.seed, step, static_cast<std::uint32_t>(bucket),
                                                 static_cast<std::uint32_t>(comm_->rank())}};
     const compress_stats cs = compress_->compress(bucket, g, ctx, payload_);
+    // The exchange writes the mean over g only once it has succeeded: into a buffer first.
+    mean_.resize(g.size());
     exchange_stats xs;
     try {
-      xs = exchange_->exchange(*comm_, payload_, g, unused_);
+      xs = exchange_->exchange(*comm_, payload_, std::span<float>(mean_), unused_);
     } catch (...) {
-      // The feedback already took out what was sent: give it back, so that a failed exchange
-      // (a peer gone, a timeout, a rejected payload) loses nothing.
-      give_back_sent(bucket);
+      compress_->discard();
       throw;
     }
+    std::copy(mean_.begin(), mean_.end(), g.begin());
     if (!unused_.indices.empty()) compress_->restore(bucket, unused_.indices, unused_.values);
     bucket_stats st;
     st.bucket = bucket;
@@ -376,29 +414,20 @@ class bucket_engine {
   [[nodiscard]] const engine_config& config() const noexcept { return config_; }
   [[nodiscard]] Comm& comm() noexcept { return *comm_; }
 
- private:
-  void give_back_sent(std::int64_t bucket) noexcept {
-    try {
-      if (!compress_->restores()) return;
-      std::vector<float> values;
-      compress_->decode(payload_, values);
-      if (payload_.layout == index_layout::dense) {
-        std::vector<std::uint32_t> all(payload_.count);
-        for (std::uint32_t i = 0; i < payload_.count; ++i) all[i] = i;
-        compress_->restore(bucket, all, values);
-      } else {
-        compress_->restore(bucket, payload_.indices, values);
-      }
-    } catch (...) {  // the exchange's error is the one to report
-    }
-  }
+  // Keeps the new feedback state of every bucket run since the last commit or discard.
+  void commit() { compress_->commit(); }
+  // Forgets them: every bucket's state is what the last commit left.
+  void discard() { compress_->discard(); }
 
+ private:
   Comm* comm_;
   engine_config config_;
   std::unique_ptr<compress_half> compress_;
   std::unique_ptr<exchange_half<Comm>> exchange_;
   payload payload_;
   unused_picks unused_;
+  std::vector<float> mean_;
+  std::uint64_t pending_step_ = 0;
 };
 
 }  // namespace gradcomp::runtime
