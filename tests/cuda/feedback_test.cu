@@ -69,15 +69,23 @@ TEST_CASE_TEMPLATE("device residual accumulate/update/restore equal the host's",
     }
     auto di = upload(idx);
     auto dd = upload(dec);
+    // update and restore check the indices on the device: a little scratch for that.
+    gradcomp::temp_storage stmp;
     gradcomp::on_device(fb).update(
-        tmp, gradcomp::device_span<T>{de.data(), n},
+        stmp, gradcomp::device_span<T>{de.data(), n},
+        gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
+        gradcomp::device_span<const float>{dd.data(), dec.size()});
+    gradcomp::device_buffer<char> scratch(stmp.bytes);
+    stmp.ptr = scratch.data();
+    gradcomp::on_device(fb).update(
+        stmp, gradcomp::device_span<T>{de.data(), n},
         gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
         gradcomp::device_span<const float>{dd.data(), dec.size()});
     fb.update(st, std::span<const std::uint32_t>(idx), std::span<const float>(dec));
     check_cuda(cudaDeviceSynchronize());
     CHECK(bitwise_equal(download(de.data(), n), st.e));
     gradcomp::on_device(fb).restore(
-        tmp, gradcomp::device_span<T>{de.data(), n},
+        stmp, gradcomp::device_span<T>{de.data(), n},
         gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
         gradcomp::device_span<const float>{dd.data(), dec.size()});
     fb.restore(st, std::span<const std::uint32_t>(idx), std::span<const float>(dec));
@@ -91,7 +99,7 @@ TEST_CASE_TEMPLATE("device residual accumulate/update/restore equal the host's",
                                              gradcomp::device_span<const T>{dg.data(), n - 1}),
           gradcomp::invalid_argument);
       CHECK_THROWS_AS(gradcomp::on_device(fb).update(
-                          tmp, gradcomp::device_span<T>{de.data(), n},
+                          stmp, gradcomp::device_span<T>{de.data(), n},
                           gradcomp::device_span<const std::uint32_t>{di.data(), idx.size()},
                           gradcomp::device_span<const float>{dd.data(), dec.size() - 1}),
                       gradcomp::invalid_argument);
@@ -133,8 +141,13 @@ void check_fused_step(Sel sel, std::size_t n, std::size_t k, dist d) {
     const gradcomp::device_span<std::uint32_t> idx{di.data(), n};
     gradcomp::on_device(sel).select_accumulate(tmp, e, gs, gradcomp::select_context{k, 0.0, {}},
                                                idx, dst.data());
-    scratch.resize(tmp.bytes);
+    gradcomp::temp_storage gtmp;  // one scratch buffer for both calls: the larger of the two
+    gradcomp::on_device(fb).gather_and_clear(
+        gtmp, e, gradcomp::device_span<const std::uint32_t>{di.data(), n}, dst.data(),
+        gradcomp::device_span<T>{dv.data(), n});
+    scratch.resize(std::max(tmp.bytes, gtmp.bytes));
     tmp.ptr = scratch.data();
+    tmp.bytes = scratch.size();
     gradcomp::on_device(sel).select_accumulate(tmp, e, gs, gradcomp::select_context{k, 0.0, {}},
                                                idx, dst.data());
     gradcomp::on_device(fb).gather_and_clear(
@@ -168,4 +181,80 @@ TEST_CASE("device fused feedback step equals the host's") {
       check_fused_step<float>(gradcomp::gaussiank{}, n, k, dist::normal);
     }
   }
+}
+
+TEST_CASE_TEMPLATE("device residual feedback keeps the host's promises on bad and repeated indices",
+                   T, float, double) {
+  const gradcomp::residual fb;
+  const std::size_t n = 1000;
+  std::vector<T> e0(n);
+  for (std::size_t i = 0; i < n; ++i) e0[i] = static_cast<T>(i % 13) - T(6);
+  auto de = upload(e0);
+  const gradcomp::device_span<T> e{de.data(), n};
+  gradcomp::temp_storage tmp;
+  gradcomp::device_buffer<char> scratch;
+  auto sized = [&](auto&& call) {  // size query, scratch, then the call
+    tmp = {};
+    call();
+    scratch.resize(std::max<std::size_t>(tmp.bytes, 1));
+    tmp.ptr = scratch.data();
+    call();
+  };
+
+  // An index out of range: refused before anything is written (check), or skipped (trusted).
+  const std::vector<std::uint32_t> bad = {3, 7, static_cast<std::uint32_t>(n), 9};
+  const std::vector<float> ones(bad.size(), 1.0f);
+  auto dbad = upload(bad);
+  auto dones = upload(ones);
+  const gradcomp::device_span<const std::uint32_t> bi{dbad.data(), bad.size()};
+  const gradcomp::device_span<const float> bv{dones.data(), ones.size()};
+  CHECK_THROWS_AS(sized([&] { gradcomp::on_device(fb).update(tmp, e, bi, bv); }),
+                  gradcomp::invalid_argument);
+  check_cuda(cudaDeviceSynchronize());
+  CHECK(bitwise_equal(download(de.data(), n), e0));
+  sized([&] { gradcomp::on_device(fb).restore(tmp, e, bi, bv, nullptr, gradcomp::device_validation::trusted); });
+  check_cuda(cudaDeviceSynchronize());
+  std::vector<T> want = e0;
+  for (const std::uint32_t i : {3u, 7u, 9u}) want[i] += T(1);  // the one out of range: skipped
+  CHECK(bitwise_equal(download(de.data(), n), want));
+
+  // A repeated index is added once per entry, as the host's sequential loop does.
+  const std::vector<std::uint32_t> twice = {5, 5, 5, 11};
+  const std::vector<float> quarter(twice.size(), 0.25f);
+  auto dtw = upload(twice);
+  auto dq = upload(quarter);
+  sized([&] {
+    gradcomp::on_device(fb).restore(tmp, e, gradcomp::device_span<const std::uint32_t>{dtw.data(), twice.size()},
+                                    gradcomp::device_span<const float>{dq.data(), quarter.size()});
+  });
+  check_cuda(cudaDeviceSynchronize());
+  want[5] += T(0.75);
+  want[11] += T(0.25);
+  CHECK(bitwise_equal(download(de.data(), n), want));
+
+  // gather_and_clear: a selection that repeats an index is refused (check); trusted, the value
+  // goes to one of its entries and 0 to the others, so the sum is kept and nothing is doubled.
+  gradcomp::selection_stats st{twice.size(), 0.0, 0, false};
+  auto dst = upload(std::vector<gradcomp::selection_stats>{st});
+  gradcomp::device_buffer<T> values(twice.size());
+  const gradcomp::device_span<const std::uint32_t> ti{dtw.data(), twice.size()};
+  CHECK_THROWS_AS(sized([&] {
+                    gradcomp::on_device(fb).gather_and_clear(tmp, e, ti, dst.data(),
+                                                             gradcomp::device_span<T>{values.data(), twice.size()});
+                  }),
+                  gradcomp::invalid_argument);
+  check_cuda(cudaDeviceSynchronize());
+  CHECK(bitwise_equal(download(de.data(), n), want));
+  sized([&] {
+    gradcomp::on_device(fb).gather_and_clear(tmp, e, ti, dst.data(),
+                                             gradcomp::device_span<T>{values.data(), twice.size()},
+                                             nullptr, gradcomp::device_validation::trusted);
+  });
+  check_cuda(cudaDeviceSynchronize());
+  const auto got = download(values.data(), twice.size());
+  CHECK(got[0] + got[1] + got[2] == want[5]);
+  CHECK(got[3] == want[11]);
+  want[5] = T(0);
+  want[11] = T(0);
+  CHECK(bitwise_equal(download(de.data(), n), want));
 }

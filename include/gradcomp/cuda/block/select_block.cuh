@@ -21,25 +21,28 @@ __device__ __forceinline__ unsigned lanemask_lt() { return (1u << (threadIdx.x &
 
 // hist[digit] += 1 for the lanes with `valid`, one shared atomic per distinct digit of the warp:
 // keys near the k-th share their top digits (and ties, zeros share all), so per-lane atomics
-// would serialise on one counter. Call it from all 32 lanes of the warp.
-__device__ __forceinline__ void warp_hist_add(unsigned* hist, unsigned digit, bool valid) {
+// would serialise on one counter. Call it from all 32 lanes of the warp. Count is unsigned or
+// unsigned long long (a list that may hold 2^32 items).
+template <class Count>
+__device__ __forceinline__ void warp_hist_add(Count* hist, unsigned digit, bool valid) {
   const unsigned active = __ballot_sync(full_warp, valid);
   if (!valid) return;
   const unsigned peers = __match_any_sync(active, digit);
   if ((threadIdx.x & 31u) == static_cast<unsigned>(__ffs(peers) - 1)) {
-    atomicAdd(&hist[digit], static_cast<unsigned>(__popc(peers)));
+    atomicAdd(&hist[digit], static_cast<Count>(__popc(peers)));
   }
 }
 
 // A position in an output list for each lane with `take`, one shared atomic per warp; returns
-// the lane's position (valid where take). Call it from all 32 lanes of the warp.
-__device__ __forceinline__ unsigned warp_append(unsigned* counter, bool take) {
+// the lane's position (valid where take). Call it from all 32 lanes of the warp. Count as for
+// warp_hist_add: 64 bits for a list whose length may reach 2^32.
+template <class Count>
+__device__ __forceinline__ Count warp_append(Count* counter, bool take) {
   const unsigned ballot = __ballot_sync(full_warp, take);
-  unsigned base = 0;
-  if ((threadIdx.x & 31u) == 0 && ballot != 0)
-    base = atomicAdd(counter, static_cast<unsigned>(__popc(ballot)));
+  Count base = 0;
+  if ((threadIdx.x & 31u) == 0 && ballot != 0) base = atomicAdd(counter, static_cast<Count>(__popc(ballot)));
   base = __shfl_sync(full_warp, base, 0);
-  return base + static_cast<unsigned>(__popc(ballot & lanemask_lt()));
+  return base + static_cast<Count>(__popc(ballot & lanemask_lt()));
 }
 
 // Positions of the flagged elements of a tile of Items rows of Threads elements (row r, thread
@@ -109,19 +112,21 @@ struct tile_compaction {
 // threads. item(i) for i < count returns true and sets the key when item i takes part. Result:
 // kth, the number of items above it, the rank of the k-th within the items equal to kth
 // (= how many of those equal items the top `rank` take) and how many items equal kth. Counts
-// fit 32 bits (the lists are samples and candidate lists, far below 2^32). The items are read
-// in batches of Batch per thread, loads first, so that one thread's loads overlap.
+// are 64-bit: a candidate list may hold every one of 2^32 elements (a constant gradient puts
+// all of them in the bracket). The items are read in batches of Batch per thread, loads
+// first, so that one thread's loads overlap.
 template <int Threads, unsigned Buckets, int Batch = 8>
 struct block_radix_select {
   static_assert(Buckets % Threads == 0);
   static constexpr unsigned per_thread = Buckets / Threads;
-  using scan_t = cub::BlockScan<unsigned, Threads>;
+  using count_t = unsigned long long;
+  using scan_t = cub::BlockScan<count_t, Threads>;
 
   struct storage {
-    unsigned hist[Buckets];
+    count_t hist[Buckets];
     typename scan_t::TempStorage scan;
     unsigned digit;
-    unsigned equal;
+    count_t equal;
     unsigned long long rank;
     unsigned long long above;
   };
@@ -168,11 +173,11 @@ struct block_radix_select {
       __syncthreads();
       // Thread t owns the buckets [Buckets - (t + 1) per, Buckets - t per): thread 0 the top.
       const unsigned hi_bucket = Buckets - threadIdx.x * per_thread;  // one past its top
-      unsigned sum = 0;
+      count_t sum = 0;
       for (unsigned j = 0; j < per_thread; ++j) sum += sm.hist[hi_bucket - 1 - j];
-      unsigned before = 0;
+      count_t before = 0;
       scan_t(sm.scan).ExclusiveSum(sum, before);
-      if (before < rank && rank <= static_cast<unsigned long long>(before) + sum) {
+      if (before < rank && rank <= before + sum) {
         unsigned long long r = rank - before;
         unsigned long long a = above + before;
         for (unsigned j = 0; j < per_thread; ++j) {

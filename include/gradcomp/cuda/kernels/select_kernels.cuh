@@ -15,6 +15,7 @@
 
 #include <gradcomp/context.hpp>
 #include <gradcomp/cuda/block/select_block.cuh>
+#include <gradcomp/cuda/block/sparse_common.cuh>
 #include <gradcomp/detail/radix_digits.hpp>
 #include <gradcomp/detail/select/bracket.hpp>
 #include <gradcomp/detail/select/keys.hpp>
@@ -271,7 +272,7 @@ __global__ void __launch_bounds__(Threads)
   using reduce_t = cub::BlockReduce<key, Threads>;
   __shared__ typename select_t::storage sm;
   __shared__ typename reduce_t::TempStorage reduce_sm;
-  __shared__ unsigned write_pos;
+  __shared__ unsigned long long write_pos;  // up to k - sure, and k may be 2^32 - 1
   const unsigned long long ns = st->n_sure;
   const unsigned long long nc = st->n_cand;
   const unsigned long long ns_full = ns - st->n_sure_tail;
@@ -327,8 +328,8 @@ __global__ void __launch_bounds__(Threads)
         idx = cand_idx[i];
         take = kk > kth || (kk == kth && idx <= last_tie);
       }
-      const unsigned w = warp_append(&write_pos, take);
-      if (take) picks[ns + w] = idx;
+      const unsigned long long w = warp_append(&write_pos, take);
+      if (take && ns + w < k) picks[ns + w] = idx;  // never past picks[k): by construction
     }
   }
   __syncthreads();
@@ -388,15 +389,20 @@ __global__ void __launch_bounds__(Threads)
   constexpr unsigned bits = detail::abs_key_traits<T>::bits;
   __shared__ typename scan_t::TempStorage scan_sm;
   if (!gate_open(st, mode_radix)) return;
+  // Every thread reads what it needs of *st now; one thread rewrites it below, after an
+  // explicit barrier (not only the one inside the scan, which a smaller block may not have).
   const unsigned long long rank = st->rank;
+  const unsigned long long above_in = st->above;
+  const key prefix_in = st->prefix;
   const unsigned hi_bucket = Buckets - threadIdx.x * per;
   unsigned long long sum = 0;
   for (unsigned j = 0; j < per; ++j) sum += hist[hi_bucket - 1 - j];
   unsigned long long before = 0;
   scan_t(scan_sm).ExclusiveSum(sum, before);
+  __syncthreads();
   if (before < rank && rank <= before + sum) {
     unsigned long long r = rank - before;
-    unsigned long long a = st->above + before;
+    unsigned long long a = above_in + before;
     unsigned digit = hi_bucket - 1;
     for (unsigned j = 0; j < per; ++j) {
       const unsigned d = hi_bucket - 1 - j;
@@ -408,7 +414,7 @@ __global__ void __launch_bounds__(Threads)
       a += hist[d];
     }
     const key prefix =
-        static_cast<key>(st->prefix | (static_cast<key>(digit) << detail::radix_shift(bits, pass)));
+        static_cast<key>(prefix_in | (static_cast<key>(digit) << detail::radix_shift(bits, pass)));
     st->prefix = prefix;
     st->mask = detail::radix_fixed_mask<key>(bits, pass);
     st->rank = r;
@@ -709,25 +715,59 @@ __global__ void take_stats_kernel(const select_state<T>* st, double threshold,
 // Residual feedback.
 
 // e[idx[j]] += sign * decoded[j] for j < m.
+// e[idx[j]] += sign * decoded[j] for j < m: residual feedback's update (sign -1) and restore
+// (+1). Every write is guarded by idx[j] < n and is an atomic add, so an index out of range is
+// never written and repeated indices all count, validated or not; with the indices a selector
+// makes (distinct) the result is the host's bit for bit. Does nothing when the validation
+// before it found a bad index.
 template <class T>
-__global__ void scatter_add_kernel(T* e, const std::uint32_t* idx, const float* decoded,
-                                   std::size_t m, float sign) {
+__global__ void scatter_add_kernel(T* e, std::size_t n, const std::uint32_t* idx,
+                                   const float* decoded, std::size_t m, float sign,
+                                   const error_record* errors) {
+  if (any_error(errors, 1)) return;
   for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < m;
        j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    e[idx[j]] += static_cast<T>(sign * decoded[j]);
+    const std::uint32_t i = idx[j];
+    if (i < n) atomicAdd(e + i, static_cast<T>(sign * decoded[j]));
   }
 }
 
-// values[j] = e[idx[j]], then e[idx[j]] = 0, for j < min(stats->count, cap).
+// The value at *p, which becomes 0 in the same atomic step.
+__device__ __forceinline__ float take_and_clear(float* p) { return atomicExch(p, 0.0f); }
+__device__ __forceinline__ double take_and_clear(double* p) {
+  return __longlong_as_double(static_cast<long long>(
+      atomicExch(reinterpret_cast<unsigned long long*>(p), 0ull)));
+}
+
+// values[j] = e[idx[j]], then e[idx[j]] = 0, for j < min(stats->count, cap), as one atomic
+// exchange per entry: an index out of range is never read or written, and a repeated index
+// gives its value once (to one of its entries) and 0 to the others, so nothing is counted
+// twice. Does nothing when the validation before it found a bad index.
 template <class T>
-__global__ void gather_clear_kernel(T* e, const std::uint32_t* idx, const selection_stats* stats,
-                                    std::size_t cap, T* values) {
+__global__ void gather_clear_kernel(T* e, std::size_t n, const std::uint32_t* idx,
+                                    const selection_stats* stats, std::size_t cap, T* values,
+                                    const error_record* errors) {
+  if (any_error(errors, 1)) return;
   const std::size_t m = stats->count < cap ? static_cast<std::size_t>(stats->count) : cap;
   for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < m;
        j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::uint32_t i = idx[j];
-    values[j] = e[i];
-    e[i] = T(0);
+    values[j] = i < n ? take_and_clear(e + i) : T(0);
+  }
+}
+
+// errors[0] = the first position j < min(stats->count, cap) with idx[j] >= n or, past the first,
+// idx[j] <= idx[j - 1]: the selection's promise (ascending, distinct, in range), checked where
+// its length is only known on the device. (Index is std::uint32_t: a template only so that the
+// header can be part of several translation units of one program.)
+template <class Index>
+__global__ void validate_selection_kernel(const Index* idx, const selection_stats* stats,
+                                          std::size_t cap, std::size_t n, error_record* errors) {
+  const std::size_t m = stats->count < cap ? static_cast<std::size_t>(stats->count) : cap;
+  for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < m;
+       j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const Index x = idx[j];
+    if (x >= n || (j > 0 && x <= idx[j - 1])) report_error(errors, j);
   }
 }
 
