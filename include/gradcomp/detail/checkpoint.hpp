@@ -3,6 +3,7 @@
 // so that a truncated stream is refused, with the message naming the driver.
 #pragma once
 
+#include <cstdint>
 #include <istream>
 #include <ostream>
 #include <span>
@@ -40,6 +41,24 @@ template <class T>
 void get_array(std::istream& is, std::span<T> a, std::string_view driver) {
   if (!is.read(reinterpret_cast<char*>(a.data()), static_cast<std::streamsize>(a.size_bytes()))) {
     fail_load(driver, "the checkpoint is truncated");
+  }
+}
+
+// The header every driver's checkpoint starts with: magic, format version, element size.
+// `what` names the checkpoint in the bad-magic message ("gradcomp", "gradcomp
+// periodic_averaging").
+inline void check_header(std::istream& is, std::string_view driver, std::string_view what,
+                         std::uint32_t magic, std::uint32_t version, std::uint32_t element_size) {
+  if (get<std::uint32_t>(is, driver) != magic) {
+    fail_load(driver, concat("not a ", what, " checkpoint (bad magic)"));
+  }
+  if (const auto v = get<std::uint32_t>(is, driver); v != version) {
+    fail_load(driver, concat("checkpoint version ", v, " is not supported (this build reads version ",
+                             version, ")"));
+  }
+  if (const auto sz = get<std::uint32_t>(is, driver); sz != element_size) {
+    fail_load(driver, concat("checkpoint holds ", sz, "-byte values, this optimizer uses ",
+                             element_size, "-byte values"));
   }
 }
 

@@ -189,17 +189,8 @@ class periodic_averaging {
   }
 
   void load_state(std::istream& is) {
-    if (get<std::uint32_t>(is) != checkpoint_magic) {
-      fail_load("not a gradcomp periodic_averaging checkpoint (bad magic)");
-    }
-    if (const auto v = get<std::uint32_t>(is); v != checkpoint_version) {
-      fail_load(detail::concat("checkpoint version ", v, " is not supported (this build reads version ",
-                               checkpoint_version, ")"));
-    }
-    if (const auto sz = get<std::uint32_t>(is); sz != sizeof(T)) {
-      fail_load(detail::concat("checkpoint holds ", sz, "-byte values, this optimizer uses ",
-                               sizeof(T), "-byte values"));
-    }
+    detail::check_header(is, driver_name, "gradcomp periodic_averaging", checkpoint_magic,
+                         checkpoint_version, static_cast<std::uint32_t>(sizeof(T)));
     const auto step = get<std::uint64_t>(is);
     const auto round = get<std::uint64_t>(is);
     const auto last_round_step = get<std::uint64_t>(is);

@@ -91,12 +91,7 @@ struct gaussiank {
   selection_stats select_accumulate_into(std::span<T> out, std::span<const T> e,
                                          std::span<const T> g, const select_context& ctx,
                                          std::vector<std::uint32_t>& indices) {
-    for (const auto& [arg, size] : {std::pair{"e.size()", e.size()}, std::pair{"out.size()", out.size()}}) {
-      if (size != g.size()) {
-        detail::throw_invalid_argument("gaussiank::select_accumulate", arg, size,
-                                       detail::concat("g.size() (", g.size(), ")"));
-      }
-    }
+    detail::check_accumulate_sizes("gaussiank::select_accumulate", out.size(), e.size(), g.size());
     check();
     detail::check_index_range("gaussiank", g.size());
     check_k("gaussiank", ctx.k, g.size());

@@ -581,9 +581,10 @@ std::vector<double> measure_backward(torch::nn::Module& m, const std::function<a
 //     loss.backward();         // hooks hand each tensor over as its gradient completes
 //     lags.finish_step();      // waits for the exchanges in flight; parameters are updated
 //
-// Always the flat layout: the communication thread updates a tensor's parameters while the
-// backward pass goes on with earlier layers, which do not read them (a module that uses one
-// parameter in several layers must not use LAGS).
+// Always the flat layout: the communication thread reads each tensor's gradient from the flat
+// buffer while the backward pass goes on with earlier layers; finish_step() applies every
+// update once all exchanges have succeeded, so the backward pass never sees a half-updated
+// model and a failed step changes no parameter.
 template <class Compressor, class Exchange, class Comm>
 class module_lags : public module_base<typename Compressor::value_type> {
   using base = module_base<typename Compressor::value_type>;

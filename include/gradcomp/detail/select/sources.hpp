@@ -6,7 +6,10 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <string_view>
+#include <utility>
 
+#include <gradcomp/error.hpp>
 #include <gradcomp/detail/select/keys.hpp>
 #include <gradcomp/detail/select/scan.hpp>
 #include <gradcomp/detail/simd.hpp>
@@ -123,4 +126,11 @@ struct sum_source {
   }
   std::span<const T> values() const noexcept { return out; }
 };
+// The sizes a select_accumulate_into(out, e, g, ...) must agree on: e and out as long as g.
+inline void check_accumulate_sizes(std::string_view where, std::size_t out, std::size_t e, std::size_t g) {
+  for (const auto& [arg, size] : {std::pair{"e.size()", e}, std::pair{"out.size()", out}}) {
+    if (size != g) throw_invalid_argument(where, arg, size, concat("g.size() (", g, ")"));
+  }
+}
+
 }  // namespace gradcomp::detail
