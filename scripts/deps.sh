@@ -8,9 +8,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # zlib1g-dev and dataset-fashion-mnist: examples/train_fashion_mnist.cpp and tests/schedule/.
 # python3-torch, libtorch-dev, libgloo-dev (ProcessGroupGloo.hpp includes gloo) and pybind11-dev:
 # gradcomp.torch, its extension and tests (Debian's /usr/bin/python3 imports that torch).
+# iproute2 (ip, tc): scripts/cluster.sh, the emulated cluster.
 packages=(cmake g++ make doctest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
           python3-torch libtorch-dev libgloo-dev pybind11-dev
-          clang libclang-rt-14-dev zlib1g-dev dataset-fashion-mnist)
+          clang libclang-rt-14-dev zlib1g-dev dataset-fashion-mnist iproute2)
 
 missing=()
 for package in "${packages[@]}"; do

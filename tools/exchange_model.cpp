@@ -8,11 +8,17 @@
 //   exchange_model                     the planning tables only
 //   mpirun -np 4 exchange_model        the tables, then model against measurement
 //   exchange_model --quick             smaller measured tensors, fewer repeats (for tests)
+//   exchange_model [--no-tables] [--link-only] [--sizes N,N...] [--repeats R]
+//                                      the measured tensor sizes (default 1048576,4194304) and
+//                                      repeats (default 5); --no-tables skips the tables,
+//                                      --link-only the exchanges (alpha, beta, gamma only)
+//                                      (scripts/cluster.sh's measurements use all three)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -82,6 +88,13 @@ void print_tables() {
   }
 }
 
+// The measured tensor sizes and repeats (with MPI).
+struct measure_options {
+  std::vector<std::size_t> sizes = {std::size_t{1} << 20, std::size_t{1} << 22};
+  int repeats = 5;
+  bool link_only = false;  // alpha, beta and gamma only, no exchanges
+};
+
 #if defined(GRADCOMP_TOOL_WITH_MPI)
 
 // Least time of `repeats` runs of f, agreed over ranks (the slowest rank's least time).
@@ -99,7 +112,7 @@ double time_it(mpi_comm& comm, int repeats, F&& f) {
   return agreed[0];
 }
 
-void measure(mpi_comm& comm, bool quick) {
+void measure(mpi_comm& comm, const measure_options& mo) {
   const link_model link = measure_link(comm);
   const link_model network{link.alpha, link.beta, 0.0};
   const std::size_t p = static_cast<std::size_t>(comm.size());
@@ -109,6 +122,9 @@ void measure(mpi_comm& comm, bool quick) {
                 "work\n",
                 p, link.alpha * 1e6, link.beta * 1e9, link.beta > 0 ? 1e-9 / link.beta : 0.0, p - 1,
                 link.gamma * 1e9);
+  }
+  if (mo.link_only) return;
+  if (comm.rank() == 0) {
     std::printf("network: the alpha-beta model plus one header allgather (log2 P alpha + 48 (P-1) "
                 "beta); +local: plus gamma times the local work;\nmeasured: least of the repeats, "
                 "slowest rank. Milliseconds.\n");
@@ -118,9 +134,8 @@ void measure(mpi_comm& comm, bool quick) {
   const double header = p > 1 ? std::ceil(std::log2(static_cast<double>(p))) * link.alpha +
                                     48.0 * static_cast<double>(p - 1) * link.beta
                               : 0.0;
-  const std::vector<std::size_t> sizes = quick ? std::vector<std::size_t>{1u << 16}
-                                               : std::vector<std::size_t>{1u << 20, 1u << 22};
-  const int repeats = quick ? 2 : 5;
+  const std::vector<std::size_t>& sizes = mo.sizes;
+  const int repeats = mo.repeats;
   const compressor<dense, identity, no_feedback> dense_c;
   const compressor<topk, identity, residual> topk_c;
   for (std::size_t n : sizes) {
@@ -158,9 +173,12 @@ void measure(mpi_comm& comm, bool quick) {
         }
         const auto fastest = static_cast<unsigned>(std::min_element(std::begin(measured), std::end(measured)) -
                                                    std::begin(measured));
-        std::printf("%10s %8s  the model (+local) picks %s; fastest measured: %s\n", "", "",
-                    std::string(exchange_kind_name(e.best)).c_str(),
-                    std::string(exchange_kind_name(static_cast<exchange_kind>(fastest))).c_str());
+        const double pick = measured[static_cast<unsigned>(e.best)];
+        std::printf("%10s %8s  the model (+local) picks %s; fastest measured: %s; the pick measured "
+                    "%.2fx the fastest\n",
+                    "", "", std::string(exchange_kind_name(e.best)).c_str(),
+                    std::string(exchange_kind_name(static_cast<exchange_kind>(fastest))).c_str(),
+                    measured[fastest] > 0 ? pick / measured[fastest] : 1.0);
       }
     }
   }
@@ -168,31 +186,69 @@ void measure(mpi_comm& comm, bool quick) {
 
 #endif
 
+// "1048576,25600000" -> {1048576, 25600000}; throws on anything else.
+std::vector<std::size_t> parse_sizes(const std::string& list) {
+  std::vector<std::size_t> out;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, comma - at);
+    std::size_t used = 0;
+    const unsigned long long v = item.empty() ? 0 : std::stoull(item, &used);
+    if (item.empty() || used != item.size() || v == 0 || v > 0xffffffffull) {
+      throw std::invalid_argument("--sizes: '" + item + "' is not a size in [1, 2^32 - 1]");
+    }
+    out.push_back(static_cast<std::size_t>(v));
+    at = comma + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else {
-      std::fprintf(stderr, "usage: [mpirun -np P] exchange_model [--quick]\n");
-      return 2;
+  bool tables = true;
+  [[maybe_unused]] measure_options mo;
+  const char* usage =
+      "usage: [mpirun -np P] exchange_model [--quick] [--no-tables] [--link-only] [--sizes N,N...] "
+      "[--repeats R]\n";
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--quick") {
+        mo.sizes = {std::size_t{1} << 16};
+        mo.repeats = 2;
+      } else if (a == "--no-tables") {
+        tables = false;
+      } else if (a == "--link-only") {
+        mo.link_only = true;
+      } else if (a == "--sizes" && i + 1 < argc) {
+        mo.sizes = parse_sizes(argv[++i]);
+      } else if (a == "--repeats" && i + 1 < argc) {
+        const int r = std::stoi(argv[++i]);
+        if (r < 1 || r > 1000) throw std::invalid_argument("--repeats: must be in [1, 1000]");
+        mo.repeats = r;
+      } else {
+        std::fprintf(stderr, "%s", usage);
+        return 2;
+      }
     }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "exchange_model: %s\n%s", e.what(), usage);
+    return 2;
   }
 #if defined(GRADCOMP_TOOL_WITH_MPI)
   mpi_environment env(argc, argv);
   mpi_comm comm;
-  if (comm.rank() == 0) print_tables();
+  if (comm.rank() == 0 && tables) print_tables();
   if (comm.size() > 1) {
-    measure(comm, quick);
+    measure(comm, mo);
   } else {
     std::printf("\nRun under mpirun -np 2 (up to 4 on this machine) to compare the model with "
                 "measured MPI timings.\n");
   }
 #else
-  (void)quick;
-  print_tables();
+  if (tables) print_tables();
   std::printf("\nBuilt without MPI: no measurements.\n");
 #endif
   return 0;

@@ -40,6 +40,7 @@ struct train_options {
   double link_latency_us = 0.0;
   std::size_t train_limit = 0;   // use only the first N training / test images (0: all)
   std::size_t test_limit = 0;
+  unsigned evals_per_epoch = 1;  // test accuracy this many times per epoch ("eval" lines)
   std::string data_dir = default_dir();
 };
 
@@ -73,6 +74,8 @@ struct extra_flags {
                "  --epochs E (3)  --workers N (4)  --batch B per worker (32)\n"
                "  --lr (0.05)  --momentum (0.9)  --seed S (1)\n"
                "  --train-limit N --test-limit N   use the first N images only\n"
+               "  --evals-per-epoch E   also print the test accuracy E times per epoch, against\n"
+               "                   the training time without the evaluations (1: epoch lines only)\n"
                "  --data DIR       (%s)\n"
                "%s",
                why ? why : "", why ? "\n" : "", program, default_dir().c_str(), extra.usage.c_str());
@@ -109,6 +112,7 @@ inline train_options parse(int argc, char** argv, const char* program, const ext
       else if (a == "--link-latency-us") o.link_latency_us = std::stod(v);
       else if (a == "--train-limit") o.train_limit = std::stoul(v);
       else if (a == "--test-limit") o.test_limit = std::stoul(v);
+      else if (a == "--evals-per-epoch") o.evals_per_epoch = static_cast<unsigned>(std::stoul(v));
       else if (a == "--data") o.data_dir = v;
       else if (!extra.handle || !extra.handle(a, v)) usage(program, extra, ("unknown option " + a).c_str());
     } catch (const std::logic_error&) {
@@ -118,6 +122,9 @@ inline train_options parse(int argc, char** argv, const char* program, const ext
   if (!(o.density > 0.0 && o.density <= 1.0)) usage(program, extra, "--density must be in (0, 1]");
   if (o.epochs < 1 || o.workers < 1 || o.batch < 1 || o.period < 1 || o.subsets < 1) {
     usage(program, extra, "--epochs, --workers, --batch, --period and --subsets must be >= 1");
+  }
+  if (o.evals_per_epoch < 1 || o.evals_per_epoch > 1000) {
+    usage(program, extra, "--evals-per-epoch must be in [1, 1000]");
   }
   if (!(o.warmup_epochs >= 0.0)) usage(program, extra, "--warmup must be >= 0");
   if (o.tensors != "model" && o.tensors != "layer") usage(program, extra, "--tensors must be model or layer");

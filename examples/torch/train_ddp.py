@@ -15,6 +15,10 @@ communication hooks or gradcomp's, from one command line so that the comparison 
                               gradcomp:dense,quantizer=qsgd,bits=4,feedback=none
                               (keys: any GradcompState keyword)
 
+Started with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment (one process per
+rank, e.g. `scripts/cluster.sh spawn /usr/bin/python3 examples/torch/train_ddp.py ...` on the
+emulated cluster), it runs that one rank instead of spawning --workers processes.
+
 One line per epoch on rank 0, then one JSON line with test_accuracy, bytes_sent_per_worker
 (gradcomp's own statistics; for PyTorch's hooks the bytes of the tensors their collectives
 were given, the same convention), dense_bytes_per_worker (4 bytes per parameter per step),
@@ -236,11 +240,12 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int, worl
     return float(correct[0] / correct[1])
 
 
-def worker(rank: int, args: argparse.Namespace, store_path: str, out_path: str) -> None:
+def worker(rank: int, args: argparse.Namespace, store_path: Optional[str], out_path: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=args.workers
-    )
+    # store_path None: started once per host (scripts/cluster.sh spawn), rendezvous through
+    # MASTER_ADDR and MASTER_PORT.
+    init_method = "env://" if store_path is None else f"file://{store_path}"
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=args.workers)
     _install_byte_counter()
     world = args.workers
     torch.manual_seed(args.seed)  # the same initial model on every rank
@@ -353,9 +358,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     # Refuse a bad --hook before starting workers.
     if not (args.hook in ("allreduce", "fp16") or args.hook.startswith(("powersgd:", "gradcomp:"))):
         p.error(f"unknown --hook {args.hook!r}")
+    launched = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
     with tempfile.TemporaryDirectory(prefix="gradcomp_ddp_") as tmp:
         out = os.path.join(tmp, "result.json")
-        mp.spawn(worker, args=(args, os.path.join(tmp, "store"), out), nprocs=args.workers)
+        if launched:
+            # One rank in this process, as a launcher started it (scripts/cluster.sh spawn runs
+            # one per emulated host): --workers is the launcher's WORLD_SIZE.
+            args.workers = int(os.environ["WORLD_SIZE"])
+            rank = int(os.environ["RANK"])
+            worker(rank, args, None, out)
+            if rank != 0:
+                return 0
+        else:
+            mp.spawn(worker, args=(args, os.path.join(tmp, "store"), out), nprocs=args.workers)
         with open(out) as f:
             accuracy = json.load(f)["test_accuracy"]
     if accuracy < args.min_accuracy:

@@ -61,6 +61,42 @@ TEST_CASE("lags_densities follows rho_l = (t_comp_l - log2(P) alpha) / (2 (P-1) 
   CHECK_THROWS_AS(lags_densities(sizes, backward, link_model{-1.0, 0.0}, 4, 0.01), invalid_argument);
 }
 
+TEST_CASE("lags_planned_overlap: the share of the modelled exchanges that ends before the backward pass") {
+  const link_model link{1e-4, 1e-9};
+  const auto cost = [&](std::size_t n, double rho, int p) {
+    return std::log2(static_cast<double>(p)) * link.alpha +
+           2.0 * (p - 1) * link.beta * 4.0 * static_cast<double>(n) * rho;
+  };
+  // The plan lags_densities makes hides every layer but the first: the overlap is the share
+  // of the other layers' exchanges.
+  const std::vector<std::size_t> sizes = {1000000, 10000, 100};
+  const std::vector<double> backward = {4e-3, 2e-3, 1e-3};
+  const auto rho = lags_densities(sizes, backward, link, 4, 0.001);
+  const double c0 = cost(sizes[0], rho[0], 4), c1 = cost(sizes[1], rho[1], 4), c2 = cost(sizes[2], rho[2], 4);
+  CHECK(lags_planned_overlap(sizes, backward, link, 4, rho) == doctest::Approx((c1 + c2) / (c0 + c1 + c2)));
+
+  // By hand, P = 2, no latency, rho 1: an exchange of n elements takes 8 n ns.
+  const link_model beta_only{0.0, 1e-9};
+  const std::vector<std::size_t> two = {1000, 1000};
+  const std::vector<double> b2 = {1e-3, 1e-3};
+  const double per_layer = 2.0 * 1.0 * 1e-9 * 4000.0;  // 8 us
+  const std::vector<double> d2 = {1.0, 1.0};
+  // Both 8 us exchanges fit: layer 1 (ready at 1 ms) is hidden, layer 0 (ready at 2 ms, the
+  // end of the backward pass) not.
+  CHECK(lags_planned_overlap(two, b2, beta_only, 2, d2) == doctest::Approx(0.5));
+  // Layer 1 375 times larger: its exchange runs from 1 ms to 4 ms, 1 ms of it before the end
+  // of the backward pass; layer 0 queues behind it, from 4 ms: not hidden.
+  const std::vector<std::size_t> big = {1000, 375000};
+  const double c_big = 375.0 * per_layer;
+  CHECK(lags_planned_overlap(big, b2, beta_only, 2, d2) == doctest::Approx(1e-3 / (c_big + per_layer)));
+  // Nothing computed while exchanging: nothing hidden; one rank: nothing exchanged.
+  CHECK(lags_planned_overlap(two, std::vector<double>{0.0, 0.0}, link, 2, d2) == 0.0);
+  CHECK(lags_planned_overlap(two, b2, link, 1, d2) == 0.0);
+  CHECK_THROWS_AS(lags_planned_overlap(two, std::vector<double>{1.0}, link, 2, d2), invalid_argument);
+  CHECK_THROWS_AS(lags_planned_overlap(two, b2, link, 2, std::vector<double>{1.0}), invalid_argument);
+  CHECK_THROWS_AS(lags_planned_overlap(two, b2, link, 0, d2), invalid_argument);
+}
+
 TEST_CASE("layerwise_sgd gives bit for bit what sparsified_sgd gives with the same densities") {
   const std::vector<tensor_spec> specs = {{0, 300}, {1, 50}, {2, 7}};
   const std::vector<double> densities = {0.05, 0.2, 1.0};

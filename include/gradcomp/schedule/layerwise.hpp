@@ -69,6 +69,38 @@ inline std::vector<double> lags_densities(std::span<const std::size_t> sizes,
   return rho;
 }
 
+// The overlap a plan predicts, in layerwise_stats::overlap's terms: the share of the
+// communication that runs before the backward pass ends. The backward pass produces layer l's
+// gradient when the layers after it are done (layers in forward order, the pass from the last
+// to the first); one communication thread exchanges the layers in that order, each as soon as
+// it is ready and the thread is free, taking log2(P) alpha + 2 (P-1) beta 4 n_l rho_l (the
+// model lags_densities() plans with; compression time is not modelled). 0 when nothing is
+// communicated.
+inline double lags_planned_overlap(std::span<const std::size_t> sizes,
+                                   std::span<const double> backward_seconds, const link_model& link,
+                                   int ranks, std::span<const double> densities) {
+  if (backward_seconds.size() != sizes.size() || densities.size() != sizes.size()) {
+    detail::throw_invalid_argument("lags_planned_overlap", "backward_seconds.size(), densities.size()",
+                                   detail::concat(backward_seconds.size(), ", ", densities.size()),
+                                   detail::concat("sizes.size() (", sizes.size(), ")"));
+  }
+  if (ranks < 1) detail::throw_invalid_argument("lags_planned_overlap", "ranks", ranks, ">= 1");
+  if (ranks == 1) return 0.0;
+  const double p = static_cast<double>(ranks);
+  double ready = 0.0, backward_end = 0.0, thread_free = 0.0, busy = 0.0, hidden = 0.0;
+  for (const double b : backward_seconds) backward_end += b;
+  for (std::size_t j = sizes.size(); j-- > 0;) {
+    ready += backward_seconds[j];
+    const double c = std::log2(p) * link.alpha +
+                     2.0 * (p - 1.0) * link.beta * 4.0 * static_cast<double>(sizes[j]) * densities[j];
+    const double begin = std::max(ready, thread_free);
+    thread_free = begin + c;
+    busy += c;
+    hidden += std::clamp(std::min(thread_free, backward_end) - begin, 0.0, c);
+  }
+  return busy > 0.0 ? hidden / busy : 0.0;
+}
+
 // When one tensor's work ran on the communication thread, in seconds since begin_step().
 struct layer_timing {
   std::uint32_t id = 0;

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Tables from the emulated cluster's logs (scripts/cluster_measure.sh), as Markdown.
+
+    python3 examples/cluster/summarize.py [--dir docs/results/cluster] [--target 0.85]
+
+calibration: alpha and beta measured at each configured rate; exchanges: the cost model
+(+local) against the measurement for every exchange, P, n and density, and whether the
+model's pick was the fastest (or within 10% of it); time to accuracy: for each method the
+training seconds, steps and bytes per worker until the test accuracy first reached the
+target, and the speedup over dense. Any python3 runs it (no torch needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+from typing import Dict, List, Optional, Tuple
+
+RATE_BITS = {"100mbit": 1e8, "1gbit": 1e9, "10gbit": 1e10}
+
+
+def calibration(d: str) -> List[str]:
+    rows = ["| configured rate | alpha (us) | beta (ns/byte) | measured rate (Mbit/s) | measured / configured |",
+            "|---|---|---|---|---|"]
+    pat = re.compile(r"alpha = ([0-9.e+-]+) us, beta = ([0-9.e+-]+) ns/byte")
+    for rate in ("100mbit", "1gbit", "10gbit"):
+        path = os.path.join(d, f"calibrate_{rate}.txt")
+        if not os.path.exists(path):
+            continue
+        m = pat.search(open(path).read())
+        if not m:
+            raise SystemExit(f"summarize.py: no alpha/beta line in {path}")
+        alpha, beta = float(m.group(1)), float(m.group(2))
+        mbit = 8e3 / beta if beta > 0 else float("inf")  # bytes/ns -> Mbit/s
+        rows.append(f"| {rate} | {alpha:.3g} | {beta:.4g} | {mbit:.4g} | {mbit * 1e6 / RATE_BITS[rate]:.2f} |")
+    return rows
+
+
+def exchanges(d: str) -> Tuple[List[str], List[str], float, int, int]:
+    """The model-against-measurement rows, the pick rows, the worst ratio, picks good, picks."""
+    row = re.compile(r"^\s*(\d+)\s+([0-9.e-]+)\s+(\S+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$")
+    pick = re.compile(r"picks (\S+); fastest measured: (\S+); the pick measured ([0-9.]+)x the fastest")
+    table = ["| link | P | n | density | exchange | model (ms) | measured (ms) | measured / model |",
+             "|---|---|---|---|---|---|---|---|"]
+    picks = ["| link | P | n | density | model picks | fastest measured | pick / fastest |",
+             "|---|---|---|---|---|---|---|"]
+    worst, good, total = 1.0, 0, 0
+    for rate in ("100mbit", "1gbit"):
+        for p in (2, 4):
+            path = os.path.join(d, f"exchanges_{rate}_p{p}.txt")
+            if not os.path.exists(path):
+                continue
+            last: Optional[Tuple[str, str]] = None
+            for line in open(path):
+                m = row.match(line)
+                if m:
+                    n, rho, name, _net, model, measured, _ratio = m.groups()
+                    r = float(measured) / float(model) if float(model) > 0 else float("inf")
+                    worst = max(worst, r, 1.0 / r if r > 0 else float("inf"))
+                    table.append(f"| {rate} | {p} | {n} | {rho} | {name} | {float(model):.3f} | "
+                                 f"{float(measured):.3f} | {r:.2f} |")
+                    last = (n, rho)
+                    continue
+                m = pick.search(line)
+                if m and last:
+                    ratio = float(m.group(3))
+                    total += 1
+                    good += ratio <= 1.10
+                    picks.append(f"| {rate} | {p} | {last[0]} | {last[1]} | {m.group(1)} | {m.group(2)} | "
+                                 f"{ratio:.2f} |")
+    return table, picks, worst, good, total
+
+
+def tta(d: str, target: float) -> List[str]:
+    evals = re.compile(r"^eval step (\d+)\s+train_seconds ([0-9.]+)\s+test_acc ([0-9.]+)\s+bytes_sent ([0-9.]+)")
+    results: List[Tuple[str, Optional[Tuple[int, float, float]], float, Dict]] = []
+    for path in sorted(glob.glob(os.path.join(d, "tta_*.txt"))):
+        name = os.path.basename(path)[4:-4]
+        reached = None
+        best = 0.0
+        summary: Dict = {}
+        for line in open(path):
+            m = evals.match(line)
+            if m:
+                step, sec, acc, sent = int(m.group(1)), float(m.group(2)), float(m.group(3)), float(m.group(4))
+                best = max(best, acc)
+                if reached is None and acc >= target:
+                    reached = (step, sec, sent)
+            elif line.startswith("{"):
+                summary = json.loads(line)
+        results.append((name, reached, best, summary))
+    dense = next((r for r in results if r[0] == "dense"), None)
+    dense_sec = dense[1][1] if dense and dense[1] else None
+    rows = [f"| method | seconds to {target:.0%} | steps | MB sent per worker | speedup over dense | "
+            f"best test accuracy | seconds for all {results[0][3].get('epochs', '?') if results else '?'} epochs |",
+            "|---|---|---|---|---|---|---|"]
+    for name, reached, best, summary in results:
+        total = summary.get("seconds", float("nan"))
+        if reached:
+            step, sec, sent = reached
+            speed = f"{dense_sec / sec:.2f}x" if dense_sec else "-"
+            rows.append(f"| {name} | {sec:.1f} | {step} | {sent / 1e6:.2f} | {speed} | {best:.4f} | {total} |")
+        else:
+            rows.append(f"| {name} | not reached | - | - | - | {best:.4f} | {total} |")
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="docs/results/cluster")
+    ap.add_argument("--target", type=float, default=0.85)
+    a = ap.parse_args()
+    if not os.path.isdir(a.dir):
+        print(f"summarize.py: no directory {a.dir}", file=sys.stderr)
+        return 2
+    print("## Calibration\n")
+    print("\n".join(calibration(a.dir)))
+    table, picks, worst, good, total = exchanges(a.dir)
+    print("\n## Exchanges: the model against the measurement\n")
+    print("\n".join(table))
+    print(f"\nWorst ratio either way: {worst:.2f}x.\n")
+    print("\n".join(picks))
+    print(f"\nThe model's pick was the fastest measured or within 10% of it in {good} of {total} cases.")
+    print("\n## Time to accuracy\n")
+    print("\n".join(tta(a.dir, a.target)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
