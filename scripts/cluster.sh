@@ -29,9 +29,13 @@
 #
 # Needs root and `ip netns` (iproute2); refuses clearly otherwise. State lives in
 # ${GRADCOMP_CLUSTER_STATE:-/run/gradcomp-cluster}. A failed `up` removes what it made.
-set -euo pipefail
+set -Eeuo pipefail  # -E: the ERR trap of a failed `up` also fires inside functions
 
 net="${GRADCOMP_CLUSTER_NET:-10.231.7}"
+[[ "$net" =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || {
+  echo "cluster.sh: GRADCOMP_CLUSTER_NET must be the first three parts of an address, e.g. 10.231.7" >&2
+  exit 2
+}
 name="${GRADCOMP_CLUSTER_NAME:-gradcomp}"
 [[ "$name" =~ ^[a-z][a-z0-9]{0,9}$ ]] || {
   echo "cluster.sh: GRADCOMP_CLUSTER_NAME must be 1 to 10 lowercase letters and digits" >&2
@@ -41,6 +45,10 @@ bridge="${name}-br"
 ns_prefix="${name}-h"
 veth_prefix="${name}v"
 state="${GRADCOMP_CLUSTER_STATE:-/run/${name}-cluster}"
+[[ "$state" =~ ^/[A-Za-z0-9._/-]+$ ]] || {
+  echo "cluster.sh: GRADCOMP_CLUSTER_STATE must be an absolute path of letters, digits and . _ - /" >&2
+  exit 2
+}
 max_hosts=64
 
 die() {
@@ -49,7 +57,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -75,7 +83,13 @@ rate_bits() {
   esac
 }
 
-hosts_of() { cat "$state/hosts" 2>/dev/null || true; }
+# A rate of at least 1 kbit/s (tbf refuses 0), in bit/s.
+checked_rate_bits() {
+  local bits
+  bits="$(rate_bits "$1")"
+  [ "$bits" -ge 1000 ] || die "rate '$1': must be at least 1kbit"
+  echo "$bits"
+}
 
 is_up() { [ -f "$state/hosts" ]; }
 
@@ -118,7 +132,9 @@ cmd_down() {
     ip link del "$dev" 2>/dev/null || true
   done
   ip link del "$bridge" 2>/dev/null || true
-  rm -rf "$state"
+  # Only the files `up` writes, then the directory if it is left empty.
+  rm -f "$state/hosts" "$state/hosts.tmp" "$state/hostfile" "$state/rate" "$state/agent"
+  rmdir "$state" 2>/dev/null || true
 }
 
 cmd_up() {
@@ -126,15 +142,19 @@ cmd_up() {
   local n="$1" rate="$2"
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le "$max_hosts" ] ||
     die "up: hosts must be between 1 and $max_hosts (got '$n')"
-  rate_bits "$rate" >/dev/null
+  checked_rate_bits "$rate" >/dev/null
   need_rights
   is_up && die "a cluster is already up ($(wc -l <"$state/hosts") hosts); run 'scripts/cluster.sh down' first"
   if ip -o link show "$bridge" >/dev/null 2>&1; then
     die "a link named $bridge exists without cluster state; run 'scripts/cluster.sh down' first"
   fi
-  # The subnet must be ours alone: refuse when the root namespace already routes it.
-  if ip -4 route show | grep -q "^${net//./\\.}\.0/"; then
-    die "the subnet ${net}.0/24 is already routed here; set GRADCOMP_CLUSTER_NET to a free /24 (e.g. 10.232.7)"
+  # The subnet must be ours alone: refuse when a route other than the default one covers an
+  # address of it, or an interface holds one.
+  local routes addrs
+  routes="$(ip -4 route show match "${net}.1" 2>/dev/null | grep -v '^default' || true)"
+  addrs="$(ip -4 -o addr show 2>/dev/null | grep -F " ${net}." || true)"
+  if [ -n "$routes" ] || [ -n "$addrs" ]; then
+    die "the subnet ${net}.0/24 is already in use here (${routes:-$addrs}); set GRADCOMP_CLUSTER_NET to a free /24 (e.g. 10.232.7)"
   fi
 
   trap 'echo "cluster.sh: up failed; removing what it made" >&2; cmd_down' ERR
@@ -201,6 +221,7 @@ cmd_exec() {
   is_up || die "no cluster is up"
   local h="$1"
   shift
+  [[ "$h" =~ ^[0-9]+$ ]] || die "exec: host must be a number (0, 1, ...), not '$h'"
   local ns
   ns="$(awk -v i="$h" 'NR == i + 1 { print $1 }' "$state/hosts")"
   [ -n "$ns" ] || die "exec: no host $h (hosts: 0 to $(($(wc -l <"$state/hosts") - 1)))"
@@ -221,7 +242,9 @@ cmd_spawn() {
     pids+=("$!")
     i=$((i + 1))
   done <"$state/hosts"
-  # The first failure ends the others: no rank is left waiting for one that is gone.
+  # The first failure ends the others: no rank is left waiting for one that is gone; so does an
+  # interrupt of this script.
+  trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT INT TERM
   local left=${#pids[@]}
   while [ "$left" -gt 0 ]; do
     if ! wait -n; then
@@ -234,6 +257,7 @@ cmd_spawn() {
 }
 
 cmd_status() {
+  need_rights
   is_up || { echo "no cluster is up"; return 0; }
   echo "rate $(cat "$state/rate") each way"
   local ns ip

@@ -225,8 +225,12 @@ int main(int argc, char** argv) {
       } else if (a == "--sizes" && i + 1 < argc) {
         mo.sizes = parse_sizes(argv[++i]);
       } else if (a == "--repeats" && i + 1 < argc) {
-        const int r = std::stoi(argv[++i]);
-        if (r < 1 || r > 1000) throw std::invalid_argument("--repeats: must be in [1, 1000]");
+        const std::string v = argv[++i];
+        std::size_t used = 0;
+        const int r = std::stoi(v, &used);
+        if (used != v.size() || r < 1 || r > 1000) {
+          throw std::invalid_argument("--repeats: '" + v + "' is not a count in [1, 1000]");
+        }
         mo.repeats = r;
       } else {
         std::fprintf(stderr, "%s", usage);

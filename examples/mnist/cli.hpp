@@ -3,6 +3,7 @@
 // apply, print one line per epoch and, last, one JSON object in the same format.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -75,7 +76,8 @@ struct extra_flags {
                "  --lr (0.05)  --momentum (0.9)  --seed S (1)\n"
                "  --train-limit N --test-limit N   use the first N images only\n"
                "  --evals-per-epoch E   also print the test accuracy E times per epoch, against\n"
-               "                   the training time without the evaluations (1: epoch lines only)\n"
+               "                   the training time without the evaluations (1: epoch lines only;\n"
+               "                   the epoch lines' elapsed time includes them)\n"
                "  --data DIR       (%s)\n"
                "%s",
                why ? why : "", why ? "\n" : "", program, default_dir().c_str(), extra.usage.c_str());
@@ -112,7 +114,7 @@ inline train_options parse(int argc, char** argv, const char* program, const ext
       else if (a == "--link-latency-us") o.link_latency_us = std::stod(v);
       else if (a == "--train-limit") o.train_limit = std::stoul(v);
       else if (a == "--test-limit") o.test_limit = std::stoul(v);
-      else if (a == "--evals-per-epoch") o.evals_per_epoch = static_cast<unsigned>(std::stoul(v));
+      else if (a == "--evals-per-epoch") o.evals_per_epoch = static_cast<unsigned>(std::min(std::stoul(v), 1001ul));
       else if (a == "--data") o.data_dir = v;
       else if (!extra.handle || !extra.handle(a, v)) usage(program, extra, ("unknown option " + a).c_str());
     } catch (const std::logic_error&) {

@@ -2,6 +2,7 @@
 // while the backward pass is still running, misuse, and a short training run whose loss falls.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -63,10 +64,11 @@ TEST_CASE("lags_densities follows rho_l = (t_comp_l - log2(P) alpha) / (2 (P-1) 
 
 TEST_CASE("lags_planned_overlap: the share of the modelled exchanges that ends before the backward pass") {
   const link_model link{1e-4, 1e-9};
-  const auto cost = [&](std::size_t n, double rho, int p) {
-    return std::log2(static_cast<double>(p)) * link.alpha +
-           2.0 * (p - 1) * link.beta * 4.0 * static_cast<double>(n) * rho;
+  const auto cost_with = [](std::size_t n, double rho, int p, const link_model& l) {
+    return std::log2(static_cast<double>(p)) * l.alpha +
+           2.0 * (p - 1) * l.beta * 4.0 * static_cast<double>(n) * rho;
   };
+  const auto cost = [&](std::size_t n, double rho, int p) { return cost_with(n, rho, p, link); };
   // The plan lags_densities makes hides every layer but the first: the overlap is the share
   // of the other layers' exchanges.
   const std::vector<std::size_t> sizes = {1000000, 10000, 100};
@@ -95,6 +97,28 @@ TEST_CASE("lags_planned_overlap: the share of the modelled exchanges that ends b
   CHECK_THROWS_AS(lags_planned_overlap(two, std::vector<double>{1.0}, link, 2, d2), invalid_argument);
   CHECK_THROWS_AS(lags_planned_overlap(two, b2, link, 2, std::vector<double>{1.0}), invalid_argument);
   CHECK_THROWS_AS(lags_planned_overlap(two, b2, link, 0, d2), invalid_argument);
+  CHECK_THROWS_AS(lags_planned_overlap(two, b2, link_model{-1.0, 0.0}, 2, d2), invalid_argument);
+  CHECK_THROWS_AS(lags_planned_overlap(two, std::vector<double>{1e-3, -1e-3}, link, 2, d2), invalid_argument);
+  CHECK_THROWS_AS(lags_planned_overlap(two, b2, link, 2, std::vector<double>{1.0, 0.0}), invalid_argument);
+
+  // A tight plan (a slow link): layer 2's exchange queues behind layer 1's only if it outlasts
+  // layer 1's wait, and the first layer's is never hidden. Checked against a step-by-step
+  // timeline written out here.
+  const link_model slow{2e-5, 8e-8};
+  const auto tight = lags_densities(sizes, backward, slow, 4, 0.001);
+  double ready = 0.0, free_at = 0.0, busy = 0.0, hidden = 0.0;
+  const double end = backward[0] + backward[1] + backward[2];
+  for (int j = 2; j >= 0; --j) {
+    ready += backward[static_cast<std::size_t>(j)];
+    const double c = cost_with(sizes[static_cast<std::size_t>(j)], tight[static_cast<std::size_t>(j)], 4, slow);
+    const double begin = std::max(ready, free_at);
+    free_at = begin + c;
+    busy += c;
+    hidden += std::max(0.0, std::min(free_at, end) - begin);
+  }
+  CHECK(lags_planned_overlap(sizes, backward, slow, 4, tight) == doctest::Approx(hidden / busy));
+  CHECK(hidden / busy > 0.0);
+  CHECK(hidden / busy < 1.0);
 }
 
 TEST_CASE("layerwise_sgd gives bit for bit what sparsified_sgd gives with the same densities") {

@@ -85,6 +85,21 @@ inline double lags_planned_overlap(std::span<const std::size_t> sizes,
                                    detail::concat("sizes.size() (", sizes.size(), ")"));
   }
   if (ranks < 1) detail::throw_invalid_argument("lags_planned_overlap", "ranks", ranks, ">= 1");
+  if (!(link.alpha >= 0.0) || !(link.beta >= 0.0)) {
+    detail::throw_invalid_argument("lags_planned_overlap", "link",
+                                   detail::concat(link.alpha, " s, ", link.beta, " s/byte"),
+                                   "alpha >= 0 and beta >= 0");
+  }
+  for (std::size_t l = 0; l < sizes.size(); ++l) {
+    if (!(backward_seconds[l] >= 0.0)) {
+      detail::throw_invalid_argument("lags_planned_overlap", detail::concat("backward_seconds[", l, "]"),
+                                     backward_seconds[l], ">= 0");
+    }
+    if (!(densities[l] > 0.0 && densities[l] <= 1.0)) {
+      detail::throw_invalid_argument("lags_planned_overlap", detail::concat("densities[", l, "]"),
+                                     densities[l], "in (0, 1]");
+    }
+  }
   if (ranks == 1) return 0.0;
   const double p = static_cast<double>(ranks);
   double ready = 0.0, backward_end = 0.0, thread_free = 0.0, busy = 0.0, hidden = 0.0;
