@@ -8,6 +8,9 @@
 //   exchange_model                     the planning tables only
 //   mpirun -np 4 exchange_model        the tables, then model against measurement
 //   exchange_model --quick             smaller measured tensors, fewer repeats (for tests)
+//   exchange_model --extrapolate ALPHA_US GAMMA_NS
+//                                      the tables on 25 and 100 Gbit/s links for P = 16 ... 1024
+//                                      with that latency and local-work cost (docs/cluster.md)
 //   exchange_model [--no-tables] [--link-only] [--sizes N,N...] [--repeats R]
 //                                      the measured tensor sizes (default 1048576,4194304) and
 //                                      repeats (default 5); --no-tables skips the tables,
@@ -18,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -55,19 +59,41 @@ struct link_case {
   link_model link;
 };
 
+// The tables for these links and rank counts.
+void print_tables(std::span<const link_case> links, std::span<const std::size_t> ranks, const char* what);
+
 void print_tables() {
   // Latencies are assumptions, typical of MPI over each kind of network: TCP over 1 and
   // 10 Gbit/s Ethernet, RDMA over 100 Gbit/s InfiniBand or RoCE.
   const link_case links[] = {{"1 Gbit/s, 50 us", link_model::from_gbit(1, 50e-6)},
                              {"10 Gbit/s, 20 us", link_model::from_gbit(10, 20e-6)},
                              {"100 Gbit/s, 3 us", link_model::from_gbit(100, 3e-6)}};
+  const std::size_t ranks[] = {4, 16, 64, 256, 1024};
+  print_tables(links, ranks, "network only");
+}
+
+// The tables on 25 and 100 Gbit/s links with a calibrated latency and local-work cost (from a
+// run on the emulated cluster, docs/cluster.md), for P = 16 ... 1024.
+void print_extrapolation(double alpha, double gamma) {
+  link_model l25 = link_model::from_gbit(25, alpha), l100 = link_model::from_gbit(100, alpha);
+  l25.gamma = l100.gamma = gamma;
+  char n25[64], n100[64];
+  std::snprintf(n25, sizeof n25, "25 Gbit/s, %.3g us", alpha * 1e6);
+  std::snprintf(n100, sizeof n100, "100 Gbit/s, %.3g us", alpha * 1e6);
+  const link_case links[] = {{n25, l25}, {n100, l100}};
+  const std::size_t ranks[] = {16, 64, 256, 1024};
+  std::printf("Extrapolation: alpha %.3g us and gamma %.3g ns/element as calibrated; beta from the "
+              "link's rate.\n", alpha * 1e6, gamma * 1e9);
+  print_tables(links, ranks, "network plus gamma times the local work");
+}
+
+void print_tables(std::span<const link_case> links, std::span<const std::size_t> ranks, const char* what) {
   const struct {
     const char* name;
     std::size_t n;
   } models[] = {{"ResNet-50 (25.6M)", 25'600'000}, {"BERT-large (340M)", 340'000'000}};
-  const std::size_t ranks[] = {4, 16, 64, 256, 1024};
   std::printf("Predicted milliseconds per step (fp32 gradient as one tensor; the alpha-beta model\n"
-              "of exchange/cost_model.hpp, network only; dense = ring allreduce of 4n bytes)\n");
+              "of exchange/cost_model.hpp, %s; dense = ring allreduce of 4n bytes)\n", what);
   for (const auto& m : models) {
     for (double rho : {0.001, 0.01}) {
       std::printf("\n%s, density %g\n", m.name, rho);
@@ -211,7 +237,7 @@ int main(int argc, char** argv) {
   [[maybe_unused]] measure_options mo;
   const char* usage =
       "usage: [mpirun -np P] exchange_model [--quick] [--no-tables] [--link-only] [--sizes N,N...] "
-      "[--repeats R]\n";
+      "[--repeats R]\n       exchange_model --extrapolate ALPHA_US GAMMA_NS\n";
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -222,6 +248,23 @@ int main(int argc, char** argv) {
         tables = false;
       } else if (a == "--link-only") {
         mo.link_only = true;
+      } else if (a == "--extrapolate" && i + 2 < argc) {
+        // --extrapolate ALPHA_US GAMMA_NS: the tables on 25 and 100 Gbit/s, nothing measured.
+        const std::string al = argv[++i], ga = argv[++i];
+        std::size_t u1 = 0, u2 = 0;
+        double alpha_us = -1.0, gamma_ns = -1.0;
+        try {
+          alpha_us = std::stod(al, &u1);
+          gamma_ns = std::stod(ga, &u2);
+        } catch (const std::logic_error&) {
+          u1 = 0;  // refused below
+        }
+        if (u1 != al.size() || u2 != ga.size() || !(alpha_us >= 0.0) || !(gamma_ns >= 0.0) ||
+            !std::isfinite(alpha_us) || !std::isfinite(gamma_ns)) {
+          throw std::invalid_argument("--extrapolate: ALPHA_US and GAMMA_NS must be finite numbers >= 0");
+        }
+        print_extrapolation(alpha_us * 1e-6, gamma_ns * 1e-9);
+        return 0;
       } else if (a == "--sizes" && i + 1 < argc) {
         mo.sizes = parse_sizes(argv[++i]);
       } else if (a == "--repeats" && i + 1 < argc) {
