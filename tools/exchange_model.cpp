@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -212,6 +213,20 @@ void measure(mpi_comm& comm, const measure_options& mo) {
 
 #endif
 
+// The whole of `text` as a finite number in [lo, hi], or nothing (a bad character, trailing
+// text, out of range): the one check every numeric option goes through.
+std::optional<double> whole_number(const std::string& text, double lo, double hi) {
+  std::size_t used = 0;
+  double v = 0.0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::logic_error&) {
+    return std::nullopt;
+  }
+  if (used != text.size() || !std::isfinite(v) || !(v >= lo && v <= hi)) return std::nullopt;
+  return v;
+}
+
 // "1048576,25600000" -> {1048576, 25600000}; throws on anything else.
 std::vector<std::size_t> parse_sizes(const std::string& list) {
   std::vector<std::size_t> out;
@@ -219,12 +234,11 @@ std::vector<std::size_t> parse_sizes(const std::string& list) {
   while (at <= list.size()) {
     const std::size_t comma = std::min(list.find(',', at), list.size());
     const std::string item = list.substr(at, comma - at);
-    std::size_t used = 0;
-    const unsigned long long v = item.empty() ? 0 : std::stoull(item, &used);
-    if (item.empty() || used != item.size() || v == 0 || v > 0xffffffffull) {
+    const auto v = whole_number(item, 1.0, 4294967295.0);
+    if (!v || *v != std::floor(*v)) {
       throw std::invalid_argument("--sizes: '" + item + "' is not a size in [1, 2^32 - 1]");
     }
-    out.push_back(static_cast<std::size_t>(v));
+    out.push_back(static_cast<std::size_t>(*v));
     at = comma + 1;
   }
   return out;
@@ -250,31 +264,22 @@ int main(int argc, char** argv) {
         mo.link_only = true;
       } else if (a == "--extrapolate" && i + 2 < argc) {
         // --extrapolate ALPHA_US GAMMA_NS: the tables on 25 and 100 Gbit/s, nothing measured.
-        const std::string al = argv[++i], ga = argv[++i];
-        std::size_t u1 = 0, u2 = 0;
-        double alpha_us = -1.0, gamma_ns = -1.0;
-        try {
-          alpha_us = std::stod(al, &u1);
-          gamma_ns = std::stod(ga, &u2);
-        } catch (const std::logic_error&) {
-          u1 = 0;  // refused below
-        }
-        if (u1 != al.size() || u2 != ga.size() || !(alpha_us >= 0.0) || !(gamma_ns >= 0.0) ||
-            !std::isfinite(alpha_us) || !std::isfinite(gamma_ns)) {
+        const auto alpha_us = whole_number(argv[i + 1], 0.0, HUGE_VAL);
+        const auto gamma_ns = whole_number(argv[i + 2], 0.0, HUGE_VAL);
+        if (!alpha_us || !gamma_ns) {
           throw std::invalid_argument("--extrapolate: ALPHA_US and GAMMA_NS must be finite numbers >= 0");
         }
-        print_extrapolation(alpha_us * 1e-6, gamma_ns * 1e-9);
+        print_extrapolation(*alpha_us * 1e-6, *gamma_ns * 1e-9);
         return 0;
       } else if (a == "--sizes" && i + 1 < argc) {
         mo.sizes = parse_sizes(argv[++i]);
       } else if (a == "--repeats" && i + 1 < argc) {
         const std::string v = argv[++i];
-        std::size_t used = 0;
-        const int r = std::stoi(v, &used);
-        if (used != v.size() || r < 1 || r > 1000) {
+        const auto r = whole_number(v, 1.0, 1000.0);
+        if (!r || *r != std::floor(*r)) {
           throw std::invalid_argument("--repeats: '" + v + "' is not a count in [1, 1000]");
         }
-        mo.repeats = r;
+        mo.repeats = static_cast<int>(*r);
       } else {
         std::fprintf(stderr, "%s", usage);
         return 2;

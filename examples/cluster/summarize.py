@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Tables from the emulated cluster's logs (scripts/cluster_measure.sh), as Markdown.
 
-    python3 examples/cluster/summarize.py [--dir docs/results/cluster] [--target 0.85]
+    python3 examples/cluster/summarize.py [--dir docs/results/cluster] [--target 0.85] [--check]
+
+--check: exit 1 unless DIR/summary.md is what the logs give (ctest cluster_summarize).
 
 calibration: alpha and beta measured at each configured rate; exchanges: the cost model
 (+local) against the measurement for every exchange, P, n and density, and whether the
@@ -14,7 +16,9 @@ training seconds of the whole run. Any python3 runs it (no torch needed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
+import io
 import json
 import os
 import re
@@ -117,21 +121,37 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="docs/results/cluster")
     ap.add_argument("--target", type=float, default=0.85)
+    ap.add_argument("--check", action="store_true", help="compare with DIR/summary.md")
     a = ap.parse_args()
     if not os.path.isdir(a.dir):
         print(f"summarize.py: no directory {a.dir}", file=sys.stderr)
         return 2
+    if a.check:
+        made = io.StringIO()
+        with contextlib.redirect_stdout(made):
+            summarize(a.dir, a.target)
+        with open(os.path.join(a.dir, "summary.md")) as f:
+            kept = f.read()
+        if made.getvalue() != kept:
+            print(f"summarize.py: {a.dir}/summary.md is not what its logs give; rerun summarize.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    summarize(a.dir, a.target)
+    return 0
+
+
+def summarize(d: str, target: float) -> None:
     print("## Calibration\n")
-    print("\n".join(calibration(a.dir)))
-    table, picks, worst, good, total = exchanges(a.dir)
+    print("\n".join(calibration(d)))
+    table, picks, worst, good, total = exchanges(d)
     print("\n## Exchanges: the model against the measurement\n")
     print("\n".join(table))
     print(f"\nWorst ratio either way: {worst:.2f}x.\n")
     print("\n".join(picks))
     print(f"\nThe model's pick was the fastest measured or within 10% of it in {good} of {total} cases.")
     print("\n## Time to accuracy\n")
-    print("\n".join(tta(a.dir, a.target)))
-    return 0
+    print("\n".join(tta(d, target)))
 
 
 if __name__ == "__main__":
