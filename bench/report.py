@@ -114,7 +114,18 @@ def main():
          ratio("select/gaussiank", "baseline/stream_read"), lambda r: r <= 2.5, "{:.2f}x"),
         ("`step/topk_residual` within 2x of `baseline/copy`",
          ratio("step/topk_residual", "baseline/copy"), lambda r: r <= 2, "{:.2f}x"),
+        ("`step/topk_residual` within 1.4x of `baseline/copy`",
+         ratio("step/topk_residual", "baseline/copy"), lambda r: r <= 1.4, "{:.2f}x"),
+        ("`step/topk_qsgd_residual` within 1.6x of `baseline/copy`",
+         ratio("step/topk_qsgd_residual", "baseline/copy"), lambda r: r <= 1.6, "{:.2f}x"),
     ]
+    # The quantizers against a copy of the gradient (issue 15's bounds).
+    for q, enc, dec in (("fp16", 1.5, 1.5), ("bf16", 1.5, 1.5), ("scaled_sign", 1.5, 1.5),
+                        ("terngrad", 2, 1.5), ("qsgd4", 3, 2)):
+        for side, bound in (("encode", enc), ("decode", dec)):
+            fam = f"quantize/{q}_{side}"
+            targets.append((f"`{fam}` within {bound:g}x of `baseline/copy`",
+                            ratio(fam, "baseline/copy"), lambda r, b=bound: r <= b, "{:.2f}x"))
     for fam in ("select/topk", "select/gaussiank", "step/topk_residual"):
         for suf, label in zip(HEAVY, ("Laplace", "Student-t (3)")):
             targets.append((f"`{fam}` on {label} input within 1.5x of normal",

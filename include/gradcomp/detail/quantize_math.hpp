@@ -203,6 +203,22 @@ GRADCOMP_HOST_DEVICE constexpr value_run node_inputs(stat_level l, std::size_t o
   return {bucket.first + offset, left < stat_block ? left : stat_block};
 }
 
+// The levels above the leaves: `level` holds the leaves' values (more than one), reduced in
+// place to the root's.
+template <class Reducer>
+typename Reducer::acc reduce_levels(std::vector<typename Reducer::acc>& level, Reducer r = {}) {
+  while (level.size() > stat_block) {
+    const std::size_t m = level.size();
+    // In place: node c reads values [c * stat_block, ...), at or after c, before writing c.
+    for (std::size_t c = 0; c < stat_nodes(m); ++c) {
+      const std::size_t first = c * stat_block;
+      level[c] = r(level.data() + first, m - first < stat_block ? m - first : stat_block);
+    }
+    level.resize(stat_nodes(m));
+  }
+  return r(level.data(), level.size());
+}
+
 // The reduction of one bucket of n floats on the host: the tree level by level, with one
 // scratch vector when the bucket is larger than stat_block.
 template <class Reducer>
@@ -214,16 +230,7 @@ typename Reducer::acc tree_reduce(const float* p, std::size_t n, Reducer r = {})
     const std::size_t first = c * stat_block;
     level[c] = r(p + first, n - first < stat_block ? n - first : stat_block);
   }
-  while (level.size() > stat_block) {
-    const std::size_t m = level.size();
-    // In place: node c reads values [c * stat_block, ...), at or after c, before writing c.
-    for (std::size_t c = 0; c < stat_nodes(m); ++c) {
-      const std::size_t first = c * stat_block;
-      level[c] = r(level.data() + first, m - first < stat_block ? m - first : stat_block);
-    }
-    level.resize(stat_nodes(m));
-  }
-  return r(level.data(), level.size());
+  return reduce_levels(level, r);
 }
 
 // Bucket statistics, in double: no overflow for float inputs, and the fixed order above.

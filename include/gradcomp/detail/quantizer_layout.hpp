@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include <gradcomp/detail/bitpack.hpp>
+#include <gradcomp/detail/host_simd.hpp>
 #include <gradcomp/detail/quantize_math.hpp>  // bucket statistics (sum_of_squares, ...)
 #include <gradcomp/error.hpp>
 #include <gradcomp/sparse.hpp>
@@ -200,6 +201,13 @@ inline void check_decode(std::string_view where, const payload& in, std::size_t 
 
 // Largest code in a packed stream (0 when empty), to reject invalid codes before decoding.
 inline std::uint32_t max_code(const payload& in) {
+#if GRADCOMP_VECTOR_EXTENSIONS
+  if (use_vector_path() && simd16::packs(in.bits_per_value) && in.bits_per_value <= 8u) {
+    std::uint32_t best = 0;
+    run_vector([&] { best = simd16::max_code(in.values.data(), in.count, in.bits_per_value); });
+    return best;
+  }
+#endif
   std::uint32_t m = 0;
   unpack_codes_with(in.values.data(), in.count, in.bits_per_value,
                     [&m](std::size_t, std::uint32_t c) { m = c > m ? c : m; });

@@ -11,6 +11,7 @@
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/detail/float16.hpp>
+#include <gradcomp/detail/host_simd.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
 #include <gradcomp/sparse.hpp>
 
@@ -30,6 +31,18 @@ struct bf16 {
   void encode(std::span<const float> values, const call_id& /*unused: deterministic*/,
               payload& out) const {
     detail::begin_encode("bf16::encode", out, values.size(), id, 16, {});
+#if GRADCOMP_VECTOR_EXTENSIONS
+    if (detail::use_vector_path()) {
+      const std::size_t n = values.size();
+      detail::run_vector([&] {
+        namespace v = detail::simd16;
+        v::encode_buckets(
+            values.data(), n, n + 1, 16, out.values.data(), nullptr,
+            v::bf16_codec{});
+      });
+      return;
+    }
+#endif
     detail::pack_codes_with(out.values.data(), values.size(), 16, [values](std::size_t i) {
       return static_cast<std::uint32_t>(detail::float_to_bf16_bits(values[i]));
     });

@@ -12,6 +12,7 @@
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/detail/float16.hpp>
+#include <gradcomp/detail/host_simd.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
 #include <gradcomp/sparse.hpp>
 
@@ -31,6 +32,18 @@ struct fp16 {
   void encode(std::span<const float> values, const call_id& /*unused: deterministic*/,
               payload& out) const {
     detail::begin_encode("fp16::encode", out, values.size(), id, 16, {});
+#if GRADCOMP_VECTOR_EXTENSIONS
+    if (detail::use_vector_path()) {
+      const std::size_t n = values.size();
+      detail::run_vector([&] {
+        namespace v = detail::simd16;
+        v::encode_buckets(
+            values.data(), n, n + 1, 16, out.values.data(), nullptr,
+            v::half_codec{});
+      });
+      return;
+    }
+#endif
     detail::pack_codes_with(out.values.data(), values.size(), 16, [values](std::size_t i) {
       return static_cast<std::uint32_t>(detail::float_to_half_bits(values[i]));
     });
@@ -38,6 +51,18 @@ struct fp16 {
 
   void decode(const payload& in, std::span<float> decoded) const {
     detail::check_decode("fp16::decode", in, decoded.size(), id, 16, {});
+#if GRADCOMP_VECTOR_EXTENSIONS
+    if (detail::use_vector_path()) {
+      const std::size_t n = decoded.size();
+      detail::run_vector([&] {
+        namespace v = detail::simd16;
+        v::decode_buckets(
+            in.values.data(), n, n + 1, 16, nullptr, decoded.data(),
+            v::half_codec{});
+      });
+      return;
+    }
+#endif
     detail::unpack_codes_with(
         in.values.data(), decoded.size(), 16, [decoded](std::size_t i, std::uint32_t c) {
           decoded[i] = detail::half_bits_to_float(static_cast<std::uint16_t>(c));

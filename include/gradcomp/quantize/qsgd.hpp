@@ -14,6 +14,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/bitpack.hpp>
+#include <gradcomp/detail/host_simd.hpp>
 #include <gradcomp/detail/quantize_math.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
 #include <gradcomp/detail/random.hpp>
@@ -78,6 +79,17 @@ struct qsgd {
     const detail::counter_rng rng{detail::stream_key(call, detail::stream_tag::quantize)};
     const std::size_t n = values.size();
     const std::uint32_t s = levels_;
+#if GRADCOMP_VECTOR_EXTENSIONS
+    if (detail::use_vector_path() && detail::simd16::packs(bits) && bucket_size_ % 16u == 0u) {
+      detail::run_vector([&] {
+        namespace v = detail::simd16;
+        v::encode_buckets(
+            values.data(), n, bucket_size_, bits, out.values.data(), out.side.data(),
+            v::qsgd_codec{rng, s, 0.0f});
+      });
+      return;
+    }
+#endif
     float* side = out.side.data();
     std::size_t bucket_end = 0;
     float norm = 0.0f;
@@ -103,6 +115,17 @@ struct qsgd {
     const float inv_s = 1.0f / static_cast<float>(s);
     const float* side = in.side.data();
     const std::size_t n = decoded.size();
+#if GRADCOMP_VECTOR_EXTENSIONS
+    if (detail::use_vector_path() && detail::simd16::packs(bits) && bucket_size_ % 16u == 0u) {
+      detail::run_vector([&] {
+        namespace v = detail::simd16;
+        v::decode_buckets(
+            in.values.data(), n, bucket_size_, bits, side, decoded.data(),
+            v::qsgd_codec{{}, s, inv_s});
+      });
+      return;
+    }
+#endif
     std::size_t bucket_end = 0;
     float norm = 0.0f;
     detail::unpack_codes_with(in.values.data(), n, bits, [&](std::size_t i, std::uint32_t c) {

@@ -13,6 +13,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/bitpack.hpp>
+#include <gradcomp/detail/host_simd.hpp>
 #include <gradcomp/detail/quantize_math.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
 #include <gradcomp/sparse.hpp>
@@ -47,7 +48,18 @@ struct scaled_sign {
   void encode(std::span<const float> values, const call_id& /*call*/, payload& out) const {
     detail::begin_encode("scaled_sign::encode", out, values.size(), id, 1, params());
     const std::size_t n = values.size();
-    const std::size_t bucket = bucket_size_ == 0 ? n : bucket_size_;
+    const std::size_t bucket = bucket_size_ == 0 ? n + 1 : bucket_size_;
+#if GRADCOMP_VECTOR_EXTENSIONS
+    if (detail::use_vector_path() && (bucket % 16u == 0u || bucket > n)) {
+      detail::run_vector([&] {
+        namespace v = detail::simd16;
+        v::encode_buckets(
+            values.data(), n, bucket, 1, out.values.data(), out.side.data(),
+            v::scaled_sign_codec{});
+      });
+      return;
+    }
+#endif
     float* side = out.side.data();
     std::size_t bucket_end = 0;
     detail::pack_codes_with(out.values.data(), n, 1, [&](std::size_t i) {
@@ -62,8 +74,19 @@ struct scaled_sign {
   void decode(const payload& in, std::span<float> decoded) const {
     detail::check_decode("scaled_sign::decode", in, decoded.size(), id, 1, params());
     const std::size_t n = decoded.size();
-    const std::size_t bucket = bucket_size_ == 0 ? n : bucket_size_;
+    const std::size_t bucket = bucket_size_ == 0 ? n + 1 : bucket_size_;
     const float* side = in.side.data();
+#if GRADCOMP_VECTOR_EXTENSIONS
+    if (detail::use_vector_path() && (bucket % 16u == 0u || bucket > n)) {
+      detail::run_vector([&] {
+        namespace v = detail::simd16;
+        v::decode_buckets(
+            in.values.data(), n, bucket, 1, side, decoded.data(),
+            v::scaled_sign_codec{});
+      });
+      return;
+    }
+#endif
     std::size_t bucket_end = 0;
     // The bucket's two values, detail::scaled_sign_value(c, mean) (the device decoder calls
     // that function), looked up by code: faster on the host than computing them.

@@ -14,6 +14,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/bitpack.hpp>
+#include <gradcomp/detail/host_simd.hpp>
 #include <gradcomp/detail/quantize_math.hpp>
 #include <gradcomp/detail/quantizer_layout.hpp>
 #include <gradcomp/detail/random.hpp>
@@ -48,7 +49,18 @@ struct terngrad {
     detail::begin_encode("terngrad::encode", out, values.size(), id, 2, params());
     const detail::counter_rng rng{detail::stream_key(call, detail::stream_tag::quantize)};
     const std::size_t n = values.size();
-    const std::size_t bucket = bucket_size_ == 0 ? n : bucket_size_;
+    const std::size_t bucket = bucket_size_ == 0 ? n + 1 : bucket_size_;
+#if GRADCOMP_VECTOR_EXTENSIONS
+    if (detail::use_vector_path() && (bucket % 16u == 0u || bucket > n)) {
+      detail::run_vector([&] {
+        namespace v = detail::simd16;
+        v::encode_buckets(
+            values.data(), n, bucket, 2, out.values.data(), out.side.data(),
+            v::terngrad_codec{rng});
+      });
+      return;
+    }
+#endif
     float* side = out.side.data();
     std::size_t bucket_end = 0;
     float max = 0.0f;
@@ -68,8 +80,19 @@ struct terngrad {
     if (detail::max_code(in) > 2u)
       detail::throw_invalid_code(where, in, 2u, "0, 1 = +max, 2 = -max");
     const std::size_t n = decoded.size();
-    const std::size_t bucket = bucket_size_ == 0 ? n : bucket_size_;
+    const std::size_t bucket = bucket_size_ == 0 ? n + 1 : bucket_size_;
     const float* side = in.side.data();
+#if GRADCOMP_VECTOR_EXTENSIONS
+    if (detail::use_vector_path() && (bucket % 16u == 0u || bucket > n)) {
+      detail::run_vector([&] {
+        namespace v = detail::simd16;
+        v::decode_buckets(
+            in.values.data(), n, bucket, 2, side, decoded.data(),
+            v::terngrad_codec{});
+      });
+      return;
+    }
+#endif
     std::size_t bucket_end = 0;
     // The bucket's three values, detail::terngrad_value(c, max) for c = 0, 1, 2 (the device
     // decoder calls that function), looked up by code: faster on the host than computing them.

@@ -1,0 +1,576 @@
+// gradcomp/detail/host_simd.hpp: the host quantizers' vector paths. Their loops are written
+// once, with GCC/Clang vector extensions on chunks of 16 values, and compiled three times:
+// for the build's own target (SSE2 on a plain x86-64 build, or whatever -march says), and,
+// on x86, for AVX2 and for AVX-512 (F, BW, DQ, VL), picked at run time by what the CPU
+// offers. A header-only library cannot assume its users build with -march=native; the
+// dispatch gives them the wide paths anyway.
+//
+// Every path computes the same bits as the portable per-element loop (the device kernels'
+// arithmetic, detail/quantize_math.hpp and detail/float16.hpp): integer and exactly-rounded
+// float operations only, nothing that depends on the rounding mode, flush-to-zero or a fused
+// multiply-add. tests/quantize/same_bits_test.cpp runs every path against the portable one
+// and against hashes recorded before the vector paths existed.
+//
+// detail::limit_host_isa lowers the ceiling (tests, and benchmarks that compare paths), as
+// does the environment variable GRADCOMP_HOST_ISA=portable|baseline|avx2|avx512 read once at
+// the first call; portable turns the vector paths off, as does GRADCOMP_NO_VECTOR_EXTENSIONS.
+#pragma once
+
+#include <atomic>
+#include <cmath>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <gradcomp/detail/bitpack.hpp>
+#include <gradcomp/detail/float16.hpp>
+#include <gradcomp/detail/quantize_math.hpp>
+#include <gradcomp/detail/random.hpp>
+#include <gradcomp/detail/simd.hpp>
+
+#if GRADCOMP_VECTOR_EXTENSIONS && (defined(__x86_64__) || defined(__i386__))
+#define GRADCOMP_HOST_DISPATCH 1
+#else
+#define GRADCOMP_HOST_DISPATCH 0
+#endif
+
+namespace gradcomp::detail {
+
+enum class host_isa : int {
+  portable = 0,  // the per-element loops (no vector path)
+  baseline = 1,  // vector path compiled for the build's own target
+  avx2 = 2,
+  avx512 = 3,  // AVX-512 F, BW, DQ and VL
+};
+
+inline const char* host_isa_name(host_isa isa) noexcept {
+  switch (isa) {
+    case host_isa::portable: return "portable";
+    case host_isa::baseline: return "baseline";
+    case host_isa::avx2: return "avx2";
+    case host_isa::avx512: return "avx512";
+  }
+  return "unknown";
+}
+
+// What this CPU and build run: on x86, the widest clone the CPU offers; the build's own
+// target only when it has AVX2 itself (plain SSE2 code for 64-byte vectors was measured
+// slower than the portable loops); elsewhere the portable loops, as the vector path's code
+// on other architectures has not been measured.
+inline host_isa detected_host_isa() noexcept {
+#if !GRADCOMP_VECTOR_EXTENSIONS
+  return host_isa::portable;
+#else
+  if constexpr (std::endian::native != std::endian::little) return host_isa::portable;
+#if GRADCOMP_HOST_DISPATCH
+  static const host_isa found = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+      return host_isa::avx512;
+    }
+    if (__builtin_cpu_supports("avx2")) return host_isa::avx2;
+#if defined(__AVX2__)
+    return host_isa::baseline;
+#else
+    return host_isa::portable;
+#endif
+  }();
+  return found;
+#else
+  return host_isa::portable;
+#endif
+#endif
+}
+
+// The ceiling starts at GRADCOMP_HOST_ISA (portable, baseline, avx2 or avx512) when the
+// environment sets it, else at avx512 (no limit).
+inline host_isa host_isa_from_environment() noexcept {
+  const char* v = std::getenv("GRADCOMP_HOST_ISA");
+  if (v == nullptr) return host_isa::avx512;
+  for (const host_isa isa :
+       {host_isa::portable, host_isa::baseline, host_isa::avx2, host_isa::avx512}) {
+    if (std::strcmp(v, host_isa_name(isa)) == 0) return isa;
+  }
+  return host_isa::avx512;
+}
+
+inline std::atomic<int>& host_isa_ceiling() noexcept {
+  static std::atomic<int> ceiling{static_cast<int>(host_isa_from_environment())};
+  return ceiling;
+}
+
+// The path the quantizers take now: the detected one, at most the ceiling.
+inline host_isa active_host_isa() noexcept {
+  const int detected = static_cast<int>(detected_host_isa());
+  const int ceiling = host_isa_ceiling().load(std::memory_order_relaxed);
+  return static_cast<host_isa>(detected < ceiling ? detected : ceiling);
+}
+
+// Sets the ceiling (process-wide) and returns the previous one.
+inline host_isa limit_host_isa(host_isa ceiling) noexcept {
+  return static_cast<host_isa>(
+      host_isa_ceiling().exchange(static_cast<int>(ceiling), std::memory_order_relaxed));
+}
+
+// Whether the quantizers take their vector paths now.
+inline bool use_vector_path() noexcept { return active_host_isa() != host_isa::portable; }
+
+#if GRADCOMP_VECTOR_EXTENSIONS
+
+// Runs k() compiled for the active path. Every call inside k is inlined into the clone
+// (flatten), so the vector code takes the clone's instruction set.
+#if GRADCOMP_HOST_DISPATCH
+template <class K>
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl"), gnu::flatten]] inline void run_avx512(
+    const K& k) {
+  k();
+}
+template <class K>
+[[gnu::target("avx2"), gnu::flatten]] inline void run_avx2(const K& k) {
+  k();
+}
+#endif
+template <class K>
+[[gnu::flatten]] inline void run_baseline(const K& k) {
+  k();
+}
+
+template <class K>
+void run_vector(const K& k) {
+#if GRADCOMP_HOST_DISPATCH
+  switch (active_host_isa()) {
+    case host_isa::avx512: run_avx512(k); return;
+    case host_isa::avx2: run_avx2(k); return;
+    default: break;
+  }
+#endif
+  run_baseline(k);
+}
+
+// The helpers below take vectors by reference and return them through out-parameters: a
+// vector wider than 16 bytes passed by value has an ABI that depends on the instruction set,
+// which GCC reports (-Wpsabi) for every such function, inlined or not.
+namespace simd16 {
+
+// One chunk: 16 values in lanes of 4 bytes, and the narrower forms codes pass through.
+typedef float f32 __attribute__((vector_size(64)));
+typedef std::uint32_t u32 __attribute__((vector_size(64)));
+typedef std::int32_t i32 __attribute__((vector_size(64)));
+typedef std::uint64_t u64 __attribute__((vector_size(128)));
+typedef std::uint16_t u16 __attribute__((vector_size(32)));
+typedef std::uint8_t u8 __attribute__((vector_size(16)));
+typedef std::uint16_t u16x8 __attribute__((vector_size(16)));
+typedef std::uint8_t u8x8 __attribute__((vector_size(8)));
+typedef std::uint16_t u16x4 __attribute__((vector_size(8)));
+typedef std::uint8_t u8x4 __attribute__((vector_size(4)));
+typedef std::uint16_t u16x2 __attribute__((vector_size(4)));
+typedef std::uint8_t u8x2 __attribute__((vector_size(2)));
+typedef std::uint64_t u64x4 __attribute__((vector_size(32)));
+
+inline constexpr std::size_t width = 16;
+
+template <class V>
+[[gnu::always_inline]] inline void load(V& v, const void* p) {
+  std::memcpy(&v, p, sizeof v);
+}
+template <class V>
+[[gnu::always_inline]] inline void store(void* p, const V& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// Two codes per 16-bit lane into one code of twice the width per byte: byte j of `out` holds
+// code 2j in its low `bits` bits and code 2j + 1 above them (bits <= 4).
+template <class Wide, class Narrow>
+[[gnu::always_inline]] inline void join_pairs(const Wide& t, unsigned bits, Narrow& out) {
+  const auto mask = static_cast<std::uint16_t>((1u << bits) - 1u);
+  const Wide joined = (t & mask) | ((t >> (8u - bits)) & static_cast<std::uint16_t>(mask << bits));
+  out = __builtin_convertvector(joined, Narrow);
+}
+
+// Packs 16 codes (each below 2^bits, bits in {1, 2, 4, 8, 16}) LSB-first into 2 * bits
+// bytes at out, as detail::pack_codes_with does.
+[[gnu::always_inline]] inline void pack(std::byte* out, const u32& codes, unsigned bits) {
+  if (bits == 16) {
+    store(out, __builtin_convertvector(codes, u16));
+    return;
+  }
+  const u8 b = __builtin_convertvector(codes, u8);
+  if (bits == 8) {
+    store(out, b);
+    return;
+  }
+  u8x8 b2;  // 2 * bits per byte
+  join_pairs(__builtin_bit_cast(u16x8, b), bits, b2);
+  if (bits == 4) {
+    store(out, b2);
+    return;
+  }
+  u8x4 b4;
+  join_pairs(__builtin_bit_cast(u16x4, b2), 2 * bits, b4);
+  if (bits == 2) {
+    store(out, b4);
+    return;
+  }
+  u8x2 b8;  // bits == 1
+  join_pairs(__builtin_bit_cast(u16x2, b4), 4, b8);
+  store(out, b8);
+}
+
+// The 16 codes of the 2 * bits bytes at in (bits in {1, 2, 4, 8, 16}); reads only those.
+[[gnu::always_inline]] inline void unpack(const std::byte* in, unsigned bits, u32& codes) {
+  if (bits == 16) {
+    u16 h;
+    load(h, in);
+    codes = __builtin_convertvector(h, u32);
+    return;
+  }
+  if (bits == 8) {
+    u8 b;
+    load(b, in);
+    codes = __builtin_convertvector(b, u32);
+    return;
+  }
+  std::uint64_t w = 0;
+  std::memcpy(&w, in, 2 * bits);
+  const u64 shifts = u64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} * bits;
+  codes = __builtin_convertvector((u64{} + w) >> shifts, u32) & ((1u << bits) - 1u);
+}
+
+// counter_rng::uniform(i) for i = first .. first + 15 (detail/random.hpp): the same mix64,
+// lane by lane.
+[[gnu::always_inline]] inline void uniform(std::uint64_t key, std::uint64_t first, f32& u) {
+  const u64 i = u64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16} + first;
+  u64 z = key + i * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z = z ^ (z >> 31);
+  const i32 top24 = __builtin_convertvector(z >> 40, i32);  // < 2^24: exact in float
+  u = __builtin_convertvector(top24, f32) * 0x1.0p-24f;
+}
+
+// detail::float_to_half_bits, lane by lane, integer-only like it.
+[[gnu::always_inline]] inline void half_bits(const f32& f, u32& out) {
+  const u32 x = __builtin_bit_cast(u32, f);
+  const u32 sign = (x >> 16) & 0x8000u;
+  const u32 ax = x & 0x7fffffffu;
+  const i32 sax = __builtin_bit_cast(i32, ax);  // < 2^31: signed comparisons order it
+  // Normal half: rebias in place, round to nearest even.
+  const u32 r = ax - 0x38000000u;
+  const u32 normal = (r + 0x0fffu + ((r >> 13) & 1u)) >> 13;
+  // Subnormal half (and zero): the 24-bit significand shifted right by 126 - e, rounded to
+  // nearest even; shifts of 25 and more give 0, as everything below 2^-25 rounds to zero.
+  i32 shift = 126 - __builtin_bit_cast(i32, ax >> 23);
+  shift = shift < 1 ? i32{} + 1 : shift;
+  shift = shift > 31 ? i32{} + 31 : shift;
+  const u32 sh = __builtin_bit_cast(u32, shift);
+  const u32 mant = (ax & 0x7fffffu) | 0x800000u;
+  const u32 sub = (mant + (((u32{} + 1u) << (sh - 1u)) - 1u) + ((mant >> sh) & 1u)) >> sh;
+  u32 h = sax >= 0x38800000 ? normal : sub;
+  h = sax >= 0x477ff000 ? u32{} + 0x7bffu : h;  // finite overflow saturates
+  const u32 nan_bits = __builtin_bit_cast(u32, sax > 0x7f800000) & (0x200u | ((ax >> 13) & 0x3ffu));
+  h = sax >= 0x7f800000 ? 0x7c00u | nan_bits : h;
+  out = sign | h;
+}
+
+// detail::half_bits_to_float, lane by lane (h below 2^16).
+[[gnu::always_inline]] inline void half_to_float(const u32& h, f32& out) {
+  const u32 sign = (h & 0x8000u) << 16;
+  const i32 e = __builtin_bit_cast(i32, (h >> 10) & 0x1fu);
+  const u32 m = h & 0x3ffu;
+  const u32 normal = ((__builtin_bit_cast(u32, e) + 112u) << 23) | (m << 13);
+  // Inf, or NaN made quiet.
+  const u32 special = 0x7f800000u | (m << 13) | (__builtin_bit_cast(u32, m != 0u) & 0x400000u);
+  // m * 2^-24 is exact in float (m < 2^10, a normal result): the subnormal's value.
+  const u32 sub =
+      __builtin_bit_cast(u32, __builtin_convertvector(__builtin_bit_cast(i32, m), f32) * 0x1.0p-24f);
+  u32 bits = e == 0 ? sub : normal;
+  bits = e == 0x1f ? special : bits;
+  out = __builtin_bit_cast(f32, sign | bits);
+}
+
+// detail::float_to_bf16_bits, lane by lane.
+[[gnu::always_inline]] inline void bf16_bits(const f32& f, u32& out) {
+  const u32 x = __builtin_bit_cast(u32, f);
+  const i32 sax = __builtin_bit_cast(i32, x & 0x7fffffffu);
+  u32 b = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  b = sax >= 0x7f7f8000 ? ((x >> 16) & 0x8000u) | 0x7f7fu : b;
+  b = sax == 0x7f800000 ? x >> 16 : b;
+  out = sax > 0x7f800000 ? (x >> 16) | 0x40u : b;
+}
+
+// detail::qsgd_code, lane by lane, for one bucket's norm > 0.
+[[gnu::always_inline]] inline void qsgd_codes(const f32& v, float norm, std::uint32_t s,
+                                              const f32& u, u32& out) {
+  const float fs = static_cast<float>(s);
+  const f32 absv = __builtin_bit_cast(f32, __builtin_bit_cast(u32, v) & 0x7fffffffu);
+  f32 r = fs * (absv / norm);
+  r = r <= fs ? r : f32{} + fs;                       // NaN included
+  const i32 low = __builtin_convertvector(r, i32);  // r in [0, s]: truncation is floor
+  const f32 frac = r - __builtin_convertvector(low, f32);
+  const u32 level = __builtin_bit_cast(u32, low) - __builtin_bit_cast(u32, u < frac);  // true: -1
+  out = v < 0.0f ? s - level : s + level;
+}
+
+// detail::qsgd_value, lane by lane.
+[[gnu::always_inline]] inline void qsgd_values(const u32& codes, float norm, std::uint32_t s,
+                                               float inv_s, f32& out) {
+  const i32 level = __builtin_bit_cast(i32, codes) - static_cast<std::int32_t>(s);
+  out = norm * (__builtin_convertvector(level, f32) * inv_s);
+}
+
+// detail::terngrad_code, lane by lane, for one bucket's max > 0.
+[[gnu::always_inline]] inline void terngrad_codes(const f32& v, float max, const f32& u,
+                                                  u32& out) {
+  const f32 absv = __builtin_bit_cast(f32, __builtin_bit_cast(u32, v) & 0x7fffffffu);
+  const u32 hit = __builtin_bit_cast(u32, u < absv / max) & 1u;
+  const u32 neg = __builtin_bit_cast(u32, v < 0.0f) & 1u;
+  out = hit << neg;
+}
+
+// detail::terngrad_value, lane by lane (codes <= 2).
+[[gnu::always_inline]] inline void terngrad_values(const u32& codes, float max, f32& out) {
+  const u32 keep = __builtin_bit_cast(u32, codes != 0u);
+  out = __builtin_bit_cast(f32, (__builtin_bit_cast(std::uint32_t, max) & keep) | ((codes >> 1) << 31));
+}
+
+// detail::scaled_sign_value, lane by lane.
+[[gnu::always_inline]] inline void scaled_sign_values(const u32& codes, float mean, f32& out) {
+  out = __builtin_bit_cast(f32, __builtin_bit_cast(std::uint32_t, mean) ^ ((codes & 1u) << 31));
+}
+
+// ---------------------------------------------------------------------------------------
+// Bucket statistics in the order of detail/quantize_math.hpp.
+
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef double f64x4 __attribute__((vector_size(32)));
+
+// chain4_sum(p, n, square_term or abs_term) with the four partial sums as the lanes of one
+// vector: lane j receives the values 4q + j in increasing q, as partial j does, and the
+// n % 4 values after the last whole quad go to lane 0 in order. The same additions in the
+// same order, so the same bits.
+template <bool Squares>
+[[gnu::always_inline]] inline double chain4(const float* p, std::size_t n) {
+  f64x4 acc{};
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    f32x4 x;
+    load(x, p + i);
+    const f64x4 d = __builtin_convertvector(x, f64x4);
+    if constexpr (Squares) {
+      acc += d * d;
+    } else {
+      acc += __builtin_bit_cast(f64x4, __builtin_bit_cast(u64x4, d) & 0x7fffffffffffffffULL);
+    }
+  }
+  double s0 = acc[0];
+  for (; i < n; ++i) {
+    const auto d = static_cast<double>(p[i]);
+    s0 += Squares ? d * d : std::fabs(d);
+  }
+  return (s0 + acc[1]) + (acc[2] + acc[3]);
+}
+
+// detail::sum_of_squares (Squares) or detail::sum_of_abs of n values: detail::tree_reduce with
+// the leaves above (the levels above them are few and stay scalar).
+template <bool Squares>
+[[gnu::always_inline]] inline double sum_tree(const float* p, std::size_t n) {
+  if (n <= stat_block) return chain4<Squares>(p, n);
+  std::vector<double> level(stat_nodes(n));
+  for (std::size_t c = 0; c < level.size(); ++c) {
+    const std::size_t first = c * stat_block;
+    level[c] = chain4<Squares>(p + first, n - first < stat_block ? n - first : stat_block);
+  }
+  return reduce_levels(level, sum_squares_reducer{});  // nodes are added as they are
+}
+
+// detail::max_abs_bits (exact in any order).
+[[gnu::always_inline]] inline std::uint32_t max_abs_bits(const float* p, std::size_t n) {
+  u32 m{};
+  std::size_t i = 0;
+  for (; i + width <= n; i += width) {
+    u32 x;
+    load(x, p + i);
+    x &= 0x7fffffffu;
+    m = x > m ? x : m;
+  }
+  std::uint32_t best = 0;
+  for (std::size_t j = 0; j < width; ++j) best = m[j] > best ? m[j] : best;
+  for (; i < n; ++i) {
+    const std::uint32_t a = abs_bits(p[i]);
+    best = a > best ? a : best;
+  }
+  return best;
+}
+
+// Whether a stream of `bits`-bit codes packs 16 codes into whole bytes the vector way.
+constexpr bool packs(unsigned bits) noexcept {
+  return bits == 1 || bits == 2 || bits == 4 || bits == 8 || bits == 16;
+}
+
+// The encoders' loop: for each bucket of `bucket` values (the last may be shorter), its side
+// value codec.side(first value, count) (stored when side is not null), then its codes, 16 at a
+// time by codec.chunk_codes(chunk, side value, index of the chunk's first value, codes), the
+// rest by codec.code(value, side value, index), the per-element function of the portable
+// loop. Preconditions: packs(bits), and bucket a multiple of 16 or larger than n, so that
+// only the last bucket has a partial chunk and every chunk starts on a byte.
+template <class Codec>
+[[gnu::always_inline]] inline void encode_buckets(const float* v, std::size_t n,
+                                                  std::size_t bucket, unsigned bits,
+                                                  std::byte* out, float* side,
+                                                  const Codec& codec) {
+  for (std::size_t first = 0; first < n; first += bucket) {
+    const std::size_t end = n - first < bucket ? n : first + bucket;
+    const float sv = codec.side(v + first, end - first);
+    if (side != nullptr) *side++ = sv;
+    std::size_t i = first;
+    for (; i + width <= end; i += width) {
+      f32 x;
+      load(x, v + i);
+      u32 codes;
+      codec.chunk_codes(x, sv, i, codes);
+      pack(out + i * bits / 8, codes, bits);
+    }
+    if (i < end) {
+      pack_codes_with(out + i * bits / 8, end - i, bits, [&](std::size_t j) {
+        return static_cast<std::uint32_t>(codec.code(v[i + j], sv, i + j));
+      });
+    }
+  }
+}
+
+// The decoders' loop, with the same preconditions: codec.chunk_values(codes, side value,
+// values) for 16 values at a time, codec.value(code, side value) for the rest.
+template <class Codec>
+[[gnu::always_inline]] inline void decode_buckets(const std::byte* in, std::size_t n,
+                                                  std::size_t bucket, unsigned bits,
+                                                  const float* side, float* out,
+                                                  const Codec& codec) {
+  for (std::size_t first = 0; first < n; first += bucket) {
+    const std::size_t end = n - first < bucket ? n : first + bucket;
+    const float sv = side != nullptr ? *side++ : 0.0f;
+    std::size_t i = first;
+    for (; i + width <= end; i += width) {
+      u32 codes;
+      unpack(in + i * bits / 8, bits, codes);
+      f32 x;
+      codec.chunk_values(codes, sv, x);
+      store(out + i, x);
+    }
+    if (i < end) {
+      unpack_codes_with(in + i * bits / 8, end - i, bits, [&](std::size_t j, std::uint32_t c) {
+        out[i + j] = codec.value(c, sv);
+      });
+    }
+  }
+}
+
+// The largest of the n codes at in (0 when n = 0), field by field within whole bytes, 64
+// bytes at a time. Preconditions: bits in {1, 2, 4, 8} and the padding bits above the last
+// code zero (check_decode ensures it), so that padding cannot raise the maximum.
+[[gnu::always_inline]] inline std::uint32_t max_code(const std::byte* in, std::size_t n,
+                                                     unsigned bits) {
+  typedef std::uint8_t u8x64 __attribute__((vector_size(64)));
+  const std::size_t bytes = static_cast<std::size_t>(packed_size(n, bits));
+  const auto mask = static_cast<std::uint8_t>((1u << bits) - 1u);
+  u8x64 m{};
+  std::size_t i = 0;
+  for (; i + sizeof(u8x64) <= bytes; i += sizeof(u8x64)) {
+    u8x64 b;
+    load(b, in + i);
+    for (unsigned f = 0; f < 8; f += bits) {
+      const u8x64 c = (b >> f) & mask;
+      m = c > m ? c : m;
+    }
+  }
+  unsigned best = 0;
+  for (std::size_t j = 0; j < sizeof(u8x64); ++j) best = m[j] > best ? m[j] : best;
+  for (; i < bytes; ++i) {
+    const auto b = static_cast<unsigned>(in[i]);
+    for (unsigned f = 0; f < 8; f += bits) best = ((b >> f) & mask) > best ? (b >> f) & mask : best;
+  }
+  return best;
+}
+
+// The codecs: each quantizer's per-element functions (the portable loop's) and their 16-lane
+// forms, for encode_buckets and decode_buckets.
+struct half_codec {
+  static float side(const float*, std::size_t) { return 0.0f; }
+  [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) { half_bits(x, c); }
+  [[gnu::always_inline]] static std::uint32_t code(float x, float, std::size_t) { return float_to_half_bits(x); }
+  [[gnu::always_inline]] static void chunk_values(const u32& c, float, f32& x) { half_to_float(c, x); }
+  [[gnu::always_inline]] static float value(std::uint32_t c, float) {
+    return half_bits_to_float(static_cast<std::uint16_t>(c));
+  }
+};
+
+struct bf16_codec {
+  static float side(const float*, std::size_t) { return 0.0f; }
+  [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) { bf16_bits(x, c); }
+  [[gnu::always_inline]] static std::uint32_t code(float x, float, std::size_t) { return float_to_bf16_bits(x); }
+};
+
+struct qsgd_codec {
+  counter_rng rng;
+  std::uint32_t s;
+  float inv_s;
+  [[gnu::always_inline]] static float side(const float* p, std::size_t n) {
+    return qsgd_norm_from_sum(sum_tree<true>(p, n));
+  }
+  [[gnu::always_inline]] void chunk_codes(const f32& x, float norm, std::size_t i, u32& c) const {
+    if (!(norm > 0.0f)) {
+      c = u32{} + s;
+      return;
+    }
+    f32 u;
+    uniform(rng.key, i, u);
+    qsgd_codes(x, norm, s, u, c);
+  }
+  [[gnu::always_inline]] std::uint32_t code(float x, float norm, std::size_t i) const {
+    return qsgd_code(x, norm, s, rng.uniform(i));
+  }
+  [[gnu::always_inline]] void chunk_values(const u32& c, float norm, f32& x) const { qsgd_values(c, norm, s, inv_s, x); }
+  [[gnu::always_inline]] float value(std::uint32_t c, float norm) const { return qsgd_value(norm, c, s, inv_s); }
+};
+
+struct terngrad_codec {
+  counter_rng rng;
+  [[gnu::always_inline]] static float side(const float* p, std::size_t n) {
+    return terngrad_max_from_bits(max_abs_bits(p, n));
+  }
+  [[gnu::always_inline]] void chunk_codes(const f32& x, float max, std::size_t i, u32& c) const {
+    if (!(max > 0.0f)) {
+      c = u32{};
+      return;
+    }
+    f32 u;
+    uniform(rng.key, i, u);
+    terngrad_codes(x, max, u, c);
+  }
+  [[gnu::always_inline]] std::uint32_t code(float x, float max, std::size_t i) const {
+    return terngrad_code(x, max, rng.uniform(i));
+  }
+  [[gnu::always_inline]] static void chunk_values(const u32& c, float max, f32& x) { terngrad_values(c, max, x); }
+  [[gnu::always_inline]] static float value(std::uint32_t c, float max) { return terngrad_value(c, max); }
+};
+
+struct scaled_sign_codec {
+  [[gnu::always_inline]] static float side(const float* p, std::size_t n) {
+    return scaled_sign_mean_from_sum(sum_tree<false>(p, n), n);
+  }
+  [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) {
+    c = __builtin_bit_cast(u32, x < 0.0f) & 1u;
+  }
+  [[gnu::always_inline]] static std::uint32_t code(float x, float, std::size_t) { return scaled_sign_code(x); }
+  [[gnu::always_inline]] static void chunk_values(const u32& c, float mean, f32& x) { scaled_sign_values(c, mean, x); }
+  [[gnu::always_inline]] static float value(std::uint32_t c, float mean) { return scaled_sign_value(c, mean); }
+};
+
+}  // namespace simd16
+
+#endif  // GRADCOMP_VECTOR_EXTENSIONS
+
+}  // namespace gradcomp::detail

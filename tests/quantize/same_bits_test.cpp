@@ -1,0 +1,180 @@
+// The host quantizers' bytes are part of their contract: a payload encoded by one build must
+// decode, and re-encode, to the same bits in another (ranks of one job may run different
+// builds or machines). Two checks:
+//  - golden: the FNV-1a hash of every encoder's values and side values, on inputs defined by
+//    integer arithmetic alone (portable), equals the hash recorded when the scalar encoders
+//    were the only ones (git bfe9e58);
+//  - paths: every instruction-set path the host offers (detail::limit_host_isa) gives the
+//    same payload bytes and decoded bits as the portable per-element loop, over sizes 0, 1,
+//    small, odd and 2^20 + 3, buckets that do and do not divide the vector width, and inputs
+//    with zeros, subnormals, NaN, Inf and values near the 16-bit formats' limits.
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gradcomp/detail/host_simd.hpp>
+#include <gradcomp/detail/random.hpp>
+#include <gradcomp/quantize.hpp>
+
+#include "quantize_test_support.hpp"
+
+namespace {
+
+using gradcomp::payload;
+using gradcomp_test::blank;
+
+std::uint64_t fnv1a(std::uint64_t h, const void* p, std::size_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+std::uint64_t hash_of(const payload& p) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  h = fnv1a(h, p.values.data(), p.values.size());
+  return fnv1a(h, p.side.data(), p.side.size() * sizeof(float));
+}
+
+// Values from integer arithmetic only: random sign, exponent and mantissa (magnitudes from
+// about 1e-9 to 1e4, heavy-tailed in that sense), and with `special`, one value in 61 taken
+// from a list of edge cases.
+std::vector<float> test_values(std::size_t n, std::uint64_t seed, bool special) {
+  static const std::uint32_t edges[] = {
+      0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu,  // zeros, float subnormals
+      0x33000000u, 0x33000001u, 0x337fffffu, 0x387fe000u,  // half-subnormal range and ties
+      0x38800000u, 0xb8800000u, 0x477fefffu, 0x477ff000u,  // 2^-14, around 65520
+      0x7f7fffffu, 0xff7f8000u, 0x7f800000u, 0xff800000u,  // float max, bf16 tie, Inf
+      0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fa00000u,  // NaNs, signalling included
+      0x3f800000u, 0xbf800000u, 0x38000000u, 0x33800000u,  // 1, -1, 2^-15, 2^-24
+  };
+  const gradcomp::detail::counter_rng rng{seed};
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t r = rng.bits(i);
+    std::uint32_t bits = 0;
+    if (special && r % 61 == 0) {
+      bits = edges[(r >> 8) % std::size(edges)];
+    } else {
+      const auto exponent = static_cast<std::uint32_t>(97 + (r >> 8) % 44);  // 2^-30 .. 2^13
+      bits = static_cast<std::uint32_t>((r >> 63) << 31) | exponent << 23 |
+             static_cast<std::uint32_t>((r >> 20) & 0x7fffffu);
+    }
+    std::memcpy(&v[i], &bits, 4);
+  }
+  return v;
+}
+
+template <class Q>
+payload encoded(const Q& q, const std::vector<float>& v, std::uint64_t step = 3) {
+  payload p = blank(v.size());
+  q.encode(v, {.seed = 7, .step = step}, p);
+  return p;
+}
+
+struct golden_case {
+  const char* name;
+  std::size_t n;
+  bool special;
+  std::uint64_t hash;
+};
+
+template <class Q>
+void check_golden(const Q& q, const golden_case& c) {
+  CAPTURE(c.name);
+  CAPTURE(c.n);
+  CAPTURE(c.special);
+  const std::uint64_t h = hash_of(encoded(q, test_values(c.n, 11 + c.n, c.special)));
+  if (c.hash == 0) MESSAGE(c.name << " n=" << c.n << " special=" << c.special << " 0x" << std::hex << h);
+  CHECK(h == c.hash);
+}
+
+template <class Q>
+void check_paths(const Q& q, std::size_t n, bool special) {
+  namespace d = gradcomp::detail;
+  CAPTURE(n);
+  CAPTURE(special);
+  const std::vector<float> v = test_values(n, 101 + n, special);
+  const d::host_isa before = d::limit_host_isa(d::host_isa::portable);
+  const payload ref = encoded(q, v);
+  std::vector<float> ref_out(n, 1.0f);
+  q.decode(ref, ref_out);
+  for (const d::host_isa isa : {d::host_isa::baseline, d::host_isa::avx2, d::host_isa::avx512}) {
+    d::limit_host_isa(isa);
+    CAPTURE(static_cast<int>(d::active_host_isa()));
+    const payload p = encoded(q, v);
+    CHECK(p.values == ref.values);
+    REQUIRE(p.side.size() == ref.side.size());
+    CHECK(std::memcmp(p.side.data(), ref.side.data(), p.side.size() * sizeof(float)) == 0);
+    std::vector<float> out(n, 2.0f);
+    q.decode(ref, out);
+    CHECK(std::memcmp(out.data(), ref_out.data(), n * sizeof(float)) == 0);
+  }
+  d::limit_host_isa(before);
+}
+
+template <class Q>
+void check_all_paths(const Q& q) {
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16},
+                              std::size_t{17}, std::size_t{100}, std::size_t{1000},
+                              std::size_t{4099}, (std::size_t{1} << 20) + 3}) {
+    check_paths(q, n, false);
+    check_paths(q, n, true);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("same bits: every encoder's bytes equal those recorded before the vector paths") {
+  using namespace gradcomp;
+  // Hashes recorded with the scalar encoders (every path must reproduce them).
+  const golden_case cases[] = {
+#include "same_bits_golden.inc"
+  };
+  for (const golden_case& c : cases) {
+    const std::string name = c.name;
+    if (name == "fp16") check_golden(fp16{}, c);
+    else if (name == "bf16") check_golden(bf16{}, c);
+    else if (name == "identity") check_golden(identity{}, c);
+    else if (name == "qsgd4") check_golden(qsgd::with_bits(4), c);
+    else if (name == "qsgd2") check_golden(qsgd::with_bits(2), c);
+    else if (name == "qsgd8_b64") check_golden(qsgd::with_bits(8, 64), c);
+    else if (name == "qsgd3_b100") check_golden(qsgd(3, 100), c);
+    else if (name == "terngrad") check_golden(terngrad{}, c);
+    else if (name == "terngrad_b512") check_golden(terngrad{512}, c);
+    else if (name == "terngrad_b100") check_golden(terngrad{100}, c);
+    else if (name == "scaled_sign") check_golden(scaled_sign{}, c);
+    else if (name == "scaled_sign_b512") check_golden(scaled_sign{512}, c);
+    else if (name == "scaled_sign_b100") check_golden(scaled_sign{100}, c);
+    else FAIL("unknown case ", name);
+  }
+}
+
+TEST_CASE("same bits: every instruction-set path equals the portable loop") {
+  using namespace gradcomp;
+  SUBCASE("fp16") { check_all_paths(fp16{}); }
+  SUBCASE("bf16") { check_all_paths(bf16{}); }
+  SUBCASE("qsgd 4 bits") { check_all_paths(qsgd::with_bits(4)); }
+  SUBCASE("qsgd 2 bits, bucket 48") { check_all_paths(qsgd::with_bits(2, 48)); }
+  SUBCASE("qsgd 8 bits, bucket 100") { check_all_paths(qsgd::with_bits(8, 100)); }
+  SUBCASE("qsgd 3 levels (3 bits)") { check_all_paths(qsgd(3, 512)); }
+  SUBCASE("terngrad") { check_all_paths(terngrad{}); }
+  SUBCASE("terngrad, bucket 64") { check_all_paths(terngrad{64}); }
+  SUBCASE("terngrad, bucket 100") { check_all_paths(terngrad{100}); }
+  SUBCASE("scaled_sign") { check_all_paths(scaled_sign{}); }
+  SUBCASE("scaled_sign, bucket 512") { check_all_paths(scaled_sign{512}); }
+  SUBCASE("scaled_sign, bucket 100") { check_all_paths(scaled_sign{100}); }
+}
+
+TEST_CASE("same bits: the ISA limit is a limit, and reports what runs") {
+  namespace d = gradcomp::detail;
+  const d::host_isa before = d::limit_host_isa(d::host_isa::portable);
+  CHECK(d::active_host_isa() == d::host_isa::portable);
+  d::limit_host_isa(d::host_isa::avx512);
+  CHECK(d::active_host_isa() == d::detected_host_isa());
+  CHECK(d::host_isa_name(d::host_isa::avx2) == std::string("avx2"));
+  d::limit_host_isa(before);
+}
