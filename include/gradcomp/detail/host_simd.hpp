@@ -183,11 +183,13 @@ template <class V>
 }
 
 // Two codes per 16-bit lane into one code of twice the width per byte: byte j of `out` holds
-// code 2j in its low `bits` bits and code 2j + 1 above them (bits <= 4).
-template <class Wide, class Narrow>
-[[gnu::always_inline]] inline void join_pairs(const Wide& t, unsigned bits, Narrow& out) {
-  const auto mask = static_cast<std::uint16_t>((1u << bits) - 1u);
-  const Wide joined = (t & mask) | ((t >> (8u - bits)) & static_cast<std::uint16_t>(mask << bits));
+// code 2j in its low Bits bits and code 2j + 1 above them (Bits <= 4). Bits is a constant so
+// that the masks are constants of the lane type (GCC refuses a variable scalar wider than it).
+template <unsigned Bits, class Wide, class Narrow>
+[[gnu::always_inline]] inline void join_pairs(const Wide& t, Narrow& out) {
+  constexpr auto mask = static_cast<std::uint16_t>((1u << Bits) - 1u);
+  constexpr auto high = static_cast<std::uint16_t>(mask << Bits);
+  const Wide joined = (t & mask) | ((t >> (8u - Bits)) & high);
   out = __builtin_convertvector(joined, Narrow);
 }
 
@@ -203,21 +205,26 @@ template <class Wide, class Narrow>
     store(out, b);
     return;
   }
-  u8x8 b2;  // 2 * bits per byte
-  join_pairs(__builtin_bit_cast(u16x8, b), bits, b2);
-  if (bits == 4) {
-    store(out, b2);
-    return;
+  u8x8 b2;  // two codes per byte
+  u8x4 b4;  // four
+  u8x2 b8;  // eight
+  switch (bits) {
+    case 4:
+      join_pairs<4>(__builtin_bit_cast(u16x8, b), b2);
+      store(out, b2);
+      return;
+    case 2:
+      join_pairs<2>(__builtin_bit_cast(u16x8, b), b2);
+      join_pairs<4>(__builtin_bit_cast(u16x4, b2), b4);
+      store(out, b4);
+      return;
+    default:  // 1
+      join_pairs<1>(__builtin_bit_cast(u16x8, b), b2);
+      join_pairs<2>(__builtin_bit_cast(u16x4, b2), b4);
+      join_pairs<4>(__builtin_bit_cast(u16x2, b4), b8);
+      store(out, b8);
+      return;
   }
-  u8x4 b4;
-  join_pairs(__builtin_bit_cast(u16x4, b2), 2 * bits, b4);
-  if (bits == 2) {
-    store(out, b4);
-    return;
-  }
-  u8x2 b8;  // bits == 1
-  join_pairs(__builtin_bit_cast(u16x2, b4), 4, b8);
-  store(out, b8);
 }
 
 // The 16 codes of the 2 * bits bytes at in (bits in {1, 2, 4, 8, 16}); reads only those.
@@ -234,8 +241,12 @@ template <class Wide, class Narrow>
     codes = __builtin_convertvector(b, u32);
     return;
   }
-  std::uint64_t w = 0;
-  std::memcpy(&w, in, 2 * bits);
+  std::uint64_t w = 0;  // the 2 * bits bytes, in sizes the compiler can see
+  switch (bits) {
+    case 4: std::memcpy(&w, in, 8); break;
+    case 2: std::memcpy(&w, in, 4); break;
+    default: std::memcpy(&w, in, 2); break;  // 1
+  }
   const u64 shifts = u64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} * bits;
   codes = __builtin_convertvector((u64{} + w) >> shifts, u32) & ((1u << bits) - 1u);
 }
@@ -476,13 +487,15 @@ template <class Codec>
   typedef std::uint8_t u8x64 __attribute__((vector_size(64)));
   const std::size_t bytes = static_cast<std::size_t>(packed_size(n, bits));
   const auto mask = static_cast<std::uint8_t>((1u << bits) - 1u);
+  u8x64 maskv;  // a vector, not a scalar: GCC refuses a variable scalar wider than the lane
+  std::memset(&maskv, mask, sizeof maskv);
   u8x64 m{};
   std::size_t i = 0;
   for (; i + sizeof(u8x64) <= bytes; i += sizeof(u8x64)) {
     u8x64 b;
     load(b, in + i);
     for (unsigned f = 0; f < 8; f += bits) {
-      const u8x64 c = (b >> f) & mask;
+      const u8x64 c = (b >> f) & maskv;
       m = c > m ? c : m;
     }
   }
