@@ -202,11 +202,8 @@ inline void check_decode(std::string_view where, const payload& in, std::size_t 
 // Largest code in a packed stream (0 when empty), to reject invalid codes before decoding.
 inline std::uint32_t max_code(const payload& in) {
 #if GRADCOMP_VECTOR_EXTENSIONS
-  if (use_vector_path() && simd16::packs(in.bits_per_value) && in.bits_per_value <= 8u) {
-    std::uint32_t best = 0;
-    run_vector([&] { best = simd16::max_code(in.values.data(), in.count, in.bits_per_value); });
-    return best;
-  }
+  std::uint32_t best = 0;
+  if (max_code_vector(in.values.data(), in.count, in.bits_per_value, best)) return best;
 #endif
   std::uint32_t m = 0;
   unpack_codes_with(in.values.data(), in.count, in.bits_per_value,

@@ -32,14 +32,8 @@ struct bf16 {
               payload& out) const {
     detail::begin_encode("bf16::encode", out, values.size(), id, 16, {});
 #if GRADCOMP_VECTOR_EXTENSIONS
-    if (detail::use_vector_path()) {
-      const std::size_t n = values.size();
-      detail::run_vector([&] {
-        namespace v = detail::simd16;
-        v::encode_buckets(
-            values.data(), n, n + 1, 16, out.values.data(), nullptr,
-            v::bf16_codec{});
-      });
+    if (detail::encode_vector(values.data(), values.size(), values.size() + 1, 16,
+                               out.values.data(), nullptr, detail::simd16::bf16_codec{})) {
       return;
     }
 #endif

@@ -33,14 +33,8 @@ struct fp16 {
               payload& out) const {
     detail::begin_encode("fp16::encode", out, values.size(), id, 16, {});
 #if GRADCOMP_VECTOR_EXTENSIONS
-    if (detail::use_vector_path()) {
-      const std::size_t n = values.size();
-      detail::run_vector([&] {
-        namespace v = detail::simd16;
-        v::encode_buckets(
-            values.data(), n, n + 1, 16, out.values.data(), nullptr,
-            v::half_codec{});
-      });
+    if (detail::encode_vector(values.data(), values.size(), values.size() + 1, 16,
+                               out.values.data(), nullptr, detail::simd16::half_codec{})) {
       return;
     }
 #endif
@@ -52,14 +46,8 @@ struct fp16 {
   void decode(const payload& in, std::span<float> decoded) const {
     detail::check_decode("fp16::decode", in, decoded.size(), id, 16, {});
 #if GRADCOMP_VECTOR_EXTENSIONS
-    if (detail::use_vector_path()) {
-      const std::size_t n = decoded.size();
-      detail::run_vector([&] {
-        namespace v = detail::simd16;
-        v::decode_buckets(
-            in.values.data(), n, n + 1, 16, nullptr, decoded.data(),
-            v::half_codec{});
-      });
+    if (detail::decode_vector(in.values.data(), decoded.size(), decoded.size() + 1, 16, nullptr,
+                               decoded.data(), detail::simd16::half_codec{})) {
       return;
     }
 #endif

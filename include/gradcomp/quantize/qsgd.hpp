@@ -80,13 +80,8 @@ struct qsgd {
     const std::size_t n = values.size();
     const std::uint32_t s = levels_;
 #if GRADCOMP_VECTOR_EXTENSIONS
-    if (detail::use_vector_path() && detail::simd16::packs(bits) && bucket_size_ % 16u == 0u) {
-      detail::run_vector([&] {
-        namespace v = detail::simd16;
-        v::encode_buckets(
-            values.data(), n, bucket_size_, bits, out.values.data(), out.side.data(),
-            v::qsgd_codec{rng, s, 0.0f});
-      });
+    if (detail::encode_vector(values.data(), n, bucket_size_, bits, out.values.data(),
+                               out.side.data(), detail::simd16::qsgd_codec{rng, s, 0.0f})) {
       return;
     }
 #endif
@@ -116,13 +111,8 @@ struct qsgd {
     const float* side = in.side.data();
     const std::size_t n = decoded.size();
 #if GRADCOMP_VECTOR_EXTENSIONS
-    if (detail::use_vector_path() && detail::simd16::packs(bits) && bucket_size_ % 16u == 0u) {
-      detail::run_vector([&] {
-        namespace v = detail::simd16;
-        v::decode_buckets(
-            in.values.data(), n, bucket_size_, bits, side, decoded.data(),
-            v::qsgd_codec{{}, s, inv_s});
-      });
+    if (detail::decode_vector(in.values.data(), n, bucket_size_, bits, side, decoded.data(),
+                               detail::simd16::qsgd_codec{{}, s, inv_s})) {
       return;
     }
 #endif

@@ -50,13 +50,8 @@ struct scaled_sign {
     const std::size_t n = values.size();
     const std::size_t bucket = bucket_size_ == 0 ? n + 1 : bucket_size_;
 #if GRADCOMP_VECTOR_EXTENSIONS
-    if (detail::use_vector_path() && (bucket % 16u == 0u || bucket > n)) {
-      detail::run_vector([&] {
-        namespace v = detail::simd16;
-        v::encode_buckets(
-            values.data(), n, bucket, 1, out.values.data(), out.side.data(),
-            v::scaled_sign_codec{});
-      });
+    if (detail::encode_vector(values.data(), n, bucket, 1, out.values.data(), out.side.data(),
+                               detail::simd16::scaled_sign_codec{})) {
       return;
     }
 #endif
@@ -77,13 +72,8 @@ struct scaled_sign {
     const std::size_t bucket = bucket_size_ == 0 ? n + 1 : bucket_size_;
     const float* side = in.side.data();
 #if GRADCOMP_VECTOR_EXTENSIONS
-    if (detail::use_vector_path() && (bucket % 16u == 0u || bucket > n)) {
-      detail::run_vector([&] {
-        namespace v = detail::simd16;
-        v::decode_buckets(
-            in.values.data(), n, bucket, 1, side, decoded.data(),
-            v::scaled_sign_codec{});
-      });
+    if (detail::decode_vector(in.values.data(), n, bucket, 1, side, decoded.data(),
+                               detail::simd16::scaled_sign_codec{})) {
       return;
     }
 #endif

@@ -51,13 +51,8 @@ struct terngrad {
     const std::size_t n = values.size();
     const std::size_t bucket = bucket_size_ == 0 ? n + 1 : bucket_size_;
 #if GRADCOMP_VECTOR_EXTENSIONS
-    if (detail::use_vector_path() && (bucket % 16u == 0u || bucket > n)) {
-      detail::run_vector([&] {
-        namespace v = detail::simd16;
-        v::encode_buckets(
-            values.data(), n, bucket, 2, out.values.data(), out.side.data(),
-            v::terngrad_codec{rng});
-      });
+    if (detail::encode_vector(values.data(), n, bucket, 2, out.values.data(), out.side.data(),
+                               detail::simd16::terngrad_codec{rng})) {
       return;
     }
 #endif
@@ -83,13 +78,8 @@ struct terngrad {
     const std::size_t bucket = bucket_size_ == 0 ? n + 1 : bucket_size_;
     const float* side = in.side.data();
 #if GRADCOMP_VECTOR_EXTENSIONS
-    if (detail::use_vector_path() && (bucket % 16u == 0u || bucket > n)) {
-      detail::run_vector([&] {
-        namespace v = detail::simd16;
-        v::decode_buckets(
-            in.values.data(), n, bucket, 2, side, decoded.data(),
-            v::terngrad_codec{});
-      });
+    if (detail::decode_vector(in.values.data(), n, bucket, 2, side, decoded.data(),
+                               detail::simd16::terngrad_codec{})) {
       return;
     }
 #endif
