@@ -4,6 +4,7 @@
 // Names (Google Benchmark arguments, see bench/README.md):
 //   select/<selector>[_<dist>]/n:<n>/ppm:<density in parts per million>
 //   step/<compressor>[_<dist>]/n:<n>/ppm:<ppm>      one rank's accumulate + select + encode
+//   select_residual/<selector>/n:<n>/ppm:<ppm>      select on an error-feedback residual
 //   quantize/<quantizer>_encode/n:<n>, quantize/<quantizer>_decode/n:<n>
 //   baseline/{stream_read,copy,memcpy}/n:<n>, baseline/{nth_element,partial_sort}/n:<n>/ppm:<ppm>
 // <dist> is absent for normal input, `_laplace` or `_t3` (Student-t, 3 degrees of freedom) for
@@ -46,15 +47,19 @@ std::span<const float> view(const std::vector<float>& v) { return v; }
 // What every benchmark reports besides time: the bytes of g it looked at per call, and per call
 // on average the count it selected, how often it fell back (for topk: a bracket miss that
 // radix select finished) and its refinement rounds.
+// With the target k known, also how often the count lay in Gaussian-k's band [2k/3, 4k/3].
 struct tally {
+  std::size_t k = 0;
   double selected = 0;
   double fallbacks = 0;
   double rounds = 0;
+  double in_band = 0;
 
   void add(const selection_stats& st) {
     selected += static_cast<double>(st.count);
     fallbacks += st.fallback ? 1.0 : 0.0;
     rounds += st.iterations;
+    in_band += 3 * st.count >= 2 * k && 3 * st.count <= 4 * k ? 1.0 : 0.0;
   }
 
   void report(benchmark::State& state, std::int64_t n, bool with_selection = true) const {
@@ -64,6 +69,7 @@ struct tally {
     state.counters["selected"] = C(selected, C::kAvgIterations);
     state.counters["misses"] = C(fallbacks, C::kAvgIterations);
     state.counters["rounds"] = C(rounds, C::kAvgIterations);
+    if (k > 0) state.counters["in_band"] = C(in_band, C::kAvgIterations);
   }
 };
 
@@ -91,11 +97,61 @@ void bench_select(benchmark::State& state, gb::dist d) {
   prepare(sel, in, ctx.k);
   std::vector<std::uint32_t> idx;
   sel.select(view(in[0]), ctx, idx);  // scratch grows here, not in the timed loop
-  tally t;
+  tally t{.k = ctx.k};
   std::size_t it = 1;
   for (auto _ : state) {
     ctx.id.step = it;  // random policies draw afresh each call, as in training
     t.add(sel.select(view(in[it++]), ctx, idx));
+    benchmark::DoNotOptimize(idx.data());
+    benchmark::ClobberMemory();
+  }
+  t.report(state, n);
+}
+
+// Selection on an error-feedback residual: the accumulated vector e + g a running job selects
+// from, whose largest values were sent in earlier steps, so that its tail is not the normal
+// input's. Snapshots of exact top-k's residual at the benchmark's density after a few steps
+// of independent normal gradients, as many as there are input buffers; made once per
+// (n, ppm) and kept.
+const std::vector<std::vector<float>>& residual_inputs(std::int64_t n, std::int64_t ppm) {
+  static std::vector<std::pair<std::pair<std::int64_t, std::int64_t>,
+                               std::vector<std::vector<float>>>> made;
+  for (const auto& [key, set] : made) {
+    if (key == std::pair{n, ppm}) return set;
+  }
+  const std::size_t buffers = gb::inputs(static_cast<std::size_t>(n), gb::dist::normal).size();
+  const std::size_t warmup = 6;
+  std::vector<float> e(static_cast<std::size_t>(n), 0.0f);
+  std::vector<float> g(e.size());
+  std::vector<std::vector<float>> set;
+  gradcomp::topk sel;
+  std::vector<std::uint32_t> idx;
+  const select_context ctx{k_of(n, ppm), 0.0, {}};
+  for (std::size_t step = 0; set.size() < buffers; ++step) {
+    gb::fill(g, gb::dist::normal, 1000 + step);  // streams the input sets do not use
+    for (std::size_t i = 0; i < e.size(); ++i) e[i] += g[i];
+    if (step >= warmup) set.push_back(e);
+    sel.select(view(e), ctx, idx);
+    for (const std::uint32_t i : idx) e[i] = 0.0f;
+  }
+  made.emplace_back(std::pair{n, ppm}, std::move(set));
+  return made.back().second;
+}
+
+template <class Selector>
+void bench_select_residual(benchmark::State& state, Selector proto) {
+  const std::int64_t n = state.range(0);
+  const std::int64_t ppm = state.range(1);
+  const auto& in = residual_inputs(n, ppm);
+  Selector sel = std::move(proto);
+  select_context ctx{k_of(n, ppm), static_cast<double>(ppm) * 1e-6, {.seed = 7}};
+  std::vector<std::uint32_t> idx;
+  sel.select(view(in[0]), ctx, idx);
+  tally t{.k = ctx.k};
+  std::size_t it = 1;
+  for (auto _ : state) {
+    ctx.id.step = it;
+    t.add(sel.select(view(in[it++ % in.size()]), ctx, idx));
     benchmark::DoNotOptimize(idx.data());
     benchmark::ClobberMemory();
   }
@@ -116,7 +172,7 @@ void bench_step(benchmark::State& state, gb::dist d, Compressor proto) {
   payload p;
   gradcomp::compress_context ctx{static_cast<double>(ppm) * 1e-6, {.seed = 7}};
   c.compress(view(in[0]), st, ctx, p);
-  tally t;
+  tally t{.k = k_of(n, ppm)};
   std::size_t it = 1;
   for (auto _ : state) {
     ctx.id.step = it;
@@ -285,10 +341,21 @@ void register_all() {
 
       add_step("topk_residual", n, d, compressor<topk, identity, residual>{});
       add_step("gaussiank_residual", n, d, compressor<gaussiank, identity, residual>{});
+      add_step("gaussiank_published_residual", n, d,
+               compressor<gaussiank, identity, residual>(gaussiank::published()));
       add_step("randomk_residual", n, d, compressor<randomk, identity, residual>{});
       add_step("topk_qsgd_residual", n, d,
                compressor<topk, qsgd, residual>(topk{}, qsgd::with_bits(4)));
 
+      if (d == gb::dist::normal && n < (std::int64_t{1} << 27)) {
+        add_ppm("select_residual/topk",
+                [](benchmark::State& s) { bench_select_residual(s, topk{}); }, n);
+        add_ppm("select_residual/gaussiank",
+                [](benchmark::State& s) { bench_select_residual(s, gaussiank{}); }, n);
+        add_ppm("select_residual/gaussiank_published", [](benchmark::State& s) {
+          bench_select_residual(s, gaussiank::published());
+        }, n);
+      }
       if (d == gb::dist::normal) {
         add_quantizer("identity", n, identity{});
         add_quantizer("fp16", n, fp16{});

@@ -36,8 +36,9 @@ def load(path):
         key = (m["family"], int(m["n"]), int(m["ppm"]) if m["ppm"] else None)
         rank = {"min": 0, "median": 1}.get(agg, 2)
         if key not in runs or rank < runs[key][0]:
-            runs[key] = (rank, b["real_time"] * scale)
-    return doc.get("context", {}), {k: v[1] for k, v in runs.items()}
+            runs[key] = (rank, b["real_time"] * scale, b.get("in_band"))
+    return (doc.get("context", {}), {k: v[1] for k, v in runs.items()},
+            {k: v[2] for k, v in runs.items() if v[2] is not None})
 
 
 def seconds(runs, family, n, ppm):
@@ -54,7 +55,7 @@ def main():
     args = sys.argv[1:]
     if not args:
         sys.exit(__doc__)
-    context, runs = load(args[0])
+    context, runs, in_band = load(args[0])
     dat_dir = args[args.index("--dat") + 1] if "--dat" in args else None
     sizes = sorted({n for (_, n, _) in runs})
     n = 25557032 if 25557032 in sizes else sizes[-1]
@@ -62,7 +63,7 @@ def main():
     for (fam, nn, _) in runs:
         if nn == n and fam not in families:
             families.append(fam)
-    order = {"baseline": 0, "select": 1, "step": 2, "quantize": 3}
+    order = {"baseline": 0, "select": 1, "select_residual": 2, "step": 3, "quantize": 4}
     normal = [f for f in families if not f.endswith(HEAVY)]
     normal.sort(key=lambda f: (order.get(f.split("/")[0], 9), families.index(f)))
 
@@ -126,6 +127,14 @@ def main():
             fam = f"quantize/{q}_{side}"
             targets.append((f"`{fam}` within {bound:g}x of `baseline/copy`",
                             ratio(fam, "baseline/copy"), lambda r, b=bound: r <= b, "{:.2f}x"))
+    # Gaussian-k on an error-feedback residual: the count in [2k/3, 4k/3] on every call (the
+    # in_band counter, the fraction of calls; its minimum over the repetitions), and the time.
+    for fam in ("select_residual/gaussiank", "step/gaussiank_residual"):
+        band = in_band.get((fam, n, 1000))
+        targets.append((f"`{fam}` selects within [2k/3, 4k/3] on every call",
+                        band, lambda r: r >= 1.0, "{:.2f} of calls"))
+        targets.append((f"`{fam}` within 2x of `baseline/stream_read`",
+                        ratio(fam, "baseline/stream_read"), lambda r: r <= 2, "{:.2f}x"))
     for fam in ("select/topk", "select/gaussiank", "step/topk_residual"):
         for suf, label in zip(HEAVY, ("Laplace", "Student-t (3)")):
             targets.append((f"`{fam}` on {label} input within 1.5x of normal",

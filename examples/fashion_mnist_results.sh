@@ -17,6 +17,7 @@ rows=(
   "topk_0.01|--compressor topk --density 0.01"
   "topk_0.001|--compressor topk --density 0.001"
   "gaussiank_0.001|--compressor gaussiank --density 0.001"
+  "gaussiank_published_0.001|--compressor gaussiank_published --density 0.001"
   "randomk_0.01|--compressor randomk --density 0.01"
   "randomk_0.01_no_momentum|--compressor randomk --density 0.01 --momentum 0"
   "dgc_0.001|--compressor dgc --density 0.001"

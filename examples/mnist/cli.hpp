@@ -56,7 +56,8 @@ struct extra_flags {
   std::fprintf(stderr,
                "%s%s"
                "usage: %s [options]\n"
-               "  --compressor dense|topk|gaussiank|randomk|dgc|qsgd|terngrad|sign  (dense)\n"
+               "  --compressor dense|topk|gaussiank|gaussiank_published|randomk|dgc|qsgd|terngrad|sign\n"
+               "                 (dense)\n"
                "  --density R      target density of the sparsifiers; LAGS: the least one (0.01)\n"
                "  --exchange allreduce|allgather|gtopk|a2a|auto\n"
                "                   (default: allreduce for dense and randomk, else allgather)\n"
@@ -164,6 +165,7 @@ inline void print_epoch(unsigned epoch, const train_options& o, const outcome& r
 // dense_bytes_per_worker are extras, `more` (", \"key\": value" pairs) last.
 inline void print_json(const train_options& o, int workers, const outcome& r, const std::string& more = {}) {
   const bool sparsifier = o.compressor == "topk" || o.compressor == "gaussiank" ||
+                          o.compressor == "gaussiank_published" ||
                           o.compressor == "randomk" || o.compressor == "dgc";
   const double density = o.schedule == "pqasgd" ? 1.0 / o.subsets : sparsifier ? o.density : 1.0;
   const unsigned bits = o.compressor == "qsgd" ? o.bits

@@ -107,6 +107,10 @@ auto with_policies(const train_options& o, F&& f) {
   if (o.compressor == "dense") return with_exchange(o, compressor<dense, identity, no_feedback>{}, f);
   if (o.compressor == "topk") return with_exchange(o, compressor<topk, identity, residual>{}, f);
   if (o.compressor == "gaussiank") return with_exchange(o, compressor<gaussiank, identity, residual>{}, f);
+  if (o.compressor == "gaussiank_published") {
+    return with_exchange(
+        o, compressor<gaussiank, identity, residual>(gaussiank::published()), f);
+  }
   if (o.compressor == "randomk") return with_exchange(o, compressor<randomk, identity, residual>{}, f);
   if (o.compressor == "dgc") {
     return with_exchange(o, compressor<topk, identity, dgc_momentum>(

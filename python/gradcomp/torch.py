@@ -37,7 +37,8 @@ __all__ = [
     "EXCHANGES",
 ]
 
-SELECTORS: Tuple[str, ...] = ("topk", "gaussiank", "randomk", "threshold", "dgc", "dense")
+SELECTORS: Tuple[str, ...] = (
+    "topk", "gaussiank", "gaussiank_published", "randomk", "threshold", "dgc", "dense")
 QUANTIZERS: Tuple[str, ...] = ("fp32", "fp16", "bf16", "qsgd", "terngrad", "sign")
 FEEDBACKS: Tuple[str, ...] = ("residual", "none", "dgc")
 EXCHANGES: Tuple[str, ...] = ("allreduce", "allgather", "gtopk", "a2a", "auto")
@@ -60,8 +61,9 @@ class GradcompState:
     Args:
         process_group: the group to exchange over (None: the default group). It must have
             the same size at every step as at the first.
-        selector: which coordinates are sent: 'topk' (exact top-k of |acc|), 'gaussiank',
-            'randomk', 'threshold' (needs ``threshold``), 'dgc' (DGC's sampled threshold; its
+        selector: which coordinates are sent: 'topk' (exact top-k of |acc|), 'gaussiank'
+            (count in [2k/3, 4k/3], else the exact top-k), 'gaussiank_published' (the
+            GaussianK-SGD paper's corrections, count not guaranteed), 'randomk', 'threshold' (needs ``threshold``), 'dgc' (DGC's sampled threshold; its
             feedback is DGC's momentum correction, so the optimizer's momentum must be 0),
             'dense' (every coordinate, e.g. with a quantizer).
         density: fraction of each bucket's coordinates to send, in (0, 1].

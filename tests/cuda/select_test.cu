@@ -1,7 +1,8 @@
 // Device selectors (gradcomp/cuda/select.cuh) against the host ones: topk gives the host's
 // index set, threshold and fallback flag over the size/distribution matrix (bracket hit, forced
 // miss, forced radix, k = 0, k = n, NaN); gaussiank's threshold agrees within float tolerance
-// and its selection is exactly the set its threshold defines; threshold equals the host's.
+// and its selection is exactly the set its threshold defines (the default form: that set in
+// the band, or the exact top-k); threshold equals the host's.
 // Bad input throws before anything is written. Skipped (exit 77) without a CUDA device.
 #include <doctest/doctest.h>
 
@@ -291,10 +292,16 @@ void compare_gaussiank(gradcomp::gaussiank sel, const std::vector<T>& g, std::si
     CHECK(dev.indices == ref);
     return;
   }
-  if (sel.cap_at_k) {
-    // Either more than k survived (then the exact top-k) or the threshold's own set.
+  if (sel.cap_at_k || sel.until_in_band) {
+    // Either the exact top-k (more than k survived, or the default form ended outside the
+    // band) or the threshold's own set, which the default form has in the band.
     if (dev.stats.count == k && dev.indices == ref) return;
-    CHECK(dev.stats.count <= k);
+    if (sel.cap_at_k) {
+      CHECK(dev.stats.count <= k);
+    } else {
+      CHECK(3 * dev.stats.count >= 2 * k);
+      CHECK(3 * dev.stats.count <= 4 * k);
+    }
     const auto tc = gd::key_threshold_above<T>(dev.stats.threshold);
     std::vector<std::uint32_t> expect;
     for (std::size_t i = 0; i < n; ++i) {
@@ -336,6 +343,7 @@ TEST_CASE_TEMPLATE("device gaussiank agrees with host gaussiank", T, float, doub
       for (std::size_t k : {std::size_t{0}, std::size_t{1}, n / 1000 + 1, n / 100 + 1, n / 3, n}) {
         if (k > n) continue;
         compare_gaussiank(gradcomp::gaussiank{}, g, k);
+        compare_gaussiank(gradcomp::gaussiank::published(), g, k);
         gradcomp::gaussiank capped;
         capped.cap_at_k = true;
         compare_gaussiank(capped, g, k);

@@ -81,16 +81,20 @@ TEST_CASE("gaussiank: the sampled one-read path selects what the two-pass form s
   const std::size_t n = std::size_t{1} << 18;
   for (gt::dist d : gt::all_dists) {
     for (double density : {0.0001, 0.001, 0.01, 0.1}) {
-      for (bool cap : {false, true}) {
+      for (int form = 0; form < 4; ++form) {
+        const bool cap = (form & 1) != 0;
+        const bool band = (form & 2) == 0;  // the default form, and the published one
         const auto g = gt::make_input<float>(d, n, 17);
         const std::size_t k = gradcomp::k_for_density(n, density);
         const std::string dist_name = gt::name(d);
         CAPTURE(dist_name);
         CAPTURE(density);
         CAPTURE(cap);
-        gradcomp::gaussiank plain{.cap_at_k = cap, .predict_sample = 0};
-        gradcomp::gaussiank sampled{.cap_at_k = cap};
-        gradcomp::gaussiank too_high{.cap_at_k = cap, .collect_margin = -1.0};  // list unusable
+        CAPTURE(band);
+        gradcomp::gaussiank plain{.until_in_band = band, .cap_at_k = cap, .predict_sample = 0};
+        gradcomp::gaussiank sampled{.until_in_band = band, .cap_at_k = cap};
+        gradcomp::gaussiank too_high{
+            .until_in_band = band, .cap_at_k = cap, .collect_margin = -1.0};  // list unusable
         gt::check_same_selection(plain, sampled, g, k);
         gt::check_same_selection(plain, too_high, g, k);
       }
@@ -112,9 +116,12 @@ TEST_CASE("gaussiank: a sample that misleads overflows the list and falls back t
     if (!on_grid[i]) g[i] *= 10.0f;
   }
   gradcomp::gaussiank plain{.predict_sample = 0};
+  gradcomp::gaussiank published_plain{.until_in_band = false, .predict_sample = 0};
+  auto published = gradcomp::gaussiank::published();
   for (std::size_t k : {n / 1000, n / 100}) {
     CAPTURE(k);
     gt::check_same_selection(plain, sampled, g, k);
+    gt::check_same_selection(published_plain, published, g, k);
   }
 }
 

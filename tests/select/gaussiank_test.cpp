@@ -1,5 +1,7 @@
 // Gaussian-k: the count band on normal input, the exact form of the selection, the refinement
-// budget, cap_at_k, degenerate and heavy-tailed inputs; and the inverse normal CDF it uses.
+// budget, cap_at_k, degenerate and heavy-tailed inputs, for the default (banded) form against a
+// replay of its search and for the published form against the paper's corrections; the band
+// on an error-feedback residual; and the inverse normal CDF it uses.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include <gradcomp/detail/normal.hpp>
+#include <gradcomp/detail/select/gaussian_search.hpp>
 #include <gradcomp/select/gaussiank.hpp>
 
 #include "select_test_inputs.hpp"
@@ -46,14 +49,35 @@ double first_threshold(const std::vector<T>& g, std::size_t k) {
          sd * gradcomp::detail::inverse_normal_upper(rho / 2.0);
 }
 
+// The default form's result, replayed with counts taken directly: the set above the last
+// threshold when its count is in the band, else the exact top-k.
 template <class T>
-void normal_band() {
+std::vector<std::uint32_t> banded_reference(const std::vector<T>& g, std::size_t k,
+                                            unsigned budget, unsigned& iterations) {
+  double thr = first_threshold(g, k);
+  std::size_t c = above(g, thr).size();
+  auto in_band = [&] { return 3 * c >= 2 * k && 3 * c <= 4 * k; };
+  iterations = 0;
+  gradcomp::detail::gaussian_bracket br;
+  while (iterations < budget && !in_band()) {
+    thr = gradcomp::detail::gaussian_correction(thr, 3 * c < 2 * k, true, br);
+    ++iterations;
+    c = above(g, thr).size();
+    if (thr == 0.0 || !std::isfinite(thr)) break;
+  }
+  return in_band() ? above(g, thr) : gt::reference_topk(g, k);
+}
+
+template <class T>
+void normal_band(bool band) {
   const std::size_t n = std::size_t{1} << 20;
   const auto g = gt::make_input<T>(gt::dist::normal, n, 21);
   gradcomp::gaussiank sel;
+  sel.until_in_band = band;
   std::vector<std::uint32_t> out;
   for (double density : {0.0005, 0.001, 0.01, 0.05, 0.1, 0.3}) {
     const std::size_t k = gradcomp::k_for_density(n, density);
+    CAPTURE(band);
     CAPTURE(density);
     const auto st = run(sel, g, k, out);
     CHECK(3 * st.count >= 2 * k);
@@ -69,17 +93,99 @@ void normal_band() {
 }  // namespace
 
 TEST_CASE("gaussiank: on normal input the count lies in [2k/3, 4k/3] at the first try") {
-  normal_band<float>();
-  normal_band<double>();
+  for (bool band : {true, false}) {
+    normal_band<float>(band);
+    normal_band<double>(band);
+  }
 }
 
-TEST_CASE("gaussiank: heavy tails terminate within the budget with a non-empty selection") {
+TEST_CASE("gaussiank: the banded correction bisects once both sides are seen") {
+  using gradcomp::detail::gaussian_correction;
+  gradcomp::detail::gaussian_bracket br;
+  // Too many at 1: x1.5 (no upper side yet); too few at 1.5: bisect between 1 and 1.5.
+  CHECK(gaussian_correction(1.0, false, true, br) == 1.5);
+  const double mid = gaussian_correction(1.5, true, true, br);
+  CHECK(mid == doctest::Approx(std::sqrt(1.5)));
+  CHECK((mid > 1.0 && mid < 1.5));
+  // Too many at mid: the lower side moves up; the next lies between mid and 1.5.
+  const double next = gaussian_correction(mid, false, true, br);
+  CHECK((next > mid && next < 1.5));
+  CHECK(br.low == mid);
+  CHECK(br.high == 1.5);
+  // The published form never bisects.
+  gradcomp::detail::gaussian_bracket pb;
+  CHECK(gaussian_correction(1.0, false, false, pb) == 1.5);
+  CHECK(gaussian_correction(1.5, true, false, pb) == 0.75);
+}
+
+TEST_CASE("gaussiank: the default form ends in the band or with the exact top-k, as replayed") {
+  // Every input shape, densities down to a handful of values, budgets 0 to 8: the result is
+  // the replay's (the set above the last threshold when in the band, else the exact top-k).
+  for (gt::dist d : gt::all_dists) {
+    for (std::size_t n : {std::size_t{1000}, std::size_t{4099}, std::size_t{1} << 18}) {
+      const auto g = gt::make_input<float>(d, n, 41);
+      for (unsigned budget : {0u, 1u, 3u, 8u}) {
+        for (double density : {0.001, 0.01, 0.1, 0.5}) {
+          const std::size_t k = gradcomp::k_for_density(n, density);
+          const std::string dist_name = gt::name(d);
+          CAPTURE(dist_name);
+          CAPTURE(n);
+          CAPTURE(budget);
+          CAPTURE(density);
+          gradcomp::gaussiank sel;
+          sel.max_refinements = budget;
+          std::vector<std::uint32_t> out;
+          const auto st = run(sel, g, k, out);
+          unsigned iterations = 0;
+          const auto expect = banded_reference(g, k, budget, iterations);
+          CHECK(st.iterations == iterations);
+          CHECK(out == expect);
+          CHECK(st.count == out.size());
+          const bool banded = 3 * st.count >= 2 * k && 3 * st.count <= 4 * k;
+          CHECK((banded || st.count == k));
+          if (st.count == k && out == gt::reference_topk(g, k)) continue;
+          CHECK(out == above(g, st.threshold));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gaussiank: on an error-feedback residual the default form stays in the band") {
+  // e += g; select on e; zero the selected: the residual's largest values are the ones sent,
+  // so its tail is far from normal and the published corrections miss the band.
+  const std::size_t n = std::size_t{1} << 18;
+  const std::size_t k = n / 1000;
+  for (bool band : {true, false}) {
+    CAPTURE(band);
+    gradcomp::gaussiank sel;
+    sel.until_in_band = band;
+    std::vector<float> e(n, 0.0f);
+    std::vector<std::uint32_t> out;
+    std::size_t misses = 0;
+    for (std::uint64_t step = 0; step < 12; ++step) {
+      const auto g = gt::make_input<float>(gt::dist::normal, n, 100 + step);
+      for (std::size_t i = 0; i < n; ++i) e[i] += g[i];
+      const auto st = run(sel, e, k, out);
+      CHECK(st.count == out.size());
+      misses += 3 * st.count < 2 * k || 3 * st.count > 4 * k;
+      for (const std::uint32_t i : out) e[i] = 0.0f;
+    }
+    if (band) {
+      CHECK(misses == 0);
+    } else {
+      CHECK(misses > 0);  // why the default is not the published form
+    }
+  }
+}
+
+TEST_CASE("gaussiank published: heavy tails terminate within the budget, non-empty") {
   const std::size_t n = std::size_t{1} << 18;
   std::vector<std::uint32_t> out;
   for (gt::dist d : gt::all_dists) {
     for (unsigned budget : {0u, 1u, 3u, 5u}) {
       for (double density : {0.001, 0.01, 0.1}) {
-        gradcomp::gaussiank sel;
+        auto sel = gradcomp::gaussiank::published();
         sel.max_refinements = budget;
         const auto g = gt::make_input<float>(d, n, 2);
         const std::size_t k = gradcomp::k_for_density(n, density);
@@ -101,14 +207,14 @@ TEST_CASE("gaussiank: heavy tails terminate within the budget with a non-empty s
   }
 }
 
-TEST_CASE("gaussiank: the last correction is applied and its count reported") {
+TEST_CASE("gaussiank published: the last correction is applied and its count reported") {
   // Laplace tails are heavier than the normal model: the first threshold selects too many
   // at small densities; the corrections are multiplicative.
   const std::size_t n = std::size_t{1} << 18;
   const auto g = gt::make_input<double>(gt::dist::student_t2, n, 8);
   std::vector<std::uint32_t> out;
   for (unsigned budget : {1u, 2u, 3u}) {
-    gradcomp::gaussiank sel;
+    auto sel = gradcomp::gaussiank::published();
     sel.max_refinements = budget;
     const std::size_t k = n / 100;
     const auto st = run(sel, g, k, out);
@@ -162,34 +268,50 @@ TEST_CASE("gaussiank: cap_at_k keeps the exact top-k of the survivors") {
 }
 
 TEST_CASE("gaussiank: constant, zero and tiny inputs terminate") {
-  gradcomp::gaussiank sel;
+  auto published = gradcomp::gaussiank::published();
+  gradcomp::gaussiank banded;
   std::vector<std::uint32_t> out;
-  // sd == 0: every nonzero coordinate, no corrections.
+  // sd == 0: no corrections; the published form takes every nonzero coordinate, the default
+  // the exact top-k (the count of every nonzero lies outside the band).
   const std::vector<float> constant(10000, -0.375f);
-  auto st = run(sel, constant, 10, out);
+  auto st = run(published, constant, 10, out);
   CHECK(st.count == 10000);
   CHECK(st.iterations == 0);
   CHECK(out == above(constant, st.threshold));
+  st = run(banded, constant, 10, out);
+  CHECK(st.count == 10);
+  CHECK(st.iterations == 0);
+  CHECK(out == gt::reference_topk(constant, 10));
+  CHECK(st.threshold == 0.375);
   const std::vector<double> zeros(10000, 0.0);
-  st = run(sel, zeros, 10, out);
+  st = run(published, zeros, 10, out);
   CHECK(st.count == 0);
   CHECK(out.empty());
+  st = run(banded, zeros, 10, out);
+  CHECK(out == gt::reference_topk(zeros, 10));
   gradcomp::gaussiank capped{.cap_at_k = true};
   st = run(capped, constant, 10, out);
   CHECK(out == gt::reference_topk(constant, 10));
   // |g| constant with mixed signs: sd > 0 but no threshold separates the coordinates; the
-  // corrections run out with all or nothing selected.
+  // published corrections run out with all or nothing selected, the default takes the top-k.
   const auto equal = gt::make_input<float>(gt::dist::all_equal, 10000, 1);
-  st = run(sel, equal, 10, out);
-  CHECK(st.iterations <= sel.max_refinements);
+  st = run(published, equal, 10, out);
+  CHECK(st.iterations <= published.max_refinements);
   CHECK((st.count == 0 || st.count == 10000));
   CHECK(out == above(equal, st.threshold));
+  st = run(banded, equal, 10, out);
+  CHECK(st.iterations <= banded.max_refinements);
+  CHECK(out == gt::reference_topk(equal, 10));
   for (std::size_t n = 1; n <= 5; ++n) {
     const auto g = gt::make_input<double>(gt::dist::normal, n, n);
     for (std::size_t k = 1; k <= n; ++k) {
-      st = run(sel, g, k, out);
+      st = run(published, g, k, out);
       CHECK(out == above(g, st.threshold));
       CHECK(gt::strictly_increasing_below(out, n));
+      st = run(banded, g, k, out);
+      CHECK(gt::strictly_increasing_below(out, n));
+      CHECK((out == above(g, st.threshold) || out == gt::reference_topk(g, k)));
+      CHECK(3 * st.count >= 2 * k);
     }
   }
 }

@@ -1,7 +1,7 @@
 // gradcomp/select/gaussiank.hpp: Gaussian-k, approximate Top-k that models g as normal: one
 // pass for mean and standard deviation, a threshold from the inverse normal CDF, and a few
-// multiplicative corrections until the count lies in [2k/3, 4k/3]. Usually one read of g: a
-// sample predicts the threshold, and the statistics pass collects the values around it.
+// corrections until the count lies in [2k/3, 4k/3]. Usually one read of g: a sample predicts
+// the threshold, and the statistics pass collects the values around it.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include <gradcomp/detail/normal.hpp>
 #include <gradcomp/detail/select/compaction.hpp>
 #include <gradcomp/detail/select/exact_finish.hpp>
+#include <gradcomp/detail/select/gaussian_search.hpp>
 #include <gradcomp/detail/select/keys.hpp>
 #include <gradcomp/detail/select/sampling.hpp>
 #include <gradcomp/detail/select/scratch.hpp>
@@ -27,19 +28,33 @@
 
 namespace gradcomp {
 
-// Gaussian-k. thr = |mean| + sd * Phi^-1(1 - rho/2); while the count of |g| > thr is below
-// 2k/3 thr is halved, above 4k/3 multiplied by 1.5, at most max_refinements times; the
-// last correction is applied and its count kept (the count is approximate and may lie
-// outside the band when the corrections run out). cap_at_k keeps exactly the top-k of the
-// survivors when more than k survive.
+// Gaussian-k. thr = |mean| + sd * Phi^-1(1 - rho/2), then at most max_refinements
+// corrections while the count of |g| > thr lies outside [2k/3, 4k/3]. Two forms:
 //
-// Result: exactly {i : |g_i| > stats.threshold}, or with cap_at_k the top-k of that set (then
-// stats.threshold is the k-th largest |g|). stats.iterations = corrections applied.
-// Degenerate inputs: sd == 0 (a constant gradient) has no tail to model, so thr = 0 and every
-// nonzero coordinate is selected (none for an all-zero gradient), without corrections. When
-// |g| takes few distinct values (|g| constant with mixed signs, heavy ties) no threshold may
-// hit the band; the corrections still stop after max_refinements (or when thr reaches 0) and
-// the last one stands, possibly selecting all or nothing. The loop always terminates.
+// - until_in_band = true (the default): the count ends in the band. A correction halves thr
+//   (too few) or multiplies it by 1.5 (too many) until a count on either side of the band has
+//   been seen, and from then on takes the geometric mean of the closest thresholds seen on
+//   either side (bisection). If the count is still outside the band after max_refinements
+//   corrections (a gradient far from normal, such as an error-feedback residual whose largest
+//   values were sent), or sd == 0, the selection is the exact top-k: k indices, ties broken by
+//   lower index, stats.threshold = the k-th largest |g| (taken from the values the statistics
+//   pass collected when they hold k or more, else exact Top-k's own pass).
+// - until_in_band = false (gaussiank::published()): the GaussianK-SGD paper's algorithm, which
+//   its measurements used: while outside the band thr is halved (too few) or multiplied by 1.5
+//   (too many), at most max_refinements times; the last correction is applied and its count
+//   kept, so the count may lie outside the band when the corrections run out.
+//
+// cap_at_k (either form) keeps exactly the top-k of the survivors when more than k survive.
+//
+// Result: exactly {i : |g_i| > stats.threshold}, except where the exact top-k is taken (above,
+// or cap_at_k with more than k survivors: then stats.threshold is the k-th largest |g|).
+// stats.iterations = corrections applied.
+// Degenerate inputs: sd == 0 (a constant gradient) has no tail to model, so thr = 0 without
+// corrections: the published form selects every nonzero coordinate (none for an all-zero
+// gradient), the default the exact top-k. When |g| takes few distinct values (|g| constant
+// with mixed signs, heavy ties) no threshold may hit the band; the published form stops after
+// max_refinements (or when thr reaches 0) with all or nothing, the default takes the exact
+// top-k. The loop always terminates.
 // Statistics: chunk partial sums in T, totals in double (detail/moments.hpp).
 // NaN or Inf in g (mean or sd not finite) fall back to exact Top-k (stats.fallback = true).
 //
@@ -47,25 +62,34 @@ namespace gradcomp {
 // (statistics, then count and write) and once more per correction. Here a strided sample of
 // predict_sample values (at most n/64; no sample below n = 65536, where it would not pay)
 // predicts the threshold and the corrections first, and the statistics pass also collects
-// every value above (1 - collect_margin) x the predicted final threshold, with its key; the
-// exact threshold and every later correction upwards are counted on that short list. When the
-// sample says the first thresholds are clearly too low (tails heavier than the normal model:
-// Laplace, Student-t), the pass also counts the values above (1 + collect_margin) x the last
-// of them, a lower bound that settles those corrections without collecting their values. So a
-// normal or heavier-tailed gradient is read once. A threshold the pass did not cover (the
-// prediction was off by more than the margin, or a correction halved it) costs a counting pass
-// over g as before; either way the result is the same set. predict_sample = 0 turns the
-// prediction off.
+// every value above (1 - collect_margin) x the lower of the predicted final threshold and the
+// sample's estimate of the threshold that about 3k values exceed, with its key; every
+// threshold above that is counted on this short list, and a threshold below it has more than
+// the list holds (a lower bound that settles "too many" when the list holds more than 4k/3).
+// When the sample says the first thresholds are clearly too low (tails heavier than the
+// normal model: Laplace, Student-t), the pass also counts the values above (1 +
+// collect_margin) x the last of them, another lower bound of that kind. So a normal,
+// heavier-tailed or residual gradient is read once. A threshold the pass did not cover (the
+// prediction was off by more than the margin) costs a counting pass over g; either way the
+// result is the same set. predict_sample = 0 turns the prediction off.
 //
 // select_accumulate(e, g, ctx, indices) is select() of e + g that also leaves e = e + g, with
 // the addition done inside the statistics pass (see topk).
 struct gaussiank {
   unsigned max_refinements = 3;
+  bool until_in_band = true;  // false: the published algorithm (see above)
   bool cap_at_k = false;
   std::size_t predict_sample = 16384;
   double collect_margin = 0.05;
   topk exact{};                      // exact Top-k for cap_at_k and non-finite input
   detail::select_scratch scratch{};  // reused between calls; not copied
+
+  // The GaussianK-SGD paper's algorithm (until_in_band = false), as its measurements used it.
+  static gaussiank published() {
+    gaussiank g;
+    g.until_in_band = false;
+    return g;
+  }
 
   template <gradient_value T>
   selection_stats select(std::span<const T> g, const select_context& ctx,
@@ -128,6 +152,7 @@ struct gaussiank {
   // those need only a lower bound, and the list starts below the last threshold.
   template <class T, class Source>
   bool predict(const Source& src, std::size_t k, double tail, plan& out) {
+    using key = detail::abs_key_t<T>;
     using skey = detail::signed_key_t<T>;
     const std::size_t n = src.size();
     const std::size_t s = std::min(predict_sample, n / 64);
@@ -164,6 +189,18 @@ struct gaussiank {
       v *= 1.5;
     }
     out.collect = (1.0 - collect_margin) * v;
+    // Also low enough for the band's whole range as the sample sees it: the m-th largest
+    // sampled |g|, m the sample's count at 4k/3 plus three Poisson standard deviations (and a
+    // few), which about 2.4k values exceed at k/n = 0.001 with the default sample.
+    const double at_top = band_top + 3.0 * std::sqrt(band_top) + 4.0;
+    const std::size_t m = static_cast<std::size_t>(std::ceil(at_top));
+    if (m < s) {
+      auto by_key = [](key a, key b) { return static_cast<skey>(a) > static_cast<skey>(b); };
+      std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(m - 1),
+                       keys.begin() + static_cast<std::ptrdiff_t>(s), by_key);
+      const double q = static_cast<double>(detail::key_magnitude<T>(keys[m - 1]));
+      if (q < out.collect) out.collect = q;
+    }
     // Room for twice the predicted list (plus a few sample counts of noise), and never less
     // than the band's upper end.
     const double predicted = (in_sample(out.collect) + 8.0) * static_cast<double>(n) / ss;
@@ -171,6 +208,28 @@ struct gaussiank {
     if (want > static_cast<double>(n) / 4) return false;  // most blocks would be hot
     out.cap = static_cast<std::size_t>(want);
     return true;
+  }
+
+  // The default form's last resort: the exact top-k (k indices ascending, ties broken by lower
+  // index), from the collected values when they hold k or more (they are every value above
+  // the list's threshold, so their top-k is g's), else by exact Top-k's own pass.
+  template <class T>
+  selection_stats finish_exact(std::span<const T> g, const select_context& ctx,
+                               detail::above_list<T>* list, selection_stats st,
+                               std::vector<std::uint32_t>& indices) {
+    const std::size_t k = ctx.k;
+    st.count = k;
+    if (list != nullptr && list->count >= k) {
+      auto& sorted = scratch.keys<T>();
+      detail::ensure_size(sorted, list->count);
+      const auto kth = detail::keep_top_by_keys(std::span(list->indices, list->count),
+                                                list->keys, k, sorted.data());
+      indices.assign(list->indices, list->indices + k);
+      st.threshold = static_cast<double>(detail::key_magnitude<T>(kth));
+      return st;
+    }
+    st.threshold = exact.select(g, ctx, indices).threshold;
+    return st;
   }
 
   template <class Source>
@@ -243,23 +302,29 @@ struct gaussiank {
         exact_count = false;
         return bound_count;  // count(v) >= bound_count > 4k/3
       }
+      if (!need_exact && list_ok && 3 * list.count > 4 * k) {
+        exact_count = false;  // tv < t_list: count(v) >= list.count > 4k/3
+        return list.count;
+      }
       indices.resize(cap + detail::scan_block);
       return detail::count_collect_above(g, tv, indices.data(), cap);
     };
-    std::size_t c = count(thr, max_refinements == 0);
+    // The published form needs the last count exactly; the default only needs to know whether
+    // it lies in the band (a count outside it ends in the exact top-k).
+    std::size_t c = count(thr, !until_in_band && max_refinements == 0);
     if (ms.sd > 0.0) {
+      detail::gaussian_bracket br;
       while (st.iterations < max_refinements) {
-        if (3 * c < 2 * k) {
-          thr *= 0.5;
-        } else if (3 * c > 4 * k) {
-          thr *= 1.5;
-        } else {
-          break;
-        }
+        const bool too_few = 3 * c < 2 * k;
+        if (!too_few && 3 * c <= 4 * k) break;
+        thr = detail::gaussian_correction(thr, too_few, until_in_band, br);
         ++st.iterations;
-        c = count(thr, st.iterations == max_refinements);
+        c = count(thr, !until_in_band && st.iterations == max_refinements);
         if (thr == 0.0 || !std::isfinite(thr)) break;  // no multiplicative move is left
       }
+    }
+    if (until_in_band && !(exact_count && 3 * c >= 2 * k && 3 * c <= 4 * k)) {
+      return finish_exact(g, ctx, list_ok ? &list : nullptr, st, indices);
     }
     if (!exact_count) c = count(thr, true);
     st.threshold = thr;

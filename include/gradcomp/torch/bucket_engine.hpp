@@ -37,8 +37,8 @@
 namespace gradcomp::runtime {
 
 // The names a configuration may use, in the order error messages list them.
-inline constexpr std::string_view selector_names[] = {"topk", "gaussiank", "randomk",
-                                                      "threshold", "dgc", "dense"};
+inline constexpr std::string_view selector_names[] = {
+    "topk", "gaussiank", "gaussiank_published", "randomk", "threshold", "dgc", "dense"};
 inline constexpr std::string_view quantizer_names[] = {"fp32", "fp16", "bf16",
                                                        "qsgd", "terngrad", "sign"};
 inline constexpr std::string_view feedback_names[] = {"residual", "none", "dgc"};
@@ -249,6 +249,7 @@ template <class Fn>
 void with_selector(const engine_config& c, Fn&& fn) {
   if (c.selector == "topk") return fn(topk{});
   if (c.selector == "gaussiank") return fn(gaussiank{});
+  if (c.selector == "gaussiank_published") return fn(gaussiank::published());
   if (c.selector == "randomk") return fn(randomk{});
   if (c.selector == "threshold") {
     if (!(c.threshold > 0.0 && c.threshold < 1e300)) {

@@ -3,8 +3,10 @@
 // accumulating), the threshold |mean| + sd z on the device, then per correction round one
 // counting read of g (per-tile counts) and a one-thread decision, launched
 // min(max_refinements, device_max_rounds) + 1 times and skipped once the count is in the band;
-// the last count's tile scan places the final ordered write (indices ascending). NaN or Inf
-// (and cap_at_k with more than k selected) switch to the exact top-k by radix select.
+// the corrections are the host's (detail::gaussian_correction, published or banded). The last
+// count's tile scan places the final ordered write (indices ascending). NaN or Inf, cap_at_k
+// with more than k selected, and the default (until_in_band) form ending outside the band
+// switch to the exact top-k by radix select.
 // Only when max_refinements > device_max_rounds and the device has not settled after those
 // rounds does the host wait for the stream (one 4-byte copy per further round).
 //
@@ -73,7 +75,8 @@ void gaussiank_run(const gaussiank& sel, temp_storage& tmp, T* e, const T* g, st
   check_launch("moments_final_kernel");
   auto round = [&] {
     launch_take<T>(final_vals, n, st, mode_count, 0u, rs, out, cap, stream, true, false);
-    gaussian_step_kernel<T><<<1, 1, 0, stream>>>(st, k, sel.max_refinements, sel.cap_at_k);
+    gaussian_step_kernel<T><<<1, 1, 0, stream>>>(st, k, sel.max_refinements, sel.until_in_band,
+                                                   sel.cap_at_k);
     check_launch("gaussian_step_kernel");
   };
   const unsigned rounds = std::min(sel.max_refinements, device_max_rounds) + 1;

@@ -18,6 +18,7 @@
 #include <gradcomp/cuda/block/sparse_common.cuh>
 #include <gradcomp/detail/radix_digits.hpp>
 #include <gradcomp/detail/select/bracket.hpp>
+#include <gradcomp/detail/select/gaussian_search.hpp>
 #include <gradcomp/detail/select/keys.hpp>
 
 namespace gradcomp::cuda::select_impl {
@@ -56,6 +57,7 @@ struct select_state {
   double mean;
   double sd;
   double thr;
+  detail::gaussian_bracket bracket;  // the banded search's closest thresholds either side
   unsigned iterations;
   unsigned last;
 };
@@ -637,6 +639,7 @@ __global__ void __launch_bounds__(Threads)
   st->mean = mean;
   st->sd = sd;
   st->thr = thr;
+  st->bracket = detail::gaussian_bracket{};
   if (!::isfinite(mean) || !::isfinite(sd) || !::isfinite(sum) || !::isfinite(sq) ||
       !::isfinite(thr)) {
     st->mode = mode_radix;
@@ -649,34 +652,31 @@ __global__ void __launch_bounds__(Threads)
 }
 
 // One thread, after each counting pass: Gaussian-k's correction step (gaussiank.hpp): stop in
-// the band [2k/3, 4k/3], else halve or multiply by 1.5, at most max_refinements times; the
-// count after a correction to 0 or Inf is the last. When done: the ordered write of the last
-// count, or with cap_at_k and more than k the exact top-k (radix select).
+// the band [2k/3, 4k/3], else detail::gaussian_correction (published: halve or multiply by
+// 1.5; banded: the same until bracketed, then geometric bisection), at most max_refinements
+// times; the count after a correction to 0 or Inf is the last. When done: the ordered write
+// of the last count, or the exact top-k (radix select) with cap_at_k and more than k, or
+// with until_in_band and the count outside the band.
 template <class T>
 __global__ void gaussian_step_kernel(select_state<T>* st, unsigned long long k,
-                                     unsigned max_refinements, bool cap_at_k) {
+                                     unsigned max_refinements, bool until_in_band,
+                                     bool cap_at_k) {
   if (threadIdx.x != 0 || blockIdx.x != 0 || !gate_open(st, mode_count)) return;
   const unsigned long long c = st->count;
-  bool done = st->last != 0 || !(st->sd > 0.0) || st->iterations >= max_refinements;
+  const bool too_few = 3 * c < 2 * k;
+  const bool in_band = !too_few && 3 * c <= 4 * k;
+  bool done = st->last != 0 || !(st->sd > 0.0) || st->iterations >= max_refinements || in_band;
   double thr = st->thr;
   if (!done) {
-    if (3 * c < 2 * k) {
-      thr *= 0.5;
-    } else if (3 * c > 4 * k) {
-      thr *= 1.5;
-    } else {
-      done = true;
-    }
-  }
-  if (!done) {
+    thr = detail::gaussian_correction(thr, too_few, until_in_band, st->bracket);
     st->thr = thr;
     ++st->iterations;
     st->kth = detail::key_threshold_above_hd<T>(thr);
     if (thr == 0.0 || !::isfinite(thr)) st->last = 1;
     return;
   }
-  if (cap_at_k && c > k) {
-    st->mode = mode_radix;  // rank = k, prefix = 0 from init
+  if ((cap_at_k && c > k) || (until_in_band && !in_band)) {
+    st->mode = mode_radix;  // the exact top-k: rank = k, prefix = 0 from init
   } else {
     st->mode = mode_write;
   }
