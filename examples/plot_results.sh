@@ -16,6 +16,7 @@ rows=(
   "topk_0.01|top-k 0.01 + residual"
   "topk_0.001|top-k 0.001 + residual"
   "gaussiank_0.001|Gaussian-k 0.001 + residual"
+  "gaussiank_published_0.001|Gaussian-k 0.001 (paper corrections)"
   "randomk_0.01_no_momentum|random-k 0.01 + residual, momentum 0"
   "dgc_0.001|DGC 0.001 (warm-up)"
   "qsgd_4bit|QSGD 4-bit"
@@ -26,7 +27,7 @@ rows=(
 )
 
 # One colour and point type per row (gnuplot's default palette repeats after eight).
-colours=("#000000" "#e41a1c" "#ff7f00" "#a65628" "#999999" "#377eb8" "#4daf4a" "#984ea3" "#f781bf" "#17becf" "#bcbd22")
+colours=("#000000" "#e41a1c" "#ff7f00" "#a65628" "#999999" "#377eb8" "#4daf4a" "#984ea3" "#f781bf" "#17becf" "#bcbd22" "#666666")
 plot_epoch=()
 plot_bytes=()
 i=0

@@ -62,6 +62,10 @@ class sync_schedule {
   void epoch_end(std::span<float>) {}
   [[nodiscard]] std::size_t bytes_sent() const { return sgd_.total_bytes_sent(); }
   [[nodiscard]] double overlap() const { return -1.0; }
+  // The last step's top-k contraction per tensor, on this rank.
+  void contraction(std::vector<double>& row) const {
+    for (const tensor_stats& ts : sgd_.last_stats().tensors) row.push_back(ts.contraction);
+  }
 
  private:
   sparsified_sgd<Compressor, Exchange, Comm> sgd_;
@@ -86,7 +90,13 @@ class pipelined_schedule {
     const layerwise_stats& s = sgd_.finish_step();
     comm_seconds_ += s.communication_seconds;
     overlapped_seconds_ += s.overlapped_seconds;
+    contraction_.clear();
+    for (const tensor_stats& ts : s.step.tensors) contraction_.push_back(ts.contraction);
     return r;
+  }
+  // The last step's contraction per tensor, in the order the tensors were exchanged.
+  void contraction(std::vector<double>& row) const {
+    row.insert(row.end(), contraction_.begin(), contraction_.end());
   }
   void epoch_end(std::span<float>) {}
   [[nodiscard]] std::size_t bytes_sent() const { return sgd_.total_bytes_sent(); }
@@ -97,6 +107,7 @@ class pipelined_schedule {
  private:
   layerwise_sgd<Compressor, Exchange, Comm> sgd_;
   std::vector<long> layer_to_tensor_;
+  std::vector<double> contraction_;
   double comm_seconds_ = 0.0;
   double overlapped_seconds_ = 0.0;
 };
@@ -122,6 +133,8 @@ class pqasgd_schedule {
   }
   [[nodiscard]] std::size_t bytes_sent() const { return avg_.total_bytes_sent(); }
   [[nodiscard]] double overlap() const { return -1.0; }
+  // Quantizers send every coordinate: no selection to measure.
+  void contraction(std::vector<double>&) const {}
 
  private:
   periodic_averaging<Quantizer, sparse_allgather, Comm> avg_;
@@ -178,14 +191,23 @@ class trainer {
 
   template <class Schedule>
   outcome run(Schedule& schedule) {
-    return fmnist::train_epochs(
+    std::vector<std::vector<double>> contraction;  // rank 0's, per step and tensor
+    std::vector<double> row;
+    outcome out = fmnist::train_epochs(
         comm_, o_, data_.train.count, net_.param_count(), schedule,
         [&](std::span<const std::int64_t> batch) {
           gather_batch(batch);
           const auto r = schedule.train_step(net_, params_, grads_, x_.data(), y_.data(), o_.batch);
+          if (comm_.rank() == 0) {
+            row.clear();
+            schedule.contraction(row);
+            if (!row.empty()) contraction.push_back(row);
+          }
           return std::pair<double, double>(r.loss_sum, static_cast<double>(r.correct));
         },
         [&] { schedule.epoch_end(params_); }, [&] { return test_accuracy(); });
+    out.contraction = std::move(contraction);
+    return out;
   }
 
  private:

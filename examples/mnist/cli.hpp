@@ -4,12 +4,14 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "fashion_mnist.hpp"
 
@@ -151,6 +153,9 @@ struct outcome {
   double seconds = 0.0;
   std::uint64_t steps = 0;
   double overlap = -1.0;    // lags/merged: overlapped / communication time over the run
+  // Rank 0's top-k contraction per step and tensor (compress_stats::contraction: the share of
+  // ||e + g||^2 its selection kept; NaN where not measured), in step order.
+  std::vector<std::vector<double>> contraction;
 };
 
 inline void print_epoch(unsigned epoch, const train_options& o, const outcome& r) {
@@ -186,6 +191,23 @@ inline void print_json(const train_options& o, int workers, const outcome& r, co
   if (o.schedule == "pqasgd") {
     std::printf(", \"period\": %u, \"subsets\": %u, \"feedback\": %s", o.period, o.subsets,
                 o.error_feedback ? "true" : "false");
+  }
+  if (!r.contraction.empty()) {
+    // Per step, one value per tensor (null where not measured).
+    std::printf(", \"contraction\": [");
+    for (std::size_t s = 0; s < r.contraction.size(); ++s) {
+      std::printf("%s[", s ? ", " : "");
+      for (std::size_t t = 0; t < r.contraction[s].size(); ++t) {
+        const double v = r.contraction[s][t];
+        if (std::isfinite(v)) {
+          std::printf("%s%.4g", t ? ", " : "", v);
+        } else {
+          std::printf("%snull", t ? ", " : "");
+        }
+      }
+      std::printf("]");
+    }
+    std::printf("]");
   }
   std::printf("%s}\n", more.c_str());
   std::fflush(stdout);

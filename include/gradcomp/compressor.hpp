@@ -4,8 +4,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <type_traits>
@@ -15,6 +18,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/nonfinite.hpp>
+#include <gradcomp/detail/select/sources.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/feedback/none.hpp>
@@ -36,6 +40,15 @@ struct compress_stats {
   double seconds_accumulate = 0.0;
   double seconds_select = 0.0;
   double seconds_encode = 0.0;  // gather, quantize, and decode for the feedback
+  // The top-k contraction of this call, delta = ||acc on the selection||^2 / ||acc||^2, acc the
+  // vector selected from (e + g under error feedback), before quantization: how much of its
+  // energy the selection keeps (GaussianK-SGD's delta; exact top-k maximises it for the count,
+  // and k/n is what a random choice keeps on average). 1 when every coordinate is sent. Both
+  // sums come from passes that read the data anyway: ||acc||^2 from the selector's pass
+  // (selection_stats::energy) or, for residual feedback, from compressor<>'s own e += g; the
+  // selected part from the gather before encoding. NaN where ||acc||^2 was not measured (a
+  // selector other than top-k and Gaussian-k without residual feedback) or is 0.
+  double contraction = std::numeric_limits<double>::quiet_NaN();
 };
 
 namespace detail {
@@ -158,7 +171,13 @@ class compressor {
     stats.n = g.size();
     detail::stopwatch clock;
     const std::span<const T> acc = accumulate_and_select(g, from, to, sc, out, stats, clock);
-    encode(acc, ctx.id, out);
+    const double kept = encode(acc, ctx.id, out);
+    const double energy = stats.selection.energy;
+    if (out.layout == index_layout::dense) {
+      stats.contraction = 1.0;
+    } else if (energy > 0.0 && std::isfinite(energy)) {
+      stats.contraction = std::min(kept / energy, 1.0);  // the two sums round differently
+    }
     // The feedback keeps exactly what the receivers will decode, not what was intended (a
     // feedback that keeps nothing needs no decoding).
     if constexpr (!std::is_same_v<Feedback, no_feedback>) {
@@ -236,7 +255,8 @@ class compressor {
       stats.selection = selector_.select_accumulate_into(e, e_from, g, sc, out.indices);
       acc = e;
     } else {
-      acc = accumulate(g, from, to);
+      double energy = std::numeric_limits<double>::quiet_NaN();
+      acc = accumulate(g, from, to, energy);
       stats.seconds_accumulate = clock.lap();
       // Only now: accumulate() is where a feedback without buffers (no_feedback) checks g's
       // size, and a refused call must leave `out` as it was.
@@ -248,6 +268,7 @@ class compressor {
         start_payload(out, g.size(), index_layout::sparse);
         stats.selection = selector_.select(acc, sc, out.indices);
       }
+      if (std::isnan(stats.selection.energy)) stats.selection.energy = energy;
     }
     if (out.layout == index_layout::sparse) {
       // A selector with a data-dependent count (threshold, Gaussian-k) may pick every one of
@@ -263,6 +284,29 @@ class compressor {
     }
     stats.seconds_select = clock.lap();
     return acc;
+  }
+
+  // The feedback accumulates into a buffer it hands out (residual): e + g is written here, in
+  // one loop that also adds up ||e + g||^2 (the same sums as feedback_.accumulate).
+  static constexpr bool accumulates_in_place =
+      requires(const Feedback& f, state_type& st, const state_type& cst) {
+        { f.in_place_accumulator(st) } -> std::same_as<std::span<T>>;
+        { f.in_place_accumulator(cst) } -> std::same_as<std::span<const T>>;
+      };
+
+  // Unfused: acc = e + g by the feedback; `energy` = ||acc||^2 where this loop computed it.
+  std::span<const T> accumulate(std::span<const T> g, const state_type* from, state_type& to,
+                                double& energy) {
+    if constexpr (accumulates_in_place) {
+      const std::span<T> e = feedback_.in_place_accumulator(to);
+      const std::span<const T> e_from = from ? feedback_.in_place_accumulator(*from) : e;
+      if (e.size() == g.size() && e_from.size() == g.size()) {
+        energy = 0.0;
+        detail::sum_into_energy(e.data(), e_from.data(), g.data(), g.size(), &energy);
+        return e;
+      }
+    }
+    return accumulate(g, from, to);
   }
 
   std::span<const T> accumulate(std::span<const T> g, const state_type* from, state_type& to) {
@@ -283,20 +327,28 @@ class compressor {
 
   // Quantizes the selected values of acc into out. A dense float selection is encoded from acc
   // as it is; anything else is gathered (and converted to float) first.
-  void encode(std::span<const T> acc, const call_id& id, payload& out) {
+  // Returns the sum of squares of the gathered (sparse) values, the contraction's numerator
+  // (0 for a dense payload, whose contraction is 1).
+  double encode(std::span<const T> acc, const call_id& id, payload& out) {
     if constexpr (std::is_same_v<T, float>) {
       if (out.layout == index_layout::dense) {
         quantizer_.encode(acc, id, out);
-        return;
+        return 0.0;
       }
     }
     values_.resize(out.count);
+    double kept = 0.0;
     if (out.layout == index_layout::dense) {
       for (std::size_t j = 0; j < out.count; ++j) values_[j] = static_cast<float>(acc[j]);
     } else {
-      for (std::size_t j = 0; j < out.count; ++j) values_[j] = static_cast<float>(acc[out.indices[j]]);
+      for (std::size_t j = 0; j < out.count; ++j) {
+        const T v = acc[out.indices[j]];
+        values_[j] = static_cast<float>(v);
+        kept += static_cast<double>(v) * static_cast<double>(v);
+      }
     }
     quantizer_.encode(values_, id, out);
+    return kept;
   }
 
   std::span<const std::uint32_t> sent_indices(const payload& p) {

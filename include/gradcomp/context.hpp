@@ -36,6 +36,10 @@ struct selection_stats {
   double threshold = 0.0;   // |g| threshold used (the k-th largest |g| for exact top-k)
   unsigned iterations = 0;  // refinement rounds (Gaussian-k, DGC, RedSync) or radix passes
   bool fallback = false;    // exact top-k: the sampled bracket missed, radix select finished
+  // ||v||^2 of the vector v selected from (e + g under error feedback), where the selector's
+  // own pass computed it (Gaussian-k always, from its statistics; top-k when it adds e + g in
+  // its pass); NaN where not measured. compressor<> turns it into the top-k contraction.
+  double energy = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Validate a density and turn it into a target count: k = clamp(round(density * n), 1, n)

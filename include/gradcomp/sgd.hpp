@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -171,6 +172,9 @@ struct tensor_stats {
   double exchange_seconds = 0.0;   // measured: communication, decoding and averaging
   std::size_t restored = 0;        // picks the exchange left out (gtopk) that went back to the
                                    // feedback (0 for feedback without restore(): dropped)
+  // The top-k contraction on this rank: ||acc on the selection||^2 / ||acc||^2 (see
+  // compress_stats::contraction); NaN where not measured.
+  double contraction = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct phase_seconds {

@@ -324,6 +324,7 @@ class sparsified_sgd {
     ts.threshold = cs.selection.threshold;
     ts.iterations = cs.selection.iterations;
     ts.fallback = cs.selection.fallback;
+    ts.contraction = cs.contraction;
     ts.bytes_sent = xs.bytes_sent;
     ts.bytes_received = xs.bytes_received;
     ts.exchange = xs.name;

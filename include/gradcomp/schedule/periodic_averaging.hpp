@@ -338,6 +338,7 @@ class periodic_averaging {
     ts.n = m;
     ts.selected = cs.selection.count;
     ts.density = 1.0;
+    ts.contraction = cs.contraction;
     ts.bytes_sent = xs.bytes_sent;
     ts.bytes_received = xs.bytes_received;
     ts.exchange = xs.name;

@@ -273,12 +273,16 @@ struct gaussiank {
     }
     const std::span<const T> g = src.values();  // e + g once the pass is done
     const bool list_ok = collect && !list.overflow;
+    const double nd = static_cast<double>(n);
+    st.energy = nd * (ms.sd * ms.sd + ms.mean * ms.mean);  // sum of g^2, from the moments
 
     double thr =
         ms.sd > 0.0 ? std::fabs(ms.mean) + ms.sd * detail::inverse_normal_upper(rho / 2.0) : 0.0;
     if (!std::isfinite(ms.mean) || !std::isfinite(ms.sd) || !std::isfinite(thr)) {
+      const double energy = st.energy;
       st = exact.select(g, ctx, indices);
       st.fallback = true;
+      st.energy = energy;
       return st;
     }
 

@@ -206,7 +206,10 @@ struct topk {
     check();
     detail::check_index_range("topk", g.size());
     check_k("topk", ctx.k, g.size());
-    return select_from(detail::sum_source<T>{out, e, g}, ctx.k, indices);
+    double energy = 0.0;  // ||e + g||^2, added up as the pass writes the sums
+    selection_stats st = select_from(detail::sum_source<T>{out, e, g, &energy}, ctx.k, indices);
+    st.energy = energy;
+    return st;
   }
 
   // The bracket of the sampled path for n values and k > heap_max_k (see the class comment).

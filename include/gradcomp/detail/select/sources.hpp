@@ -3,6 +3,7 @@
 // second buffer so that e stays as it was until the step commits).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <span>
@@ -30,6 +31,64 @@ namespace gradcomp::detail {
 // out[i] = e[i] + g[i] for i < len; out may be e itself (e += g). The vector form makes no
 // difference to the sums (each lane is the same IEEE addition), but the compiler cannot
 // vectorise the plain loop on its own without knowing how the arrays overlap.
+// The sum of squares of x[0, m) in double, element by element: the exact fallback for a
+// chunk whose squares overflowed T's lanes.
+template <class T>
+inline double squares_in_double(const T* x, std::size_t m) noexcept {
+  double s = 0.0;
+  for (std::size_t i = 0; i < m; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return s;
+}
+
+// The squares' partial sums of a chunk of sums just written to out, in T lanes, added to
+// *energy in double; a chunk whose lanes overflowed (|x| above about 1.8e19 for float) is
+// summed again in double from out.
+template <class T>
+inline void add_energy(double lanes, const T* out, std::size_t m, double* energy) noexcept {
+  *energy += std::isfinite(lanes) ? lanes : squares_in_double(out, m);
+}
+
+// With `energy`, also adds the sum of the sums' squares to *energy, in the same loop (partial
+// sums in T lanes over chunks of at most 256 values, added in double; see add_energy).
+template <class T>
+inline void sum_into_energy(T* out, const T* e, const T* g, std::size_t len,
+                            double* energy) noexcept {
+  while (len > 0) {
+    const std::size_t m = len < 256 ? len : 256;
+    std::size_t i = 0;
+    double chunk = 0.0;
+#if GRADCOMP_VECTOR_EXTENSIONS
+    typedef T v __attribute__((vector_size(16)));
+    constexpr std::size_t w = 16 / sizeof(T);
+    v q0 = {}, q1 = {};
+    for (; i + 2 * w <= m; i += 2 * w) {
+      v a, b, c, d;
+      std::memcpy(&a, e + i, sizeof(v));
+      std::memcpy(&b, g + i, sizeof(v));
+      std::memcpy(&c, e + i + w, sizeof(v));
+      std::memcpy(&d, g + i + w, sizeof(v));
+      a += b;
+      c += d;
+      std::memcpy(out + i, &a, sizeof(v));
+      std::memcpy(out + i + w, &c, sizeof(v));
+      q0 += a * a;
+      q1 += c * c;
+    }
+    q0 += q1;
+    for (std::size_t j = 0; j < w; ++j) chunk += static_cast<double>(q0[j]);
+#endif
+    for (; i < m; ++i) {
+      out[i] = e[i] + g[i];
+      chunk += static_cast<double>(out[i]) * static_cast<double>(out[i]);
+    }
+    add_energy(chunk, out, m, energy);
+    out += m;
+    e += m;
+    g += m;
+    len -= m;
+  }
+}
+
 template <class T>
 inline void sum_into(T* out, const T* e, const T* g, std::size_t len) noexcept {
 #if GRADCOMP_VECTOR_EXTENSIONS
@@ -54,8 +113,10 @@ inline void sum_into(T* out, const T* e, const T* g, std::size_t len) noexcept {
 
 // out[0, scan_block) = e + g over the block (out may be e), and whether any of the sums has a
 // key > t: the block test on the sums while they are still in registers.
-template <class T>
-inline bool sum_block_any_above(T* out, const T* e, const T* g, signed_key_t<T> t) noexcept {
+// With Energy, also adds the block's sum of squares to *energy (as sum_into_energy).
+template <class T, bool Energy = false>
+inline bool sum_block_any_above(T* out, const T* e, const T* g, signed_key_t<T> t,
+                                [[maybe_unused]] double* energy = nullptr) noexcept {
 #if GRADCOMP_VECTOR_EXTENSIONS
   using S = signed_key_t<T>;
   typedef T v __attribute__((vector_size(16)));
@@ -64,6 +125,7 @@ inline bool sum_block_any_above(T* out, const T* e, const T* g, signed_key_t<T> 
   const sv tt = sv{} + t;
   const sv mm = sv{} + static_cast<S>(abs_key_traits<T>::mask);
   sv a = {}, b = {};
+  [[maybe_unused]] v q0 = {}, q1 = {};
   for (std::size_t j = 0; j < scan_block; j += 2 * w) {
     v x, y, gx, gy;
     std::memcpy(&x, e + j, sizeof(v));
@@ -79,11 +141,25 @@ inline bool sum_block_any_above(T* out, const T* e, const T* g, signed_key_t<T> 
     std::memcpy(&ky, &y, sizeof(v));
     a |= tt - (kx & mm);
     b |= tt - (ky & mm);
+    if constexpr (Energy) {
+      q0 += x * x;
+      q1 += y * y;
+    }
+  }
+  if constexpr (Energy) {
+    q0 += q1;
+    double lanes = 0.0;
+    for (std::size_t j = 0; j < w; ++j) lanes += static_cast<double>(q0[j]);
+    add_energy(lanes, static_cast<const T*>(out), scan_block, energy);
   }
   return any_negative(a | b);
 #else
-  sum_into(out, e, g, scan_block);
-  return block_any_above(out, t);
+  if constexpr (Energy) {
+    sum_into_energy(out, e, g, scan_block, energy);
+  } else {
+    sum_into(out, e, g, scan_block);
+  }
+  return block_any_above(static_cast<const T*>(out), t);
 #endif
 }
 
@@ -105,24 +181,37 @@ struct read_source {
 
 // The values e + g, written to `out` as the pass goes (out may be e itself: error feedback's
 // e += g folded into the selector's pass). `e` and `g` are read once, `out` written once.
+// With `energy` set (start it at 0), the pass also adds up the sum of squares of e + g there:
+// every value is written exactly once through block, hot_block or finish, so after the pass
+// *energy is ||e + g||^2 (the top-k contraction's denominator), at no extra read.
 template <class T>
 struct sum_source {
   std::span<T> out;
   std::span<const T> e;
   std::span<const T> g;
+  double* energy = nullptr;
 
   std::size_t size() const noexcept { return g.size(); }
   T at(std::size_t i) const noexcept { return e[i] + g[i]; }
   const T* block(std::size_t b, std::size_t len) const noexcept {
-    sum_into(out.data() + b, e.data() + b, g.data() + b, len);
+    add(b, len);
     return out.data() + b;
   }
   const T* hot_block(std::size_t b, signed_key_t<T> t) const noexcept {
     T* p = out.data() + b;
+    if (energy != nullptr) {
+      return sum_block_any_above<T, true>(p, e.data() + b, g.data() + b, t, energy) ? p
+                                                                                     : nullptr;
+    }
     return sum_block_any_above(p, e.data() + b, g.data() + b, t) ? p : nullptr;
   }
-  void finish(std::size_t b) const noexcept {
-    sum_into(out.data() + b, e.data() + b, g.data() + b, g.size() - b);
+  void finish(std::size_t b) const noexcept { add(b, g.size() - b); }
+  void add(std::size_t b, std::size_t len) const noexcept {
+    if (energy != nullptr) {
+      sum_into_energy(out.data() + b, e.data() + b, g.data() + b, len, energy);
+    } else {
+      sum_into(out.data() + b, e.data() + b, g.data() + b, len);
+    }
   }
   std::span<const T> values() const noexcept { return out; }
 };
