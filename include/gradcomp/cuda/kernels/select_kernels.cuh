@@ -62,6 +62,11 @@ struct select_state {
   unsigned last;
 };
 
+// selection_stats::energy where the device does not measure it: NaN.
+__device__ __forceinline__ double not_measured() {
+  return __longlong_as_double(static_cast<long long>(0x7ff8000000000000ULL));
+}
+
 // The values a pass reads: g, or e + g (select_accumulate). load() only reads; load_store()
 // also stores e = e + g, which only the one pass that owns the accumulation calls.
 template <class T>
@@ -132,6 +137,7 @@ __global__ void write_stats_kernel(selection_stats* out, unsigned long long coun
     out->threshold = threshold;
     out->iterations = iterations;
     out->fallback = fallback;
+    out->energy = not_measured();  // the device passes do not add it up
   }
 }
 
@@ -340,6 +346,7 @@ __global__ void __launch_bounds__(Threads)
     stats->threshold = static_cast<double>(detail::key_magnitude<T>(kth));
     stats->iterations = 0;
     stats->fallback = false;
+    stats->energy = not_measured();  // the device passes do not add it up
   }
 }
 
@@ -576,6 +583,7 @@ __global__ void radix_stats_kernel(const select_state<T>* st, unsigned long long
       static_cast<double>(detail::key_magnitude<T>(static_cast<detail::abs_key_t<T>>(st->kth)));
   stats->iterations = st->fallback ? fallback_iterations : iterations;
   stats->fallback = st->fallback != 0;
+  stats->energy = not_measured();  // the device passes do not add it up
 }
 
 // ---------------------------------------------------------------------------------------
@@ -692,11 +700,13 @@ __global__ void gaussian_stats_kernel(const select_state<T>* st, unsigned long l
         static_cast<double>(detail::key_magnitude<T>(static_cast<detail::abs_key_t<T>>(st->kth)));
     stats->iterations = st->fallback ? 0u : st->iterations;
     stats->fallback = st->fallback != 0;
+    stats->energy = not_measured();  // the device passes do not add it up
   } else {
     stats->count = st->count;
     stats->threshold = st->thr;
     stats->iterations = st->iterations;
     stats->fallback = false;
+    stats->energy = not_measured();  // the device passes do not add it up
   }
 }
 
@@ -709,6 +719,7 @@ __global__ void take_stats_kernel(const select_state<T>* st, double threshold,
   stats->threshold = threshold;
   stats->iterations = 0;
   stats->fallback = false;
+  stats->energy = not_measured();  // the device passes do not add it up
 }
 
 // ---------------------------------------------------------------------------------------
