@@ -10,7 +10,8 @@ usage: examples/contraction.py [--results DIR] [--dat DIR] [--check FILE]
   (default)     the markdown table to stdout
   --dat DIR     also one DIR/<row>.dat per run: step, delta (mean over tensors), k/n, and the
                 mean of delta over the last WINDOW (25) steps
-  --check FILE  exit 1 unless FILE (docs/training.md) holds the table exactly
+  --check FILE  exit 1 unless every row's log has the series and FILE (docs/training.md)
+                holds the table exactly
 Standard library only.
 """
 import json
@@ -59,12 +60,14 @@ def epoch_means(values: List[Optional[float]], epochs: int) -> List[str]:
     return cells
 
 
-def table(results: str, dat: Optional[str]) -> str:
+def table(results: str, dat: Optional[str], missing: List[str]) -> str:
+    """The markdown table; rows whose log is absent or has no contraction go to `missing`."""
     lines = ["| run | k/n | delta, epoch 1 | epoch 2 | epoch 3 | delta / (k/n), epoch 3 |",
              "|---|---|---|---|---|---|"]
     for row, legend in ROWS:
         doc = load(os.path.join(results, row + ".txt"))
         if doc is None or "contraction" not in doc:
+            missing.append(row)
             continue
         values = series(doc)
         epochs = int(doc["epochs"])
@@ -104,8 +107,13 @@ def main() -> int:
         else:
             print(__doc__, file=sys.stderr)
             return 2
-    text = table(results, dat)
+    missing: List[str] = []
+    text = table(results, dat, missing)
     if check:
+        if missing:
+            print(f"contraction.py: no contraction in the logs of {', '.join(missing)} in {results}",
+                  file=sys.stderr)
+            return 1
         with open(check) as f:
             doc = f.read()
         if text not in doc:

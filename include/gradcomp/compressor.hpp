@@ -46,8 +46,9 @@ struct compress_stats {
   // and k/n is what a random choice keeps on average). 1 when every coordinate is sent. Both
   // sums come from passes that read the data anyway: ||acc||^2 from the selector's pass
   // (selection_stats::energy) or, for residual feedback, from compressor<>'s own e += g; the
-  // selected part from the gather before encoding. NaN where ||acc||^2 was not measured (a
-  // selector other than top-k and Gaussian-k without residual feedback) or is 0.
+  // selected part from the gather before encoding. NaN where ||acc||^2 was not measured
+  // (without residual feedback, for every selector but Gaussian-k: top-k without feedback,
+  // DGC's momentum feedback) or is 0.
   double contraction = std::numeric_limits<double>::quiet_NaN();
 };
 

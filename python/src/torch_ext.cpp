@@ -31,6 +31,7 @@ py::dict to_dict(const rt::bucket_stats& s) {
   d["selected"] = s.selected;
   d["density"] = s.density;
   d["threshold"] = s.threshold;
+  d["contraction"] = s.contraction;
   d["bytes_sent"] = s.bytes_sent;
   d["bytes_received"] = s.bytes_received;
   d["restored"] = s.restored;

@@ -12,6 +12,7 @@
 
 import copy
 import io
+import math
 import pickle
 import time
 import unittest
@@ -89,6 +90,18 @@ def _reference_worker(rank: int, world: int) -> int:
                 raise AssertionError(f"{cfg} step {s}: hook differs from the in-process reference by {diff}")
             checked += 1
         assert state.stats()["totals"]["steps"] == steps
+        # The contraction: in [0, 1], 1 when every coordinate is sent, at least about k/n for
+        # top-k (the largest values keep at least their share); NaN only where not measured.
+        for b in state.stats()["buckets"]:
+            c = b["contraction"]
+            if cfg["selector"] == "dense":
+                assert c == 1.0, (cfg, c)
+            elif cfg["selector"] == "dgc":
+                assert math.isnan(c), (cfg, c)  # DGC's momentum feedback: not measured
+            else:
+                assert 0.0 <= c <= 1.0, (cfg, c)
+                if cfg["selector"] == "topk":
+                    assert c >= 0.9 * b["selected"] / b["n"], (cfg, c)
     return checked
 
 

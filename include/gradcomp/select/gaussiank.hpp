@@ -32,11 +32,11 @@ namespace gradcomp {
 // corrections while the count of |g| > thr lies outside [2k/3, 4k/3]. Two forms:
 //
 // - until_in_band = true (the default): the count ends in the band. A correction halves thr
-//   (too few) or multiplies it by 1.5 (too many) until a count on either side of the band has
+//   (too few) or multiplies it by 1.5 (too many) until counts on both sides of the band have
 //   been seen, and from then on takes the geometric mean of the closest thresholds seen on
 //   either side (bisection). If the count is still outside the band after max_refinements
 //   corrections (a gradient far from normal, such as an error-feedback residual whose largest
-//   values were sent), or sd == 0, the selection is the exact top-k: k indices, ties broken by
+//   values were sent), the selection is the exact top-k: k indices, ties broken by
 //   lower index, stats.threshold = the k-th largest |g| (taken from the values the statistics
 //   pass collected when they hold k or more, else exact Top-k's own pass).
 // - until_in_band = false (gaussiank::published()): the GaussianK-SGD paper's algorithm, which
@@ -51,7 +51,9 @@ namespace gradcomp {
 // stats.iterations = corrections applied.
 // Degenerate inputs: sd == 0 (a constant gradient) has no tail to model, so thr = 0 without
 // corrections: the published form selects every nonzero coordinate (none for an all-zero
-// gradient), the default the exact top-k. When |g| takes few distinct values (|g| constant
+// gradient), the default those too when their count is in the band (k between 3/4 and 3/2 of
+// their count), else
+// the exact top-k. When |g| takes few distinct values (|g| constant
 // with mixed signs, heavy ties) no threshold may hit the band; the published form stops after
 // max_refinements (or when thr reaches 0) with all or nothing, the default takes the exact
 // top-k. The loop always terminates.
@@ -63,7 +65,8 @@ namespace gradcomp {
 // predict_sample values (at most n/64; no sample below n = 65536, where it would not pay)
 // predicts the threshold and the corrections first, and the statistics pass also collects
 // every value above (1 - collect_margin) x the lower of the predicted final threshold and the
-// sample's estimate of the threshold that about 3k values exceed, with its key; every
+// sample's estimate of the threshold that about 2.4k values exceed (at k/n = 0.001 with the
+// default sample), with its key; every
 // threshold above that is counted on this short list, and a threshold below it has more than
 // the list holds (a lower bound that settles "too many" when the list holds more than 4k/3).
 // When the sample says the first thresholds are clearly too low (tails heavier than the
@@ -81,7 +84,7 @@ struct gaussiank {
   bool cap_at_k = false;
   std::size_t predict_sample = 16384;
   double collect_margin = 0.05;
-  topk exact{};                      // exact Top-k for cap_at_k and non-finite input
+  topk exact{};  // exact Top-k: cap_at_k, non-finite input, the default form's last resort
   detail::select_scratch scratch{};  // reused between calls; not copied
 
   // The GaussianK-SGD paper's algorithm (until_in_band = false), as its measurements used it.

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <span>
@@ -75,6 +76,9 @@ struct bucket_stats {
   std::size_t selected = 0;
   double density = 0.0;  // achieved: selected / n
   double threshold = 0.0;
+  // The top-k contraction of this rank's selection (compress_stats::contraction); NaN where
+  // not measured.
+  double contraction = std::numeric_limits<double>::quiet_NaN();
   std::size_t bytes_sent = 0;
   std::size_t bytes_received = 0;
   std::size_t restored = 0;  // picks the exchange left out, given back to the feedback
@@ -400,6 +404,7 @@ class bucket_engine {
     st.selected = cs.selection.count;
     st.density = st.n ? static_cast<double>(st.selected) / static_cast<double>(st.n) : 0.0;
     st.threshold = cs.selection.threshold;
+    st.contraction = cs.contraction;
     st.bytes_sent = xs.bytes_sent;
     st.bytes_received = xs.bytes_received;
     st.restored = compress_->restores() ? unused_.indices.size() : 0;

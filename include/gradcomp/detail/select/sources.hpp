@@ -28,9 +28,6 @@ namespace gradcomp::detail {
 //   finish(b)            completes the side effects for [b, n) when a pass stops early
 //   values()             what holds the values once the pass is done (g, or e = acc)
 
-// out[i] = e[i] + g[i] for i < len; out may be e itself (e += g). The vector form makes no
-// difference to the sums (each lane is the same IEEE addition), but the compiler cannot
-// vectorise the plain loop on its own without knowing how the arrays overlap.
 // The sum of squares of x[0, m) in double, element by element: the exact fallback for a
 // chunk whose squares overflowed T's lanes.
 template <class T>
@@ -89,6 +86,9 @@ inline void sum_into_energy(T* out, const T* e, const T* g, std::size_t len,
   }
 }
 
+// out[i] = e[i] + g[i] for i < len; out may be e itself (e += g). The vector form makes no
+// difference to the sums (each lane is the same IEEE addition), but the compiler cannot
+// vectorise the plain loop on its own without knowing how the arrays overlap.
 template <class T>
 inline void sum_into(T* out, const T* e, const T* g, std::size_t len) noexcept {
 #if GRADCOMP_VECTOR_EXTENSIONS
