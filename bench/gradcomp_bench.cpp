@@ -6,7 +6,9 @@
 //   step/<compressor>[_<dist>]/n:<n>/ppm:<ppm>      one rank's accumulate + select + encode
 //   select_residual/<selector>/n:<n>/ppm:<ppm>      select on an error-feedback residual
 //   quantize/<quantizer>_encode/n:<n>, quantize/<quantizer>_decode/n:<n>
-//   baseline/{stream_read,copy,memcpy}/n:<n>, baseline/{nth_element,partial_sort}/n:<n>/ppm:<ppm>
+//   exchange_local/sparse_allgather/n:<n>/ppm:<ppm>/ranks:<P>  decode + add P payloads, mean
+//   baseline/{stream_read,copy,memcpy,output_pass}/n:<n>,
+//   baseline/{nth_element,partial_sort}/n:<n>/ppm:<ppm>
 // <dist> is absent for normal input, `_laplace` or `_t3` (Student-t, 3 degrees of freedom) for
 // the heavy-tailed ones. Every benchmark reports bytes_per_second for n * 4 bytes (the
 // gradient it looks at), so GB/s compare across families like inverse times.
@@ -231,7 +233,65 @@ void bench_decode(benchmark::State& state, Quantizer q) {
 }
 
 // ---------------------------------------------------------------------------------------
+// The exchanges' local work: what one rank does once the network has delivered the others'
+// data, measured on the exchange's own code with the payloads made here.
+
+// sparse_allgather: decode the P wire payloads in rank order and add them into the dense
+// output, then divide by P (sparse_allgather::combine, exactly what exchange() runs after its
+// allgatherv). Each rank's payload holds k random indices (Random-k with a seed per rank: as
+// spread over the tensor as top-k's picks of different ranks, and independent between ranks)
+// with fp32 values. Counter `pairs`: P x k decoded per call.
+void bench_allgather_local(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const std::size_t k = k_of(state.range(0), state.range(1));
+  const auto ranks = static_cast<std::size_t>(state.range(2));
+  const auto& in = gb::inputs(n, gb::dist::normal);
+  using gradcomp::compressor;
+  compressor<gradcomp::randomk, gradcomp::identity, gradcomp::no_feedback> c;
+  auto st = c.make_state(n);
+  std::vector<std::byte> blocks;
+  std::vector<std::size_t> counts;
+  payload p;
+  std::vector<std::byte> one;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const double density = static_cast<double>(k) / static_cast<double>(n);
+    c.compress(view(in[r]), st, {density, {.seed = 7 + r, .step = 1}}, p);
+    one.clear();
+    gradcomp::encode_wire(p, one);
+    blocks.insert(blocks.end(), one.begin(), one.end());
+    counts.push_back(one.size());
+  }
+  gradcomp::sparse_allgather x;
+  std::vector<float> out(n);
+  x.combine(c, std::span<const std::byte>(blocks), std::span<const std::size_t>(counts),
+            std::span<float>(out));
+  for (auto _ : state) {
+    x.combine(c, std::span<const std::byte>(blocks), std::span<const std::size_t>(counts),
+              std::span<float>(out));
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  tally{}.report(state, static_cast<std::int64_t>(n), false);
+  state.counters["pairs"] = static_cast<double>(ranks * k);
+}
+
+// ---------------------------------------------------------------------------------------
 // Baselines (normal input only: their cost does not depend on the distribution).
+
+// One streaming pass over a dense output of n floats (written, not read): the least any
+// exchange's local work costs, since every exchange writes its n-value result.
+void bench_output_pass(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  std::vector<float> out(n, 1.0f);
+  float v = 0.0f;
+  for (auto _ : state) {
+    std::fill(out.begin(), out.end(), v);
+    v += 1.0f;
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  tally{}.report(state, static_cast<std::int64_t>(n), false);
+}
 
 void bench_stream_read(benchmark::State& state) {
   const std::int64_t n = state.range(0);
@@ -328,6 +388,7 @@ void register_all() {
         add("baseline/stream_read", bench_stream_read, n);
         add("baseline/copy", bench_copy<false>, n);
         add("baseline/memcpy", bench_copy<true>, n);
+        add("baseline/output_pass", bench_output_pass, n);
         add_ppm("baseline/nth_element", bench_textbook_topk<false>, n);
         add_ppm("baseline/partial_sort", bench_textbook_topk<true>, n);
       }
@@ -348,6 +409,14 @@ void register_all() {
                compressor<topk, qsgd, residual>(topk{}, qsgd::with_bits(4)));
 
       if (d == gb::dist::normal && n < (std::int64_t{1} << 27)) {
+        for (const std::int64_t ppm : {std::int64_t{1000}, std::int64_t{10000}}) {
+          for (const std::int64_t ranks : {4, 16, 64}) {
+            auto* b = benchmark::RegisterBenchmark("exchange_local/sparse_allgather",
+                                                   bench_allgather_local);
+            b->ArgNames({"n", "ppm", "ranks"})->Args({n, ppm, ranks});
+            b->Unit(benchmark::kMillisecond)->ComputeStatistics("min", min_of);
+          }
+        }
         add_ppm("select_residual/topk",
                 [](benchmark::State& s) { bench_select_residual(s, topk{}); }, n);
         add_ppm("select_residual/gaussiank",

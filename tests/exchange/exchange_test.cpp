@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -176,6 +177,57 @@ TEST_CASE("a payload for a tensor of another size fails on every rank") {
     }
   }), communicator_error);
   CHECK(failures == 3);
+}
+
+TEST_CASE("sparse_allgather::combine: the reference mean from wire blocks; bad counts change nothing") {
+  // combine() is the exchange's local work on its own (what gradcomp_bench measures): P
+  // payloads' wire bytes in rank order give the reference mean, bit for bit.
+  compressor<topk, qsgd, residual> proto(topk{}, qsgd::with_bits(4));
+  for (int ranks : {1, 3, 16}) {
+    for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{4099}}) {
+      CAPTURE(ranks);
+      CAPTURE(n);
+      std::vector<std::byte> blocks;
+      std::vector<std::size_t> counts;
+      for (int r = 0; r < ranks; ++r) {
+        auto c = proto;
+        std::vector<std::byte> one;
+        encode_wire(compress_for_rank(c, r, n, 0.05, 0), one);
+        blocks.insert(blocks.end(), one.begin(), one.end());
+        counts.push_back(one.size());
+      }
+      sparse_allgather x;
+      std::vector<float> out(n, 7.0f);
+      x.combine(proto, std::span<const std::byte>(blocks), std::span<const std::size_t>(counts),
+                std::span<float>(out));
+      const auto ref = reference_mean(proto, ranks, n, 0.05);
+      for (std::size_t i = 0; i < n; ++i) {
+        REQUIRE(std::bit_cast<std::uint32_t>(out[i]) == std::bit_cast<std::uint32_t>(ref[i]));
+      }
+      // Counts beyond the bytes, short of them, or none at all: refused before out changes.
+      const auto before = out;
+      auto more = counts;
+      more.back() += 1;
+      CHECK_THROWS_AS(x.combine(proto, std::span<const std::byte>(blocks),
+                                std::span<const std::size_t>(more), std::span<float>(out)),
+                      payload_error);
+      auto fewer = counts;
+      fewer.pop_back();
+      if (!fewer.empty()) {
+        CHECK_THROWS_AS(x.combine(proto, std::span<const std::byte>(blocks),
+                                  std::span<const std::size_t>(fewer), std::span<float>(out)),
+                        payload_error);
+      }
+      std::vector<std::size_t> huge(counts.size(), SIZE_MAX);
+      CHECK_THROWS_AS(x.combine(proto, std::span<const std::byte>(blocks),
+                                std::span<const std::size_t>(huge), std::span<float>(out)),
+                      payload_error);
+      CHECK_THROWS_AS(x.combine(proto, std::span<const std::byte>(blocks),
+                                std::span<const std::size_t>(), std::span<float>(out)),
+                      invalid_argument);
+      CHECK(out == before);
+    }
+  }
 }
 
 TEST_CASE("exchanges model the exchange concept") {

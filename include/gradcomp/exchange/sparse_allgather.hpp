@@ -26,7 +26,6 @@ class sparse_allgather {
   template <class Compressor, communicator Comm>
   exchange_stats exchange(Comm& comm, const Compressor& c, const payload& p,
                           std::span<typename Compressor::value_type> out) {
-    using T = typename Compressor::value_type;
     detail::stopwatch clock;
     send_.clear();
     // A malformed payload here still takes part with an empty block, which every other rank
@@ -41,11 +40,50 @@ class sparse_allgather {
     comm.allgatherv(std::span<const std::byte>(send_), recv_, counts_);
     if (own_error) std::rethrow_exception(own_error);
 
+    combine(c, std::span<const std::byte>(recv_), std::span<const std::size_t>(counts_), out);
+
+    exchange_stats st;
+    st.name = "sparse_allgather";
+    st.bytes_sent = send_.size();
+    st.bytes_received = recv_.size() - send_.size();
+    st.seconds = clock.lap();
+    return st;
+  }
+
+  // The local work after the allgatherv: out = the mean of the payloads in `blocks` (counts[r]
+  // bytes from rank r, in rank order), decoded and added in rank order, then divided by the
+  // number of ranks. Throws payload_error naming the rank whose block is malformed or holds
+  // more than one payload, communicator_error for a payload of another tensor size; counts
+  // that do not add up to the bytes in `blocks` throw payload_error before out is written.
+  // Public so that gradcomp_bench measures exactly this (exchange_local/sparse_allgather).
+  template <class Compressor>
+  void combine(const Compressor& c, std::span<const std::byte> blocks,
+               std::span<const std::size_t> counts,
+               std::span<typename Compressor::value_type> out) {
+    using T = typename Compressor::value_type;
+    if (counts.empty()) {
+      detail::throw_invalid_argument("sparse_allgather::combine", "counts.size()", 0,
+                                     ">= 1 (one byte count per rank)");
+    }
+    std::size_t sum = 0;
+    bool fits = true;
+    for (const std::size_t bytes : counts) {
+      if (bytes > blocks.size() - sum) {
+        fits = false;
+        break;
+      }
+      sum += bytes;
+    }
+    if (!fits || sum != blocks.size()) {
+      throw payload_error(detail::concat("gradcomp::sparse_allgather: the ", counts.size(),
+                                         " ranks' byte counts do not add up to the ",
+                                         blocks.size(), " bytes received"));
+    }
     std::fill(out.begin(), out.end(), T(0));
     std::size_t offset = 0;
-    for (std::size_t r = 0; r < counts_.size(); ++r) {
-      const auto block = std::span<const std::byte>(recv_).subspan(offset, counts_[r]);
-      offset += counts_[r];
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      const auto block = blocks.subspan(offset, counts[r]);
+      offset += counts[r];
       std::size_t used = 0;
       try {
         used = decode_wire(block, received_);
@@ -65,15 +103,8 @@ class sparse_allgather {
       }
       c.decompress(received_, out, decompress_mode::accumulate);
     }
-    const T ranks = static_cast<T>(comm.size());
+    const T ranks = static_cast<T>(counts.size());
     for (T& x : out) x /= ranks;
-
-    exchange_stats st;
-    st.name = "sparse_allgather";
-    st.bytes_sent = send_.size();
-    st.bytes_received = recv_.size() - send_.size();
-    st.seconds = clock.lap();
-    return st;
   }
 
  private:
