@@ -7,6 +7,8 @@
 //   select_residual/<selector>/n:<n>/ppm:<ppm>      select on an error-feedback residual
 //   quantize/<quantizer>_encode/n:<n>, quantize/<quantizer>_decode/n:<n>
 //   exchange_local/sparse_allgather/n:<n>/ppm:<ppm>/ranks:<P>  decode + add P payloads, mean
+//   exchange_local/topk_a2a/n:<n>/ppm:<ppm>/ranks:<P>  decode, scatter-add into a shard, copy out
+//   exchange_local/gtopk/n:<n>/ppm:<ppm>/ranks:<P>     the root's merges and output
 //   baseline/{stream_read,copy,memcpy,output_pass}/n:<n>,
 //   baseline/{nth_element,partial_sort}/n:<n>/ppm:<ppm>
 // <dist> is absent for normal input, `_laplace` or `_t3` (Student-t, 3 degrees of freedom) for
@@ -275,6 +277,109 @@ void bench_allgather_local(benchmark::State& state) {
   state.counters["pairs"] = static_cast<double>(ranks * k);
 }
 
+// The P ranks' payloads of the exchanges' local work: k random indices per rank (Random-k with a
+// seed per rank), fp32 values, and each decoded into (index, value) pairs sorted by index.
+struct rank_payloads {
+  gradcomp::compressor<gradcomp::randomk, gradcomp::identity, gradcomp::no_feedback> c;
+  std::vector<payload> payloads;
+  std::vector<std::vector<gradcomp::index_value>> pairs;
+
+  rank_payloads(std::size_t n, std::size_t k, std::size_t ranks) {
+    const auto& in = gb::inputs(n, gb::dist::normal);
+    auto st = c.make_state(n);
+    std::vector<float> scratch;
+    const double density = static_cast<double>(k) / static_cast<double>(n);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      payloads.emplace_back();
+      c.compress(view(in[r % in.size()]), st, {density, {.seed = 7 + r, .step = 1}}, payloads.back());
+      pairs.emplace_back();
+      gradcomp::detail::decode_pairs("bench", c, payloads.back(), scratch, pairs.back());
+    }
+  }
+};
+
+// topk_a2a: rank 0's local work. Decode its own payload into pairs (topk_a2a::prepare), add the
+// pairs that the P ranks sent to its shard [0, n/P) in rank order and divide
+// (topk_a2a::reduce_shard), and copy the gathered dense mean into the output. Counter `pairs`:
+// the pairs added into the shard per call (about k: each rank sends k/P of its k).
+void bench_a2a_local(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const std::size_t k = k_of(state.range(0), state.range(1));
+  const auto ranks = static_cast<std::size_t>(state.range(2));
+  const rank_payloads rp(n, k, ranks);
+  const std::uint64_t end = gradcomp::topk_a2a_shard_begin(n, ranks, 1);
+  std::vector<gradcomp::index_value> received;
+  std::vector<std::size_t> counts;
+  for (const auto& pairs : rp.pairs) {
+    const auto mine = std::partition_point(
+        pairs.begin(), pairs.end(), [&](const gradcomp::index_value& e) { return e.index < end; });
+    received.insert(received.end(), pairs.begin(), mine);
+    counts.push_back(static_cast<std::size_t>(mine - pairs.begin()));
+  }
+  gradcomp::topk_a2a x;
+  std::vector<float> shard(end), dense(n, 0.5f), out(n);
+  // Vectors, not arrays: with a size it can see, GCC 12 warns (falsely) in prepare's resize.
+  const std::vector<const payload*> own = {&rp.payloads[0]};
+  const std::vector<std::span<float>> outs = {std::span<float>(out)};
+  for (auto _ : state) {
+    x.prepare(rp.c, std::span<const payload* const>(own), std::span<const std::span<float>>(outs));
+    const std::string problem = gradcomp::topk_a2a::reduce_shard(
+        std::span<const gradcomp::index_value>(received), std::span<const std::size_t>(counts), 0,
+        std::span<float>(shard));
+    if (!problem.empty()) {
+      state.SkipWithError(problem.c_str());
+      break;
+    }
+    std::copy(dense.begin(), dense.end(), out.begin());
+    benchmark::DoNotOptimize(shard.data());
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  tally{}.report(state, static_cast<std::int64_t>(n), false);
+  state.counters["pairs"] = static_cast<double>(received.size());
+}
+
+// gtopk: the root's local work, the longest of any rank's. Decode its own payload
+// (gtopk::prepare), merge it with each subtree's set in ceil(log2 P) rounds keeping the top k
+// (detail::gtopk_merge, what exchange() runs per round), then write the dense output: zeros and
+// the k global values divided by P (gtopk_values::tree). The subtrees' sets are made here by
+// the same merges. Counter `pairs`: the pairs that go into the root's merges per call.
+void bench_gtopk_local(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const std::size_t k = k_of(state.range(0), state.range(1));
+  const auto ranks = static_cast<std::size_t>(state.range(2));
+  rank_payloads rp(n, k, ranks);
+  std::vector<std::vector<gradcomp::index_value>> sets = rp.pairs, from_subtree;
+  std::vector<gradcomp::index_value> merged;
+  for (std::size_t step = 1; step < ranks; step *= 2) {
+    for (std::size_t r = 0; r + step < ranks; r += 2 * step) {
+      if (r == 0) from_subtree.push_back(sets[step]);
+      gradcomp::detail::gtopk_merge(sets[r], sets[r + step], k, merged);
+      sets[r].swap(merged);
+    }
+  }
+  double pairs = static_cast<double>(k);
+  for (const auto& s : from_subtree) pairs += static_cast<double>(s.size());
+  gradcomp::gtopk x;
+  std::vector<gradcomp::index_value> current;
+  std::vector<float> out(n);
+  const float divisor = static_cast<float>(ranks);
+  for (auto _ : state) {
+    x.prepare(rp.c, rp.payloads[0]);
+    current = rp.pairs[0];
+    for (const auto& s : from_subtree) {
+      gradcomp::detail::gtopk_merge(current, s, k, merged);
+      current.swap(merged);
+    }
+    std::fill(out.begin(), out.end(), 0.0f);
+    for (const auto& e : current) out[e.index] = e.value / divisor;
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  tally{}.report(state, static_cast<std::int64_t>(n), false);
+  state.counters["pairs"] = pairs;
+}
+
 // ---------------------------------------------------------------------------------------
 // Baselines (normal input only: their cost does not depend on the distribution).
 
@@ -411,10 +516,14 @@ void register_all() {
       if (d == gb::dist::normal && n < (std::int64_t{1} << 27)) {
         for (const std::int64_t ppm : {std::int64_t{1000}, std::int64_t{10000}}) {
           for (const std::int64_t ranks : {4, 16, 64}) {
-            auto* b = benchmark::RegisterBenchmark("exchange_local/sparse_allgather",
-                                                   bench_allgather_local);
-            b->ArgNames({"n", "ppm", "ranks"})->Args({n, ppm, ranks});
-            b->Unit(benchmark::kMillisecond)->ComputeStatistics("min", min_of);
+            using family = std::pair<const char*, void (*)(benchmark::State&)>;
+            for (const auto& [name, f] : {family{"exchange_local/sparse_allgather", bench_allgather_local},
+                                          family{"exchange_local/topk_a2a", bench_a2a_local},
+                                          family{"exchange_local/gtopk", bench_gtopk_local}}) {
+              auto* b = benchmark::RegisterBenchmark(name, f);
+              b->ArgNames({"n", "ppm", "ranks"})->Args({n, ppm, ranks});
+              b->Unit(benchmark::kMillisecond)->ComputeStatistics("min", min_of);
+            }
           }
         }
         add_ppm("select_residual/topk",

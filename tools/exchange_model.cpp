@@ -2,15 +2,17 @@
 // auto_exchange uses (gradcomp/exchange/cost_model.hpp). It prints, for P in {4 ... 1024}
 // ranks on 1, 10 and 100 Gbit/s links, the predicted time per step of each exchange for a
 // ResNet-50 (25.6M) and a BERT-large (340M) gradient at densities 0.001 and 0.01, and the
-// winner (network terms only). Started under mpirun (P <= 4 here), it then measures alpha and
-// beta by ping-pong and the local work per element (gamma), times every exchange over MPI and
-// prints the predictions and the measurement side by side.
+// winner (network terms only). Started under mpirun (P <= 4 here), it then measures the link
+// with measure_link() (alpha and beta by ping-pong and by a ring with every rank sending at
+// once; the local work's gamma, scatter and merge costs on every rank at once), times every
+// exchange over MPI and prints the predictions and the measurement side by side.
 //   exchange_model                     the planning tables only
 //   mpirun -np 4 exchange_model        the tables, then model against measurement
 //   exchange_model --quick             smaller measured tensors, fewer repeats (for tests)
 //   exchange_model --extrapolate ALPHA_US GAMMA_NS
 //                                      the tables on 25 and 100 Gbit/s links for P = 16 ... 1024
-//                                      with that latency and local-work cost (docs/cluster.md)
+//                                      with that latency and streaming cost (docs/cluster.md;
+//                                      the scatter and merge terms are left at 0)
 //   exchange_model [--no-tables] [--link-only] [--sizes N,N...] [--repeats R]
 //                                      the measured tensor sizes (default 1048576,4194304) and
 //                                      repeats (default 5); --no-tables skips the tables,
@@ -140,20 +142,27 @@ double time_it(mpi_comm& comm, int repeats, F&& f) {
 }
 
 void measure(mpi_comm& comm, const measure_options& mo) {
-  const link_model link = measure_link(comm);
-  const link_model network{link.alpha, link.beta, 0.0};
+  link_probe probe;
+  const link_model link = measure_link(comm, link_measure_options{}, &probe);
+  const link_model network{link.alpha, link.beta};
   const std::size_t p = static_cast<std::size_t>(comm.size());
   if (comm.rank() == 0) {
-    std::printf("\nMeasured on this machine with MPI, P = %zu: alpha = %.3g us, beta = %.3g ns/byte "
-                "(%.3g GB/s) by ping-pong between ranks 0 and %zu; gamma = %.3g ns/element of local "
-                "work\n",
-                p, link.alpha * 1e6, link.beta * 1e9, link.beta > 0 ? 1e-9 / link.beta : 0.0, p - 1,
-                link.gamma * 1e9);
+    std::printf("\nMeasured on this machine with MPI, P = %zu:\n"
+                "  ping-pong between ranks 0 and %zu: alpha = %.3g us, beta = %.3g ns/byte (%.3g GB/s)\n"
+                "  ring, every rank at once:        alpha = %.3g us, beta = %.3g ns/byte (%.3g GB/s)\n"
+                "  model: alpha = %.3g us, beta = %.3g ns/byte (the larger of each); local work on "
+                "every rank at once: gamma = %.3g ns/element streamed, scatter = %.3g ns/pair, "
+                "merge = %.3g + %.3g log2(k + 1) ns/pair\n",
+                p, p - 1, probe.pingpong_alpha * 1e6, probe.pingpong_beta * 1e9,
+                probe.pingpong_beta > 0 ? 1e-9 / probe.pingpong_beta : 0.0, probe.ring_alpha * 1e6,
+                probe.ring_beta * 1e9, probe.ring_beta > 0 ? 1e-9 / probe.ring_beta : 0.0,
+                link.alpha * 1e6, link.beta * 1e9, link.gamma * 1e9, link.scatter * 1e9,
+                link.merge * 1e9, link.merge_log * 1e9);
   }
   if (mo.link_only) return;
   if (comm.rank() == 0) {
     std::printf("network: the alpha-beta model plus one header allgather (log2 P alpha + 48 (P-1) "
-                "beta); +local: plus gamma times the local work;\nmeasured: least of the repeats, "
+                "beta); +local: plus the local work (gamma, scatter, merge);\nmeasured: least of the repeats, "
                 "slowest rank. Milliseconds.\n");
     std::printf("%10s %8s  %-18s %9s %9s %9s %14s\n", "n", "density", "exchange", "network", "+local",
                 "measured", "measured/+local");

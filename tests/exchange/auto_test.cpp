@@ -109,6 +109,44 @@ TEST_CASE("predict picks the cheapest candidate; TopKA2A beats allgather when rh
   CHECK_THROWS_AS(predict(s, l, 0), invalid_argument);
 }
 
+TEST_CASE("predict: each local-work term prices its own kind of work") {
+  exchange_shape s;
+  s.ranks = 8;
+  s.n = 1 << 20;
+  s.k = 1000;
+  s.k_max = 1000;
+  s.payload_bytes = 8040;
+  const auto at = [](const exchange_prediction& p, exchange_kind k) {
+    return p.seconds[static_cast<unsigned>(k)];
+  };
+  const double n = static_cast<double>(s.n);
+  // Only the pairs added at their index: allgather P k, TopKA2A about k, gTop-k the k writes.
+  const auto pairs = predict(s, link_model{0.0, 0.0, 0.0, 1.0});
+  CHECK(at(pairs, exchange_kind::sparse_allgather) == doctest::Approx(8.0 * 1000));
+  CHECK(at(pairs, exchange_kind::topk_a2a) == doctest::Approx(1000));
+  CHECK(at(pairs, exchange_kind::gtopk) == doctest::Approx(1000));
+  CHECK(at(pairs, exchange_kind::dense_allreduce) == 0.0);
+  // Only the merges: gTop-k alone, 3 rounds of 2k pairs, merge + merge_log log2(k + 1) each.
+  const auto merges = predict(s, link_model{0.0, 0.0, 0.0, 0.0, 2.0, 0.5});
+  CHECK(at(merges, exchange_kind::gtopk) ==
+        doctest::Approx(3.0 * 2000.0 * (2.0 + 0.5 * std::log2(1001.0))));
+  for (auto k : {exchange_kind::dense_allreduce, exchange_kind::sparse_allgather, exchange_kind::topk_a2a}) {
+    CHECK(at(merges, k) == 0.0);
+  }
+  // Only streamed elements: every exchange writes its n outputs at least once.
+  const auto stream = predict(s, link_model{0.0, 0.0, 1.0});
+  for (unsigned k = 0; k < exchange_kinds; ++k) CHECK(stream.seconds[k] >= n);
+  CHECK(at(stream, exchange_kind::sparse_allgather) == doctest::Approx(2.0 * n + 8000.0));
+  // The terms add up.
+  const auto all = predict(s, link_model{1e-5, 1e-9, 1e-10, 3e-9, 2e-8, 5e-9});
+  const auto net = predict(s, link_model{1e-5, 1e-9});
+  for (unsigned k = 0; k < exchange_kinds; ++k) {
+    const double local = 1e-10 * stream.seconds[k] + 3e-9 * pairs.seconds[k] +
+                         1e-8 * merges.seconds[k];  // (2e-8, 5e-9) = 1e-8 (2, 0.5)
+    CHECK(all.seconds[k] == doctest::Approx(net.seconds[k] + local));
+  }
+}
+
 TEST_CASE("auto_exchange: each choice gives the result of the exchange it names") {
   const std::size_t n = 2000;
   using C = compressor<topk, identity, residual>;
@@ -165,16 +203,32 @@ TEST_CASE("auto_exchange chooses by the model: latency-bound small tensors, band
 TEST_CASE("measure_link: positive values, the same on every rank") {
   for (int ranks : {1, 2, 3}) {
     std::vector<link_model> got(static_cast<std::size_t>(ranks));
+    std::vector<link_probe> probes(static_cast<std::size_t>(ranks));
     run_in_process(ranks, [&](in_process_comm& comm) {
-      got[static_cast<std::size_t>(comm.rank())] =
-          measure_link(comm, link_measure_options{.small_repeats = 3, .large_repeats = 2});
+      const auto r = static_cast<std::size_t>(comm.rank());
+      got[r] = measure_link(comm,
+                            link_measure_options{.small_repeats = 3, .large_repeats = 2,
+                                                 .local_elements = std::size_t{1} << 18},
+                            &probes[r]);
     });
-    for (const auto& l : got) {
-      CHECK(l.alpha == got[0].alpha);
-      CHECK(l.beta == got[0].beta);
-      CHECK(l.alpha >= 0.0);
-      CHECK(l.beta >= 0.0);
-      CHECK(std::isfinite(l.alpha));
+    for (std::size_t r = 0; r < got.size(); ++r) {
+      const link_model& l = got[r];
+      const double fields[] = {l.alpha, l.beta, l.gamma, l.scatter, l.merge, l.merge_log};
+      const double first[] = {got[0].alpha, got[0].beta,  got[0].gamma,
+                              got[0].scatter, got[0].merge, got[0].merge_log};
+      for (std::size_t f = 0; f < std::size(fields); ++f) {
+        CAPTURE(f);
+        CHECK(fields[f] == first[f]);  // agreed
+        CHECK(fields[f] >= 0.0);
+        CHECK(std::isfinite(fields[f]));
+      }
+      // The local work is measured, the merge's two terms together positive.
+      CHECK(l.gamma > 0.0);
+      CHECK(l.scatter > 0.0);
+      CHECK(l.merge + l.merge_log > 0.0);
+      // The model takes the larger of the ping-pong's and the ring's values.
+      CHECK(l.alpha == std::max(probes[r].pingpong_alpha, probes[r].ring_alpha));
+      CHECK(l.beta == std::max(probes[r].pingpong_beta, probes[r].ring_beta));
     }
     if (ranks == 1) CHECK(got[0].alpha == 0.0);
   }

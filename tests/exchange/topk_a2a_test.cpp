@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <span>
+#include <string>
 #include <vector>
 
 #include <gradcomp/comm/in_process.hpp>
@@ -179,4 +181,71 @@ TEST_CASE("topk_a2a: a tensor of another size on one rank fails on every rank") 
     }
   }), communicator_error);
   CHECK(failures == std::vector<int>{1, 1, 1, 1});
+}
+
+TEST_CASE("topk_a2a::reduce_shard: the mean of the ranks' pairs in rank order; malformed pairs refused") {
+  // reduce_shard() is the owner's local work on its own (what gradcomp_bench measures): its
+  // result is the rank-order sum of the pairs, divided by the number of ranks, over shards of
+  // sizes 0, 1, small, odd and 2^20 + 3, with values that are not Gaussian (wide exponents,
+  // both signs, repeated magnitudes).
+  std::mt19937_64 rng(11);
+  for (const std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{64}, std::size_t{999},
+                                 (std::size_t{1} << 20) + 3}) {
+    for (const std::size_t ranks : {std::size_t{1}, std::size_t{3}, std::size_t{16}}) {
+      CAPTURE(size);
+      CAPTURE(ranks);
+      const std::uint64_t begin = 12345;
+      std::vector<index_value> received;
+      std::vector<std::size_t> counts;
+      std::vector<float> ref(size, 0.0f);
+      for (std::size_t r = 0; r < ranks; ++r) {
+        std::size_t c = 0;
+        for (std::size_t i = 0; i < size; ++i) {
+          if (rng() % 8 != 0) continue;  // density 1/8
+          const int e = static_cast<int>(rng() % 40) - 20;
+          const float v = std::ldexp(rng() % 2 ? 1.5f : -1.0f, e);
+          received.push_back(index_value{static_cast<std::uint32_t>(begin + i), v});
+          ref[i] += v;  // rank order, in float: what the shard must hold bit for bit
+          ++c;
+        }
+        counts.push_back(c);
+      }
+      std::vector<float> shard(size, 7.0f);
+      CHECK(topk_a2a::reduce_shard(std::span<const index_value>(received),
+                                   std::span<const std::size_t>(counts), begin,
+                                   std::span<float>(shard))
+                .empty());
+      bool same = true;
+      for (std::size_t i = 0; i < size; ++i) {
+        same = same && shard[i] == ref[i] / static_cast<float>(ranks);
+      }
+      CHECK(same);
+
+      if (received.empty()) continue;
+      // Refused: counts that do not add up, an index outside the shard, a repeated index.
+      std::vector<std::size_t> more = counts;
+      more.back() += 1;
+      CHECK(topk_a2a::reduce_shard(std::span<const index_value>(received),
+                                   std::span<const std::size_t>(more), begin, std::span<float>(shard))
+                .find("do not add up") != std::string::npos);
+      std::vector<index_value> bad = received;
+      bad.back().index = static_cast<std::uint32_t>(begin + size);  // one past the shard
+      CHECK(topk_a2a::reduce_shard(std::span<const index_value>(bad),
+                                   std::span<const std::size_t>(counts), begin, std::span<float>(shard))
+                .find("outside this rank's shard") != std::string::npos);
+      bad = received;
+      bad.front().index = static_cast<std::uint32_t>(begin - 1);  // below it
+      CHECK(topk_a2a::reduce_shard(std::span<const index_value>(bad),
+                                   std::span<const std::size_t>(counts), begin, std::span<float>(shard))
+                .find("outside this rank's shard") != std::string::npos);
+      if (counts.front() >= 2) {
+        bad = received;
+        bad[1].index = bad[0].index;
+        CHECK(topk_a2a::reduce_shard(std::span<const index_value>(bad),
+                                     std::span<const std::size_t>(counts), begin,
+                                     std::span<float>(shard))
+                  .find("strictly increasing") != std::string::npos);
+      }
+    }
+  }
 }

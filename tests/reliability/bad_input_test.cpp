@@ -1720,10 +1720,11 @@ TEST_CASE("bad input: gtopk, topk_a2a and auto_exchange settings out of range ar
   }
   for (double bad : {-1.0, nan_d, inf_d}) {
     CAPTURE(bad);
-    for (int field = 0; field < 3; ++field) {
+    for (int field = 0; field < 6; ++field) {
       CAPTURE(field);
-      link_model l{1e-6, 1e-9, 1e-10};
-      (field == 0 ? l.alpha : field == 1 ? l.beta : l.gamma) = bad;
+      link_model l{1e-6, 1e-9, 1e-10, 1e-9, 1e-8, 1e-9};
+      double* const fields[] = {&l.alpha, &l.beta, &l.gamma, &l.scatter, &l.merge, &l.merge_log};
+      *fields[field] = bad;
       auto_options o;
       o.link = l;
       std::string what;

@@ -62,6 +62,9 @@ class auto_exchange {
       check_time("link.alpha", o.link->alpha);
       check_time("link.beta", o.link->beta);
       check_time("link.gamma", o.link->gamma);
+      check_time("link.scatter", o.link->scatter);
+      check_time("link.merge", o.link->merge);
+      check_time("link.merge_log", o.link->merge_log);
     }
     // What measure_link() would refuse at the first exchange, refused here instead.
     const link_measure_options& m = o.measure;

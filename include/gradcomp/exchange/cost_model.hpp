@@ -16,17 +16,25 @@
 #include <gradcomp/detail/exchange_common.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/exchange/gtopk.hpp>
 
 namespace gradcomp {
 
-// alpha and beta describe the network. gamma, which the textbook alpha-beta formulas leave out, is the
-// local work: every exchange writes a dense output of n values and decodes or folds what it
-// receives, which dominates on fast links and shared memory. gamma = 0 is the pure alpha-beta
-// model.
+// alpha and beta describe the network. The textbook alpha-beta formulas leave out the local
+// work, which dominates on fast links and shared memory: every exchange writes a dense output
+// of n values and decodes, adds or merges what it receives. Its three kinds of work cost
+// differently per item, so each has its own term; all zero is the pure alpha-beta model.
 struct link_model {
-  double alpha = 0.0;  // seconds per message (latency)
-  double beta = 0.0;   // seconds per byte (1 / bandwidth)
-  double gamma = 0.0;  // seconds per element touched by local work (fill, decode, add, scale)
+  double alpha = 0.0;    // seconds per message (latency)
+  double beta = 0.0;     // seconds per byte (1 / bandwidth)
+  double gamma = 0.0;    // seconds per element streamed by local work (fill, copy, decode, scale)
+  double scatter = 0.0;  // seconds per (index, value) pair added at its index into a dense
+                         // vector: a random access each, a cache miss once n outgrows the cache
+  // Seconds per pair going into one of gTop-k's merges of two sets of k pairs (merge by index,
+  // select the top k, sort them by index): merge + merge_log * log2(k + 1), the sort's share
+  // growing with k.
+  double merge = 0.0;
+  double merge_log = 0.0;
 
   // A link of `gbit_per_s` Gbit/s with `latency_s` seconds per message.
   static link_model from_gbit(double gbit_per_s, double latency_s) {
@@ -74,27 +82,49 @@ struct exchange_shape {
 
 namespace cost {
 
-// Local work, in elements touched, of each exchange as gradcomp implements it (the output is
-// filled, contributions are decoded and added, the sum scaled): rough counts, good to a small
-// factor, that make the model rank exchanges sensibly where the network is not the bottleneck.
-inline double local_dense_allreduce(const exchange_shape& s) {
+// Local work of each exchange as gradcomp implements it, counted in the three kinds that
+// link_model prices: elements streamed, pairs added or written at their index, pairs merged.
+struct local_work {
+  double elements = 0.0;
+  double pairs = 0.0;
+  double merged = 0.0;
+  double merge_k = 0.0;  // the k of the merges
+};
+
+inline double local_seconds(const local_work& w, const link_model& l) {
+  return l.gamma * w.elements + l.scatter * w.pairs +
+         w.merged * (l.merge + l.merge_log * std::log2(w.merge_k + 1.0));
+}
+
+// Copy the wire values in, the reduction's pass inside the allreduce, the output written (for
+// a sparse summable payload: zeros, then a write at each index). Without a summable payload:
+// decode into zeros, allreduce n values, scale.
+inline local_work local_dense_allreduce(const exchange_shape& s) {
   const double n = static_cast<double>(s.n);
-  if (!s.summed_bytes) return 4.0 * n;  // decode into zeros, fold, scale
+  if (!s.summed_bytes) return {4.0 * n, 0.0, 0.0};
   const double c = static_cast<double>(s.summed_bytes) / static_cast<double>(s.value_bytes);
-  return n + 3.0 * c;  // fill the output, copy in, fold, write out
+  if (c >= n) return {3.0 * n, 0.0, 0.0};
+  return {n + 2.0 * c, c, 0.0};
 }
-inline double local_sparse_allgather(const exchange_shape& s) {
-  return 2.0 * static_cast<double>(s.n) + 2.0 * static_cast<double>(s.ranks) * s.k;
+// sparse_allgather::combine: zeros, the P payloads decoded and added at their indices, the
+// mean's pass.
+inline local_work local_sparse_allgather(const exchange_shape& s) {
+  const double n = static_cast<double>(s.n), pk = static_cast<double>(s.ranks) * s.k;
+  return {2.0 * n + pk, pk, 0.0};
 }
-inline double local_topk_a2a(const exchange_shape& s) {
+// topk_a2a: the own payload decoded into pairs, the shard zeroed, about k pairs added into it
+// (k / P from each rank), the shard divided, the gathered mean copied to the output.
+inline local_work local_topk_a2a(const exchange_shape& s) {
   const double n = static_cast<double>(s.n), p = static_cast<double>(s.ranks);
-  return n + 2.0 * n / p + 3.0 * s.k;
+  return {s.k + 2.0 * n / p + n, s.k, 0.0};
 }
-inline double local_gtopk(const exchange_shape& s) {
-  // Each round's merge: a pass over the union, a selection, a sort of k by index.
+// gtopk, at the root (the longest path): the own payload decoded, ceil(log2 P) merges of two
+// sets of up to k pairs, the output zeroed and the k global values written, the picks left
+// out collected.
+inline local_work local_gtopk(const exchange_shape& s) {
   const double k = static_cast<double>(s.k_max);
-  const double rounds = std::ceil(std::log2(static_cast<double>(s.ranks)));
-  return static_cast<double>(s.n) + 2.0 * k + rounds * k * (4.0 + std::log2(k + 1.0));
+  const double rounds = s.ranks > 1 ? std::ceil(std::log2(static_cast<double>(s.ranks))) : 0.0;
+  return {static_cast<double>(s.n) + 2.0 * k, k, rounds * 2.0 * k, k};
 }
 
 // Ring allreduce of m bytes: 2 (P-1) alpha + 2 (P-1)/P m beta.
@@ -145,7 +175,7 @@ struct exchange_prediction {
   exchange_kind best = exchange_kind::dense_allreduce;
 };
 
-// The model's time of every exchange (network, plus gamma times the local work) and the
+// The model's time of every exchange (network, plus the local work's terms) and the
 // cheapest among `candidates` (a mask of
 // exchange_bit()s; ties go to the earlier exchange_kind).
 inline exchange_prediction predict(const exchange_shape& s, const link_model& l,
@@ -155,10 +185,11 @@ inline exchange_prediction predict(const exchange_shape& s, const link_model& l,
                                    "a non-empty mask of exchange_bit(exchange_kind)");
   }
   exchange_prediction p;
-  p.seconds[0] = cost::dense_allreduce(s, l) + l.gamma * cost::local_dense_allreduce(s);
-  p.seconds[1] = cost::sparse_allgather(s, l) + l.gamma * cost::local_sparse_allgather(s);
-  p.seconds[2] = cost::topk_a2a(s, l) + l.gamma * cost::local_topk_a2a(s);
-  p.seconds[3] = cost::gtopk(s, l) + l.gamma * cost::local_gtopk(s);
+  using cost::local_seconds;
+  p.seconds[0] = cost::dense_allreduce(s, l) + local_seconds(cost::local_dense_allreduce(s), l);
+  p.seconds[1] = cost::sparse_allgather(s, l) + local_seconds(cost::local_sparse_allgather(s), l);
+  p.seconds[2] = cost::topk_a2a(s, l) + local_seconds(cost::local_topk_a2a(s), l);
+  p.seconds[3] = cost::gtopk(s, l) + local_seconds(cost::local_gtopk(s), l);
   bool found = false;
   for (unsigned k = 0; k < exchange_kinds; ++k) {
     if (!(candidates & (1u << k))) continue;
@@ -175,54 +206,121 @@ struct link_measure_options {
   std::size_t large_bytes = std::size_t{1} << 20;
   unsigned small_repeats = 30;
   unsigned large_repeats = 8;
-  // Elements of the local-work pass; larger than the caches, like a gradient. 0: gamma = 0, the
-  // pure alpha-beta model.
+  // Elements of the local-work passes; larger than the caches, like a gradient. 0: gamma,
+  // scatter and merge = 0, the pure alpha-beta model.
   std::size_t local_elements = std::size_t{1} << 22;
+  unsigned local_repeats = 4;  // timed runs of the local-work passes (after one warm-up run)
+  // The ring's message grows 4x from large_bytes up to ring_max_bytes while a step takes less
+  // than ring_grow_below_s (see measure_link).
+  std::size_t ring_max_bytes = std::size_t{16} << 20;
+  double ring_grow_below_s = 4e-3;
+};
+
+// What measure_link() measured on the way to its link_model.
+struct link_probe {
+  // The ping-pong between rank 0 and rank P-1 while the other ranks wait: one link alone.
+  double pingpong_alpha = 0.0, pingpong_beta = 0.0;
+  // Every rank sending to the next and receiving from the previous at once, as in the ring
+  // and the exchanges' collectives: the link as the exchanges share it.
+  double ring_alpha = 0.0, ring_beta = 0.0;
 };
 
 namespace detail {
 
-// Seconds per element of a pass that writes and scales a buffer of floats, as the exchanges'
-// output handling does; the least of a few runs.
-inline double measure_local_work(std::size_t elements) {
-  if (elements == 0) return 0.0;
+// Seconds per item of the three kinds of local work (link_model::gamma, scatter, merge and
+// merge_log), the
+// least of `repeats` runs after a warm-up, as exchange timings are taken. Every rank runs this
+// at the same time (measure_link), so ranks that share a machine's memory bandwidth slow each
+// other as they do in an exchange.
+inline std::array<double, 4> measure_local_costs(std::size_t elements, unsigned repeats) {
+  if (elements == 0 || repeats == 0) return {0.0, 0.0, 0.0, 0.0};
+  // Sorted distinct indices, one at a pseudo-random place in each stride-wide slot (as spread
+  // as a selection's picks at density 1 / stride), and values of both signs.
+  auto spread = [&](std::size_t stride, std::uint64_t seed) {
+    std::vector<index_value> v(std::max<std::size_t>(1, elements / stride));
+    for (std::size_t j = 0; j < v.size(); ++j) {
+      const std::uint64_t h = ((j + 1) * 0x9e3779b97f4a7c15ull) ^ (seed << 32);
+      const std::uint64_t mixed = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
+      v[j] = index_value{static_cast<std::uint32_t>(std::min(elements - 1, j * stride + (mixed >> 40) % stride)),
+                         static_cast<float>(static_cast<std::int64_t>(mixed >> 40) - (1 << 23))};
+    }
+    return v;
+  };
   std::vector<float> buf(elements);
-  double best = 0.0;
-  for (int rep = 0; rep < 4; ++rep) {
+  // Scattered adds at one pair per 64 elements: every pair a cache line of its own.
+  const std::vector<index_value> scattered = spread(64, 1);
+  // Merges of two sets of elements / 4096 and of elements / 256 pairs, keeping as many: two
+  // sizes, for the two terms of the merge's cost.
+  const std::vector<index_value> a1 = spread(4096, 2), b1 = spread(4096, 3);
+  const std::vector<index_value> a2 = spread(256, 4), b2 = spread(256, 5);
+  std::vector<index_value> merged;
+  double best[4] = {0.0, 0.0, 0.0, 0.0};
+  for (unsigned rep = 0; rep <= repeats; ++rep) {
     stopwatch clock;
     std::fill(buf.begin(), buf.end(), 0.0f);
     for (float& x : buf) x = x * 0.5f + 1.0f;
-    const double t = clock.lap();
-    volatile float sink = buf[elements / 2];  // keep the passes
-    (void)sink;
-    if (rep == 1 || (rep > 1 && t < best)) best = t;
+    double t[4];
+    t[0] = clock.lap();
+    for (const index_value& e : scattered) buf[e.index] += e.value;
+    t[1] = clock.lap();
+    // Each merge timed on sets already in the cache, as an exchange's just-received pairs are
+    // (the passes above evicted them): the untimed first call brings them in.
+    gtopk_merge(a1, b1, a1.size(), merged);
+    clock.lap();
+    gtopk_merge(a1, b1, a1.size(), merged);
+    t[2] = clock.lap();
+    gtopk_merge(a2, b2, a2.size(), merged);
+    clock.lap();
+    gtopk_merge(a2, b2, a2.size(), merged);
+    t[3] = clock.lap();
+    for (int i = 0; i < 4; ++i) {
+      // The first run warms the caches and faults the pages in.
+      if (rep == 1 || (rep > 1 && t[i] < best[i])) best[i] = t[i];
+    }
   }
-  return best / (2.0 * static_cast<double>(elements));
+  volatile float sink = buf[elements / 2] + merged.front().value;  // keep the passes
+  (void)sink;
+  // Per merged pair at each size, fitted to merge + merge_log * log2(k + 1).
+  const double k1 = static_cast<double>(a1.size()), k2 = static_cast<double>(a2.size());
+  const double c1 = best[2] / (2.0 * k1), c2 = best[3] / (2.0 * k2);
+  const double l1 = std::log2(k1 + 1.0), l2 = std::log2(k2 + 1.0);
+  const double per_log = l2 > l1 ? std::max(0.0, (c2 - c1) / (l2 - l1)) : 0.0;
+  return {best[0] / (2.0 * static_cast<double>(elements)),
+          best[1] / static_cast<double>(scattered.size()), std::max(0.0, c1 - per_log * l1),
+          per_log};
 }
 
 }  // namespace detail
 
-// Measures alpha and beta on comm; every rank must call it, and every rank gets the same
-// values. With point-to-point (mpi_comm::sendrecv) it is a ping-pong between rank 0 and rank
-// P-1 (on a multi-node job usually two nodes): alpha is half the round trip of small_bytes,
-// beta the extra half round trip per byte of large_bytes. Without it, allgathers of both sizes
-// are timed and fitted to log2 P alpha + (P-1) b beta. The least time of the repeats counts
-// (noise only adds). gamma is the least time per element of a fill-and-scale pass over
-// local_elements floats, the slowest rank's. One rank gives alpha = beta = 0.
+// Measures a link_model on comm; every rank must call it, and every rank gets the same values.
+// With point-to-point (mpi_comm::sendrecv): a ping-pong between rank 0 and rank P-1 (on a
+// multi-node job usually two nodes) and a ring shift in which every rank sends to the next at
+// once; alpha is half the round trip of small_bytes (the ring's time per step when larger), beta
+// the extra time per byte of large_bytes, the ring's when larger (ranks that share a machine
+// share its memory bus and cores, and the exchanges' collectives send on every rank at once;
+// the ring's message grows while a step is quick, see ring_max_bytes).
+// Without point-to-point, allgathers of both sizes are timed and fitted to
+// log2 P alpha + (P-1) b beta. The least time of the repeats counts for the ping-pong (noise
+// only adds), the slowest rank's mean for the ring. gamma, scatter and merge are the local
+// work's costs per item, the least of local_repeats runs on every rank at once
+// (detail::measure_local_costs), the slowest rank's. One rank gives alpha = beta = 0. `probe`, when given, receives the
+// ping-pong's and the ring's values.
 template <communicator Comm>
-link_model measure_link(Comm& comm, const link_measure_options& o = {}) {
+link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_probe* probe = nullptr) {
   if (o.large_bytes <= o.small_bytes || o.small_repeats == 0 || o.large_repeats == 0) {
     detail::throw_invalid_argument("measure_link", "options",
                                    detail::concat(o.small_bytes, " / ", o.large_bytes, " bytes"),
                                    "small_bytes < large_bytes and repeats >= 1");
   }
   const int p = comm.size();
-  double gamma[] = {detail::measure_local_work(o.local_elements)};
-  comm.allreduce(std::span<double>(gamma), reduce_op::max);  // the same on every rank
-  if (p == 1) return {0.0, 0.0, gamma[0]};
+  comm.barrier();
+  std::array<double, 4> local = detail::measure_local_costs(o.local_elements, o.local_repeats);
+  comm.allreduce(std::span<double>(local), reduce_op::max);  // the same on every rank
+  link_model model{0.0, 0.0, local[0], local[1], local[2], local[3]};
+  if (p == 1) return model;
   const int r = comm.rank();
   std::vector<std::byte> out(o.large_bytes, std::byte{1}), in;
-  double result[2] = {0.0, 0.0};  // alpha, beta
+  double result[6] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};  // alpha, beta; ping-pong, ring
 
   if constexpr (point_to_point<Comm, std::byte>) {
     const int peer = p - 1;
@@ -243,12 +341,40 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}) {
       }
       return best / 2.0;
     };
+    auto ring_step = [&](std::size_t bytes, unsigned repeats) {
+      const std::span<const std::byte> msg(out.data(), bytes);
+      double total = 0.0;
+      for (unsigned i = 0; i <= repeats; ++i) {
+        comm.barrier();
+        detail::stopwatch clock;
+        comm.sendrecv(msg, (r + 1) % p, in, (r + p - 1) % p);
+        const double t = clock.lap();
+        if (i > 0) total += t;
+      }
+      return total / static_cast<double>(repeats);
+    };
     comm.barrier();
     const double small = round_trip(o.small_bytes, o.small_repeats);
     const double large = round_trip(o.large_bytes, o.large_repeats);
+    double ring[2] = {ring_step(o.small_bytes, o.small_repeats),
+                      ring_step(o.large_bytes, o.large_repeats)};
+    comm.allreduce(std::span<double>(ring), reduce_op::max);  // the slowest rank sets the pace
+    // On a fast link a large_bytes message may still sit in the caches (shared memory): the
+    // ring grows it 4x at a time, up to ring_max_bytes, while a step takes under
+    // ring_grow_below_s, so that beta is the cost of gradient-sized messages.
+    std::size_t ring_bytes = o.large_bytes;
+    while (ring[1] < o.ring_grow_below_s && ring_bytes <= o.ring_max_bytes / 4) {
+      ring_bytes *= 4;
+      if (out.size() < ring_bytes) out.resize(ring_bytes, std::byte{1});
+      ring[1] = ring_step(ring_bytes, o.large_repeats);
+      comm.allreduce(std::span<double>(ring).subspan(1), reduce_op::max);
+    }
     if (r == 0) {
-      result[1] = std::max(0.0, (large - small) / static_cast<double>(o.large_bytes - o.small_bytes));
+      const double bytes = static_cast<double>(o.large_bytes - o.small_bytes);
+      result[1] = std::max(0.0, (large - small) / bytes);
       result[0] = std::max(0.0, small - static_cast<double>(o.small_bytes) * result[1]);
+      result[3] = std::max(0.0, (ring[1] - ring[0]) / static_cast<double>(ring_bytes - o.small_bytes));
+      result[2] = std::max(0.0, ring[0] - static_cast<double>(o.small_bytes) * result[3]);
     }
     comm.broadcast(std::span<double>(result), 0);
   } else {
@@ -269,10 +395,14 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}) {
     comm.allreduce(std::span<double>(t), reduce_op::max);  // the slowest rank sets the pace
     const double rounds = std::max(1.0, std::ceil(std::log2(static_cast<double>(p))));
     const double per_byte = (t[1] - t[0]) / static_cast<double>(o.large_bytes - o.small_bytes);
-    result[1] = std::max(0.0, per_byte / static_cast<double>(p - 1));
-    result[0] = std::max(0.0, (t[0] - static_cast<double>((p - 1) * o.small_bytes) * result[1]) / rounds);
+    result[1] = result[3] = std::max(0.0, per_byte / static_cast<double>(p - 1));
+    result[0] = result[2] =
+        std::max(0.0, (t[0] - static_cast<double>((p - 1) * o.small_bytes) * result[1]) / rounds);
   }
-  return {result[0], result[1], gamma[0]};
+  if (probe) *probe = link_probe{result[0], result[1], result[2], result[3]};
+  model.alpha = std::max(result[0], result[2]);
+  model.beta = std::max(result[1], result[3]);
+  return model;
 }
 
 }  // namespace gradcomp

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -218,19 +219,17 @@ class topk_a2a {
     // Owner: scatter-add in source rank order (the order alltoallv delivers), then the mean.
     const std::uint64_t begin = topk_a2a_shard_begin(n, p, r);
     const std::uint64_t end = topk_a2a_shard_begin(n, p, r + 1);
-    std::vector<T> shard(end - begin, T(0));
+    std::vector<T>& shard = scratch<T>().shard;
+    std::vector<T>& dense = scratch<T>().dense;
+    shard.resize(end - begin);
     // A message this rank rejects fails the exchange on every rank, never only here: the rank
     // still takes part in the allgatherv below, with a shard one element too long, and every
     // rank throws once it has seen that.
-    const std::string rejected = scatter_received(shard, begin, end);
-    if (rejected.empty()) {
-      const T divisor = static_cast<T>(p);
-      for (T& x : shard) x /= divisor;
-    } else {
-      shard.push_back(T(0));
-    }
+    const std::string rejected = reduce_shard(std::span<const index_value>(received_),
+                                              std::span<const std::size_t>(recv_counts_), begin,
+                                              std::span<T>(shard));
+    if (!rejected.empty()) shard.push_back(T(0));
 
-    std::vector<T> dense;
     comm.allgatherv(std::span<const T>(shard), dense, shard_counts_);
     if (!rejected.empty()) throw payload_error(rejected);
     for (std::uint64_t s = 0; s < p; ++s) {
@@ -251,36 +250,63 @@ class topk_a2a {
     return st;
   }
 
- private:
-  // Adds the pairs received, in source rank order, into this rank's shard [begin, end), after
-  // checking each: inside the shard, strictly increasing per source (a repeated index would be
-  // added twice; one outside would be written out of bounds). Returns the first problem found
-  // (then the shard is incomplete), or nothing.
+  // The owner's local work after the alltoallv: shard = the mean over counts.size() ranks of
+  // the pairs in `received` (counts[s] pairs from rank s, in rank order), added in rank order
+  // into shard, which covers the indices [begin, begin + shard.size()). Each pair is checked
+  // first: inside the shard, strictly increasing per rank (a repeated index would be added
+  // twice, one outside written out of bounds). Returns the first problem found (the shard is
+  // then incomplete and not divided), or an empty string. Public so that gradcomp_bench
+  // measures exactly this (exchange_local/topk_a2a).
   template <class T>
-  std::string scatter_received(std::vector<T>& shard, std::uint64_t begin, std::uint64_t end) const {
+  static std::string reduce_shard(std::span<const index_value> received,
+                                  std::span<const std::size_t> counts, std::uint64_t begin,
+                                  std::span<T> shard) {
     std::size_t received_total = 0;
-    for (const std::size_t c : recv_counts_) received_total += c;
-    if (received_total != received_.size()) {
+    for (const std::size_t c : counts) received_total += c;
+    if (received_total != received.size()) {
       return "gradcomp::topk_a2a::exchange: the receive counts do not add up to the pairs received";
     }
+    std::fill(shard.begin(), shard.end(), T(0));
+    const std::uint64_t end = begin + shard.size();
     std::size_t pos = 0;
-    for (std::size_t from = 0; from < recv_counts_.size(); ++from) {
-      for (std::size_t j = 0; j < recv_counts_[from]; ++j, ++pos) {
-        const index_value& e = received_[pos];
+    for (std::size_t from = 0; from < counts.size(); ++from) {
+      for (std::size_t j = 0; j < counts[from]; ++j, ++pos) {
+        const index_value& e = received[pos];
         // The ranks agreed on the tensor sizes, so such a pair can only be a corrupt message.
         if (e.index < begin || e.index >= end) {
-          return detail::concat("gradcomp::topk_a2a::exchange: malformed payload: rank ", from, " sent index ",
-                                e.index, " outside this rank's shard [", begin, ", ", end, ")");
+          return detail::concat("gradcomp::topk_a2a::exchange: malformed payload: rank ", from,
+                                " sent index ", e.index, " outside this rank's shard [", begin,
+                                ", ", end, ")");
         }
-        if (j > 0 && e.index <= received_[pos - 1].index) {
-          return detail::concat("gradcomp::topk_a2a::exchange: malformed payload: rank ", from, " sent index ",
-                                e.index, " after ", received_[pos - 1].index,
+        if (j > 0 && e.index <= received[pos - 1].index) {
+          return detail::concat("gradcomp::topk_a2a::exchange: malformed payload: rank ", from,
+                                " sent index ", e.index, " after ", received[pos - 1].index,
                                 "; each rank's indices must be strictly increasing");
         }
         shard[e.index - begin] += static_cast<T>(e.value);
       }
     }
+    if (!counts.empty()) {
+      const T divisor = static_cast<T>(counts.size());
+      for (T& x : shard) x /= divisor;
+    }
     return {};
+  }
+
+ private:
+  // The shard and the gathered dense vector, kept between exchanges (a fresh n-element vector
+  // per call costs its page faults, about as much as the pass itself).
+  template <class T>
+  struct buffers {
+    std::vector<T> shard, dense;
+  };
+  template <class T>
+  buffers<T>& scratch() {
+    if constexpr (std::is_same_v<T, double>) {
+      return double_;
+    } else {
+      return float_;
+    }
   }
 
   std::size_t bucket_elements_ = 0;
@@ -288,6 +314,8 @@ class topk_a2a {
   std::vector<float> decoded_;
   std::vector<index_value> tensor_pairs_, pairs_, received_;
   std::vector<std::size_t> sizes_, send_counts_, recv_counts_, shard_counts_;
+  buffers<float> float_;
+  buffers<double> double_;
 };
 
 static_assert(exchange<topk_a2a, archetypes::compressor<false>, archetypes::communicator>);
