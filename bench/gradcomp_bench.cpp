@@ -358,8 +358,16 @@ void bench_gtopk_local(benchmark::State& state) {
       sets[r].swap(merged);
     }
   }
-  double pairs = static_cast<double>(k);
-  for (const auto& s : from_subtree) pairs += static_cast<double>(s.size());
+  // The pairs going into the root's merges: its current set and the subtree's, every round.
+  double pairs = 0.0;
+  {
+    std::vector<gradcomp::index_value> current = rp.pairs[0];
+    for (const auto& s : from_subtree) {
+      pairs += static_cast<double>(current.size() + s.size());
+      gradcomp::detail::gtopk_merge(current, s, k, merged);
+      current.swap(merged);
+    }
+  }
   gradcomp::gtopk x;
   std::vector<gradcomp::index_value> current;
   std::vector<float> out(n);

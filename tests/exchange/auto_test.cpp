@@ -120,12 +120,21 @@ TEST_CASE("predict: each local-work term prices its own kind of work") {
     return p.seconds[static_cast<unsigned>(k)];
   };
   const double n = static_cast<double>(s.n);
-  // Only the pairs added at their index: allgather P k, TopKA2A about k, gTop-k the k writes.
+  // Only the pairs added at their index: allgather P k, TopKA2A about k, gTop-k the k writes,
+  // dense (not summable here) the k adds of decoding into zeros.
   const auto pairs = predict(s, link_model{0.0, 0.0, 0.0, 1.0});
   CHECK(at(pairs, exchange_kind::sparse_allgather) == doctest::Approx(8.0 * 1000));
   CHECK(at(pairs, exchange_kind::topk_a2a) == doctest::Approx(1000));
   CHECK(at(pairs, exchange_kind::gtopk) == doctest::Approx(1000));
-  CHECK(at(pairs, exchange_kind::dense_allreduce) == 0.0);
+  CHECK(at(pairs, exchange_kind::dense_allreduce) == doctest::Approx(1000));
+  // A summable payload: its k wire values written at their indices; a dense one none.
+  exchange_shape summed = s;
+  summed.summed_bytes = 2 * 1000;  // fp16 values: 2 bytes each, still k = 1000 writes
+  CHECK(at(predict(summed, link_model{0.0, 0.0, 0.0, 1.0}), exchange_kind::dense_allreduce) ==
+        doctest::Approx(1000));
+  summed.k = static_cast<double>(summed.n);
+  summed.summed_bytes = 2 * summed.n;
+  CHECK(at(predict(summed, link_model{0.0, 0.0, 0.0, 1.0}), exchange_kind::dense_allreduce) == 0.0);
   // Only the merges: gTop-k alone, 3 rounds of 2k pairs, merge + merge_log log2(k + 1) each.
   const auto merges = predict(s, link_model{0.0, 0.0, 0.0, 0.0, 2.0, 0.5});
   CHECK(at(merges, exchange_kind::gtopk) ==
@@ -145,6 +154,27 @@ TEST_CASE("predict: each local-work term prices its own kind of work") {
                          1e-8 * merges.seconds[k];  // (2e-8, 5e-9) = 1e-8 (2, 0.5)
     CHECK(all.seconds[k] == doctest::Approx(net.seconds[k] + local));
   }
+}
+
+TEST_CASE("merge_fit: the line through the two measured per-pair costs, terms never negative") {
+  using gradcomp::detail::merge_fit;
+  // Exactly on a line: recovered.
+  const double k1 = 1023.0, k2 = 16383.0;  // log2(k + 1) = 10 and 14
+  auto f = merge_fit(2.0 + 0.5 * 10.0, k1, 2.0 + 0.5 * 14.0, k2);
+  CHECK(f[0] == doctest::Approx(2.0));
+  CHECK(f[1] == doctest::Approx(0.5));
+  // Cheaper per pair at the larger size: no negative slope, the constant the small size's cost.
+  f = merge_fit(9.0, k1, 4.0, k2);
+  CHECK(f[0] == 9.0);
+  CHECK(f[1] == 0.0);
+  // A slope so steep that the constant would be negative: the constant is 0.
+  f = merge_fit(1.0, k1, 100.0, k2);
+  CHECK(f[0] == 0.0);
+  CHECK(f[1] > 0.0);
+  // Equal sizes: no slope to fit.
+  f = merge_fit(3.0, k1, 7.0, k1);
+  CHECK(f[0] == 3.0);
+  CHECK(f[1] == 0.0);
 }
 
 TEST_CASE("auto_exchange: each choice gives the result of the exchange it names") {

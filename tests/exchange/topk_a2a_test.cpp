@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <random>
 #include <span>
 #include <string>
@@ -223,6 +224,11 @@ TEST_CASE("topk_a2a::reduce_shard: the mean of the ranks' pairs in rank order; m
 
       if (received.empty()) continue;
       // Refused: counts that do not add up, an index outside the shard, a repeated index.
+      const std::size_t wrapping[] = {SIZE_MAX, received.size() + 1};  // sums to received.size()
+      CHECK(topk_a2a::reduce_shard(std::span<const index_value>(received),
+                                   std::span<const std::size_t>(wrapping), begin,
+                                   std::span<float>(shard))
+                .find("do not add up") != std::string::npos);
       std::vector<std::size_t> more = counts;
       more.back() += 1;
       CHECK(topk_a2a::reduce_shard(std::span<const index_value>(received),
@@ -247,5 +253,32 @@ TEST_CASE("topk_a2a::reduce_shard: the mean of the ranks' pairs in rank order; m
                   .find("strictly increasing") != std::string::npos);
       }
     }
+  }
+}
+
+TEST_CASE("topk_a2a: one exchange object over tensors of changing size keeps giving the reference mean") {
+  // The shard and the gathered vector are kept between exchanges: a large tensor, a small one,
+  // an empty one and the large one again must each get exactly the reference mean.
+  using C = compressor<topk, identity, residual>;
+  const C proto;
+  const int ranks = 3;
+  const std::size_t sizes[] = {5003, 17, 0, 5003, 2};
+  std::vector<std::vector<std::vector<float>>> got(std::size(sizes));
+  std::vector<std::vector<payload>> ps;
+  for (const std::size_t n : sizes) ps.push_back(gradcomp_test::payloads_for(proto, ranks, n, 0.05));
+  run_in_process(ranks, [&](in_process_comm& comm) {
+    topk_a2a x;
+    const C c = proto;
+    for (std::size_t t = 0; t < std::size(sizes); ++t) {
+      std::vector<float> out(sizes[t], 9.0f);
+      x.exchange(comm, c, ps[t][static_cast<std::size_t>(comm.rank())], std::span<float>(out));
+      if (comm.rank() == 0) got[t].push_back(out);
+    }
+  });
+  for (std::size_t t = 0; t < std::size(sizes); ++t) {
+    CAPTURE(sizes[t]);
+    const auto want = gradcomp_test::reference_mean(proto, std::span<const payload>(ps[t]), sizes[t]);
+    REQUIRE(got[t].size() == 1);
+    CHECK(gradcomp_test::same_bits(got[t][0], want));
   }
 }

@@ -4,6 +4,7 @@
 // collectives, broadcast, sendrecv and the non-blocking forms; bad arguments.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -170,7 +171,14 @@ TEST_CASE("bad arguments throw invalid_argument before any message") {
 
 TEST_CASE("measure_link: a ping-pong between rank 0 and the last rank, agreed everywhere") {
   mpi_comm comm;
-  const link_model l = measure_link(comm, link_measure_options{.small_repeats = 10, .large_repeats = 3});
+  link_probe probe;
+  probe.ring_beta = -1.0;  // overwritten on every rank count
+  const link_model l = measure_link(
+      comm,
+      link_measure_options{.small_repeats = 10, .large_repeats = 3,
+                           .local_elements = std::size_t{1} << 18,
+                           .ring_max_bytes = std::size_t{4} << 20},
+      &probe);
   double mine[2] = {l.alpha, l.beta};
   std::vector<double> all;
   std::vector<std::size_t> counts;
@@ -179,12 +187,24 @@ TEST_CASE("measure_link: a ping-pong between rank 0 and the last rank, agreed ev
     CHECK(all[2 * static_cast<std::size_t>(r)] == l.alpha);
     CHECK(all[2 * static_cast<std::size_t>(r) + 1] == l.beta);
   }
+  // The model takes the larger of the ping-pong's and the ring's values; the local work's
+  // costs are measured.
+  CHECK(l.alpha == std::max(probe.pingpong_alpha, probe.ring_alpha));
+  CHECK(l.beta == std::max(probe.pingpong_beta, probe.ring_beta));
+  CHECK(l.gamma > 0.0);
+  CHECK(l.scatter > 0.0);
+  CHECK(l.merge + l.merge_log > 0.0);
   if (comm.size() > 1) {
+    CHECK(probe.pingpong_alpha > 0.0);
+    CHECK(probe.ring_alpha > 0.0);
+    CHECK(probe.ring_beta > 0.0);  // every rank sending 4 MiB at most: not free
+    CHECK(probe.ring_beta < 1e-7);
     CHECK(l.alpha > 0.0);
     CHECK(l.alpha < 0.05);  // shared memory on one machine: microseconds, ms if oversubscribed
     CHECK(l.beta < 1e-7);   // more than 10 MB/s
   } else {
     CHECK(l.alpha == 0.0);
+    CHECK(probe.ring_beta == 0.0);  // no link: the probe is zeroed
   }
   if (comm.rank() == 0) {
     MESSAGE("P=" << comm.size() << ": alpha = " << l.alpha * 1e6 << " us, beta = " << l.beta * 1e9

@@ -1724,6 +1724,8 @@ TEST_CASE("bad input: gtopk, topk_a2a and auto_exchange settings out of range ar
       CAPTURE(field);
       link_model l{1e-6, 1e-9, 1e-10, 1e-9, 1e-8, 1e-9};
       double* const fields[] = {&l.alpha, &l.beta, &l.gamma, &l.scatter, &l.merge, &l.merge_log};
+      const char* const names[] = {"link.alpha", "link.beta", "link.gamma",
+                                   "link.scatter", "link.merge", "link.merge_log"};
       *fields[field] = bad;
       auto_options o;
       o.link = l;
@@ -1733,7 +1735,7 @@ TEST_CASE("bad input: gtopk, topk_a2a and auto_exchange settings out of range ar
       } catch (const gradcomp::invalid_argument& e) {
         what = e.what();
       }
-      CHECK(contains(what, "link."));
+      CHECK(contains(what, names[field]));
       CHECK(contains(what, "allowed: "));
     }
   }

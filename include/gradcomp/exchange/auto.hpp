@@ -28,7 +28,8 @@
 namespace gradcomp {
 
 struct auto_options {
-  // alpha and beta; measured with measure_link() at the first exchange when empty.
+  // The link (alpha, beta and the local work's costs); measured with measure_link() at the
+  // first exchange when empty.
   std::optional<link_model> link{};
   // The exchanges it may choose (exchange_bit() masks). gtopk changes the result, not only
   // the time (a global top-k instead of the union of the picks): leave it out for a choice

@@ -1,6 +1,7 @@
-// gradcomp/exchange/cost_model.hpp: the alpha-beta cost model of each exchange (alpha
-// seconds per message, beta seconds per byte), the choice of the cheapest,
-// and measure_link(), a short ping-pong that measures alpha and beta on a communicator.
+// gradcomp/exchange/cost_model.hpp: the cost model of each exchange (alpha seconds per
+// message, beta seconds per byte, and the local work priced per element streamed, per pair
+// scattered and per pair merged), the choice of the cheapest, and measure_link(), which
+// measures all of them on a communicator.
 #pragma once
 
 #include <algorithm>
@@ -96,15 +97,15 @@ inline double local_seconds(const local_work& w, const link_model& l) {
          w.merged * (l.merge + l.merge_log * std::log2(w.merge_k + 1.0));
 }
 
-// Copy the wire values in, the reduction's pass inside the allreduce, the output written (for
-// a sparse summable payload: zeros, then a write at each index). Without a summable payload:
-// decode into zeros, allreduce n values, scale.
+// Copy the k wire values in, the reduction's pass inside the allreduce, the output written
+// (for a sparse summable payload: zeros, then a write at each index; the ranks agree on the
+// count, so k is every rank's). Without a summable payload: decode into zeros (an add at each
+// of the k indices), allreduce n values, scale.
 inline local_work local_dense_allreduce(const exchange_shape& s) {
   const double n = static_cast<double>(s.n);
-  if (!s.summed_bytes) return {4.0 * n, 0.0, 0.0};
-  const double c = static_cast<double>(s.summed_bytes) / static_cast<double>(s.value_bytes);
-  if (c >= n) return {3.0 * n, 0.0, 0.0};
-  return {n + 2.0 * c, c, 0.0};
+  if (!s.summed_bytes) return {4.0 * n, s.k, 0.0};
+  if (s.k >= n) return {3.0 * n, 0.0, 0.0};
+  return {n + 2.0 * s.k, s.k, 0.0};
 }
 // sparse_allgather::combine: zeros, the P payloads decoded and added at their indices, the
 // mean's pass.
@@ -221,14 +222,15 @@ struct link_probe {
   // The ping-pong between rank 0 and rank P-1 while the other ranks wait: one link alone.
   double pingpong_alpha = 0.0, pingpong_beta = 0.0;
   // Every rank sending to the next and receiving from the previous at once, as in the ring
-  // and the exchanges' collectives: the link as the exchanges share it.
+  // and the exchanges' collectives: the link as the exchanges share it. A communicator
+  // without point-to-point gets the allgather fit in both pairs.
   double ring_alpha = 0.0, ring_beta = 0.0;
 };
 
 namespace detail {
 
-// Seconds per item of the three kinds of local work (link_model::gamma, scatter, merge and
-// merge_log), the
+// Seconds per item of the three kinds of local work: gamma, scatter, and the merge's cost per
+// pair at the two sizes of merge_sizes() (merge_fit() turns them into merge and merge_log); the
 // least of `repeats` runs after a warm-up, as exchange timings are taken. Every rank runs this
 // at the same time (measure_link), so ranks that share a machine's memory bandwidth slow each
 // other as they do in an exchange.
@@ -241,7 +243,7 @@ inline std::array<double, 4> measure_local_costs(std::size_t elements, unsigned 
     for (std::size_t j = 0; j < v.size(); ++j) {
       const std::uint64_t h = ((j + 1) * 0x9e3779b97f4a7c15ull) ^ (seed << 32);
       const std::uint64_t mixed = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
-      v[j] = index_value{static_cast<std::uint32_t>(std::min(elements - 1, j * stride + (mixed >> 40) % stride)),
+      v[j] = index_value{static_cast<std::uint32_t>(std::min<std::size_t>(elements - 1, j * stride + (mixed >> 40) % stride)),
                          static_cast<float>(static_cast<std::int64_t>(mixed >> 40) - (1 << 23))};
     }
     return v;
@@ -280,14 +282,26 @@ inline std::array<double, 4> measure_local_costs(std::size_t elements, unsigned 
   }
   volatile float sink = buf[elements / 2] + merged.front().value;  // keep the passes
   (void)sink;
-  // Per merged pair at each size, fitted to merge + merge_log * log2(k + 1).
-  const double k1 = static_cast<double>(a1.size()), k2 = static_cast<double>(a2.size());
-  const double c1 = best[2] / (2.0 * k1), c2 = best[3] / (2.0 * k2);
+  // Per merged pair at each size (merge_sizes(elements)); merge_fit() makes the two terms.
+  return {best[0] / (2.0 * static_cast<double>(elements)),
+          best[1] / static_cast<double>(scattered.size()),
+          best[2] / (2.0 * static_cast<double>(a1.size())),
+          best[3] / (2.0 * static_cast<double>(a2.size()))};
+}
+
+// The k of measure_local_costs' two merges for `elements`.
+inline std::array<double, 2> merge_sizes(std::size_t elements) {
+  return {static_cast<double>(std::max<std::size_t>(1, elements / 4096)),
+          static_cast<double>(std::max<std::size_t>(1, elements / 256))};
+}
+
+// {merge, merge_log}: the line c = merge + merge_log log2(k + 1) through the per-pair costs c1
+// at k1 and c2 at k2 (k1 < k2), both terms >= 0 (a slope below 0 is taken as 0, the constant
+// then c1; equal sizes give c1 and 0).
+inline std::array<double, 2> merge_fit(double c1, double k1, double c2, double k2) {
   const double l1 = std::log2(k1 + 1.0), l2 = std::log2(k2 + 1.0);
   const double per_log = l2 > l1 ? std::max(0.0, (c2 - c1) / (l2 - l1)) : 0.0;
-  return {best[0] / (2.0 * static_cast<double>(elements)),
-          best[1] / static_cast<double>(scattered.size()), std::max(0.0, c1 - per_log * l1),
-          per_log};
+  return {std::max(0.0, c1 - per_log * l1), per_log};
 }
 
 }  // namespace detail
@@ -303,8 +317,11 @@ inline std::array<double, 4> measure_local_costs(std::size_t elements, unsigned 
 // log2 P alpha + (P-1) b beta. The least time of the repeats counts for the ping-pong (noise
 // only adds), the slowest rank's mean for the ring. gamma, scatter and merge are the local
 // work's costs per item, the least of local_repeats runs on every rank at once
-// (detail::measure_local_costs), the slowest rank's. One rank gives alpha = beta = 0. `probe`, when given, receives the
-// ping-pong's and the ring's values.
+// (detail::measure_local_costs), the slowest rank's (merge and merge_log fitted to the slowest
+// rank's times at two set sizes). One rank gives alpha = beta = 0. `probe`, when given,
+// receives the ping-pong's and the ring's values (zeros for one rank). Every rank must pass
+// the same options: the ring's growth depends on them, and ranks that differ would wait for
+// each other forever.
 template <communicator Comm>
 link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_probe* probe = nullptr) {
   if (o.large_bytes <= o.small_bytes || o.small_repeats == 0 || o.large_repeats == 0) {
@@ -316,7 +333,14 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
   comm.barrier();
   std::array<double, 4> local = detail::measure_local_costs(o.local_elements, o.local_repeats);
   comm.allreduce(std::span<double>(local), reduce_op::max);  // the same on every rank
-  link_model model{0.0, 0.0, local[0], local[1], local[2], local[3]};
+  link_model model{0.0, 0.0, local[0], local[1]};
+  if (o.local_elements > 0 && o.local_repeats > 0) {
+    const auto k = detail::merge_sizes(o.local_elements);
+    const auto fit = detail::merge_fit(local[2], k[0], local[3], k[1]);
+    model.merge = fit[0];
+    model.merge_log = fit[1];
+  }
+  if (probe) *probe = link_probe{};
   if (p == 1) return model;
   const int r = comm.rank();
   std::vector<std::byte> out(o.large_bytes, std::byte{1}), in;

@@ -219,6 +219,7 @@ class topk_a2a {
     // Owner: scatter-add in source rank order (the order alltoallv delivers), then the mean.
     const std::uint64_t begin = topk_a2a_shard_begin(n, p, r);
     const std::uint64_t end = topk_a2a_shard_begin(n, p, r + 1);
+    detail::check_invariant(recv_counts_.size() == p, "topk_a2a: one receive count per rank");
     std::vector<T>& shard = scratch<T>().shard;
     std::vector<T>& dense = scratch<T>().dense;
     shard.resize(end - begin);
@@ -254,16 +255,21 @@ class topk_a2a {
   // the pairs in `received` (counts[s] pairs from rank s, in rank order), added in rank order
   // into shard, which covers the indices [begin, begin + shard.size()). Each pair is checked
   // first: inside the shard, strictly increasing per rank (a repeated index would be added
-  // twice, one outside written out of bounds). Returns the first problem found (the shard is
-  // then incomplete and not divided), or an empty string. Public so that gradcomp_bench
-  // measures exactly this (exchange_local/topk_a2a).
+  // twice, one outside written out of bounds). Returns the first problem found, or an empty
+  // string: counts that do not add up to received.size() leave the shard untouched; a bad
+  // pair leaves it partly added and not divided. Public so that gradcomp_bench measures
+  // exactly this (exchange_local/topk_a2a).
   template <class T>
   static std::string reduce_shard(std::span<const index_value> received,
                                   std::span<const std::size_t> counts, std::uint64_t begin,
                                   std::span<T> shard) {
     std::size_t received_total = 0;
-    for (const std::size_t c : counts) received_total += c;
-    if (received_total != received.size()) {
+    bool fits = true;
+    for (const std::size_t c : counts) {
+      fits = fits && c <= received.size() - received_total;
+      if (fits) received_total += c;
+    }
+    if (!fits || received_total != received.size()) {
       return "gradcomp::topk_a2a::exchange: the receive counts do not add up to the pairs received";
     }
     std::fill(shard.begin(), shard.end(), T(0));
