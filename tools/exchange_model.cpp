@@ -9,10 +9,10 @@
 //   exchange_model                     the planning tables only
 //   mpirun -np 4 exchange_model        the tables, then model against measurement
 //   exchange_model --quick             smaller measured tensors, fewer repeats (for tests)
-//   exchange_model --extrapolate ALPHA_US GAMMA_NS
+//   exchange_model --extrapolate ALPHA_US GAMMA_NS [SCATTER_NS MERGE_NS MERGE_LOG_NS]
 //                                      the tables on 25 and 100 Gbit/s links for P = 16 ... 1024
-//                                      with that latency and streaming cost (docs/cluster.md;
-//                                      the scatter and merge terms are left at 0)
+//                                      with that latency and local-work costs (docs/cluster.md;
+//                                      the last three 0 when left out)
 //   exchange_model [--no-tables] [--link-only] [--sizes N,N...] [--repeats R]
 //                                      the measured tensor sizes (default 1048576,4194304) and
 //                                      repeats (default 5); --no-tables skips the tables,
@@ -75,19 +75,24 @@ void print_tables() {
   print_tables(links, ranks, "network only");
 }
 
-// The tables on 25 and 100 Gbit/s links with a calibrated latency and local-work cost (from a
-// run on the emulated cluster, docs/cluster.md), for P = 16 ... 1024.
-void print_extrapolation(double alpha, double gamma) {
-  link_model l25 = link_model::from_gbit(25, alpha), l100 = link_model::from_gbit(100, alpha);
-  l25.gamma = l100.gamma = gamma;
+// The tables on 25 and 100 Gbit/s links with a calibrated latency and local-work costs (from a
+// run on the emulated cluster, docs/cluster.md), for P = 16 ... 1024; `calibrated` gives
+// alpha, gamma, scatter, merge and merge_log, beta comes from each link's rate.
+void print_extrapolation(const link_model& calibrated) {
+  const double alpha = calibrated.alpha;
+  link_model l25 = calibrated, l100 = calibrated;
+  l25.beta = link_model::from_gbit(25, alpha).beta;
+  l100.beta = link_model::from_gbit(100, alpha).beta;
   char n25[64], n100[64];
   std::snprintf(n25, sizeof n25, "25 Gbit/s, %.3g us", alpha * 1e6);
   std::snprintf(n100, sizeof n100, "100 Gbit/s, %.3g us", alpha * 1e6);
   const link_case links[] = {{n25, l25}, {n100, l100}};
   const std::size_t ranks[] = {16, 64, 256, 1024};
-  std::printf("Extrapolation: alpha %.3g us and gamma %.3g ns/element as calibrated; beta from the "
-              "link's rate.\n", alpha * 1e6, gamma * 1e9);
-  print_tables(links, ranks, "network plus gamma times the local work");
+  std::printf("Extrapolation: alpha %.3g us, gamma %.3g ns/element, scatter %.3g ns/pair, merge "
+              "%.3g + %.3g log2(k + 1) ns/pair as calibrated; beta from the link's rate.\n",
+              alpha * 1e6, calibrated.gamma * 1e9, calibrated.scatter * 1e9, calibrated.merge * 1e9,
+              calibrated.merge_log * 1e9);
+  print_tables(links, ranks, "network plus the local work");
 }
 
 void print_tables(std::span<const link_case> links, std::span<const std::size_t> ranks, const char* what) {
@@ -260,7 +265,8 @@ int main(int argc, char** argv) {
   [[maybe_unused]] measure_options mo;
   const char* usage =
       "usage: [mpirun -np P] exchange_model [--quick] [--no-tables] [--link-only] [--sizes N,N...] "
-      "[--repeats R]\n       exchange_model --extrapolate ALPHA_US GAMMA_NS\n";
+      "[--repeats R]\n       exchange_model --extrapolate ALPHA_US GAMMA_NS [SCATTER_NS MERGE_NS "
+      "MERGE_LOG_NS]\n";
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -271,14 +277,20 @@ int main(int argc, char** argv) {
         tables = false;
       } else if (a == "--link-only") {
         mo.link_only = true;
-      } else if (a == "--extrapolate" && i + 2 < argc) {
-        // --extrapolate ALPHA_US GAMMA_NS: the tables on 25 and 100 Gbit/s, nothing measured.
-        const auto alpha_us = whole_number(argv[i + 1], 0.0, HUGE_VAL);
-        const auto gamma_ns = whole_number(argv[i + 2], 0.0, HUGE_VAL);
-        if (!alpha_us || !gamma_ns) {
-          throw std::invalid_argument("--extrapolate: ALPHA_US and GAMMA_NS must be finite numbers >= 0");
+      } else if (a == "--extrapolate" && (argc - i - 1 == 2 || argc - i - 1 == 5)) {
+        // --extrapolate ALPHA_US GAMMA_NS [SCATTER_NS MERGE_NS MERGE_LOG_NS]: the tables on 25
+        // and 100 Gbit/s, nothing measured.
+        double v[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
+        for (int j = 0; j < argc - i - 1; ++j) {
+          const auto x = whole_number(argv[i + 1 + j], 0.0, HUGE_VAL);
+          if (!x) {
+            throw std::invalid_argument(std::string("--extrapolate: '") + argv[i + 1 + j] +
+                                        "' is not a finite number >= 0");
+          }
+          v[j] = *x;
         }
-        print_extrapolation(*alpha_us * 1e-6, *gamma_ns * 1e-9);
+        print_extrapolation(link_model{v[0] * 1e-6, 0.0, v[1] * 1e-9, v[2] * 1e-9, v[3] * 1e-9,
+                                       v[4] * 1e-9});
         return 0;
       } else if (a == "--sizes" && i + 1 < argc) {
         mo.sizes = parse_sizes(argv[++i]);
