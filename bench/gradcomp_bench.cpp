@@ -351,21 +351,15 @@ void bench_gtopk_local(benchmark::State& state) {
   rank_payloads rp(n, k, ranks);
   std::vector<std::vector<gradcomp::index_value>> sets = rp.pairs, from_subtree;
   std::vector<gradcomp::index_value> merged;
+  double pairs = 0.0;  // going into the root's merges: its set and the subtree's, every round
   for (std::size_t step = 1; step < ranks; step *= 2) {
     for (std::size_t r = 0; r + step < ranks; r += 2 * step) {
-      if (r == 0) from_subtree.push_back(sets[step]);
+      if (r == 0) {
+        from_subtree.push_back(sets[step]);
+        pairs += static_cast<double>(sets[0].size() + sets[step].size());
+      }
       gradcomp::detail::gtopk_merge(sets[r], sets[r + step], k, merged);
       sets[r].swap(merged);
-    }
-  }
-  // The pairs going into the root's merges: its current set and the subtree's, every round.
-  double pairs = 0.0;
-  {
-    std::vector<gradcomp::index_value> current = rp.pairs[0];
-    for (const auto& s : from_subtree) {
-      pairs += static_cast<double>(current.size() + s.size());
-      gradcomp::detail::gtopk_merge(current, s, k, merged);
-      current.swap(merged);
     }
   }
   gradcomp::gtopk x;

@@ -344,7 +344,7 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
   if (p == 1) return model;
   const int r = comm.rank();
   std::vector<std::byte> out(o.large_bytes, std::byte{1}), in;
-  double result[6] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};  // alpha, beta; ping-pong, ring
+  double result[4] = {0.0, 0.0, 0.0, 0.0};  // alpha, beta: ping-pong, then ring
 
   if constexpr (point_to_point<Comm, std::byte>) {
     const int peer = p - 1;
