@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include <gradcomp/detail/host_simd.hpp>
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/quantize.hpp>
@@ -172,6 +176,60 @@ TEST_CASE("same bits: every instruction-set path equals the portable loop") {
   SUBCASE("scaled_sign") { check_all_paths(scaled_sign{}); }
   SUBCASE("scaled_sign, bucket 512") { check_all_paths(scaled_sign{512}); }
   SUBCASE("scaled_sign, bucket 100") { check_all_paths(scaled_sign{100}); }
+}
+
+// fp16's AVX2 and AVX-512 encoders use the CPU's conversion (detail::half_encode_hardware);
+// float_to_half_bits is the reference for every 1021st float bit pattern (Inf, NaNs,
+// subnormals, values beyond 65504 included), with MXCSR's flush-to-zero and
+// denormals-are-zero clear and set. (All 2^32 patterns were compared once, by hand: equal.)
+TEST_CASE("same bits: fp16's encoder on every path over the float bit patterns, FTZ and DAZ too") {
+  namespace d = gradcomp::detail;
+  const std::size_t stride = 1021;
+  std::vector<float> v;
+  v.reserve((std::size_t{1} << 32) / stride + 8);
+  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += stride) {
+    const auto bits = static_cast<std::uint32_t>(u);
+    float f = 0.0f;
+    std::memcpy(&f, &bits, 4);
+    v.push_back(f);
+  }
+  for (const std::uint32_t bits : {0x477fefffu, 0x477ff000u, 0xc77ff000u, 0x7f7fffffu, 0x33000000u,
+                                   0x33000001u, 0x387fe000u, 0x7fa00001u}) {
+    float f = 0.0f;
+    std::memcpy(&f, &bits, 4);
+    v.push_back(f);
+  }
+  std::vector<std::uint16_t> ref(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) ref[i] = d::float_to_half_bits(v[i]);
+  const d::host_isa before = d::limit_host_isa(d::host_isa::portable);
+  for (const bool flush : {false, true}) {
+#if defined(__x86_64__) || defined(__i386__)
+    const unsigned csr = _mm_getcsr();
+    if (flush) _mm_setcsr(csr | 0x8040u);  // FTZ and DAZ
+#else
+    if (flush) continue;
+#endif
+    for (const d::host_isa isa : {d::host_isa::portable, d::host_isa::baseline, d::host_isa::avx2,
+                                  d::host_isa::avx512}) {
+      d::limit_host_isa(isa);
+      CAPTURE(flush);
+      CAPTURE(static_cast<int>(d::active_host_isa()));
+      payload p = blank(v.size());
+      gradcomp::fp16{}.encode(v, {}, p);
+      REQUIRE(p.values.size() == 2 * v.size());
+      std::size_t mismatches = 0;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        std::uint16_t h = 0;
+        std::memcpy(&h, p.values.data() + 2 * i, 2);
+        mismatches += h != ref[i] ? 1 : 0;
+      }
+      CHECK(mismatches == 0);
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(csr);
+#endif
+  }
+  d::limit_host_isa(before);
 }
 
 TEST_CASE("same bits: the ISA limit is a limit, and reports what runs") {

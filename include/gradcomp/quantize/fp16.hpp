@@ -33,6 +33,7 @@ struct fp16 {
               payload& out) const {
     detail::begin_encode("fp16::encode", out, values.size(), id, 16, {});
 #if GRADCOMP_VECTOR_EXTENSIONS
+    if (detail::half_encode_hardware(values.data(), values.size(), out.values.data())) return;
     if (detail::encode_vector(values.data(), values.size(), values.size() + 1, 16,
                                out.values.data(), nullptr, detail::simd16::half_codec{})) {
       return;
