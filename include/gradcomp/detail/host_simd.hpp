@@ -18,11 +18,13 @@
 
 #include <atomic>
 #include <cmath>
+#include <concepts>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <gradcomp/detail/bitpack.hpp>
@@ -119,22 +121,27 @@ inline host_isa limit_host_isa(host_isa ceiling) noexcept {
 
 #if GRADCOMP_VECTOR_EXTENSIONS
 
-// Runs k() compiled for path `isa` (not portable). Every call inside k is inlined into the clone
-// (flatten), so the vector code takes the clone's instruction set.
+// Which clone a loop is compiled in, for the few places that use that clone's intrinsics
+// (a target attribute is not visible to the preprocessor).
+template <host_isa Isa>
+using isa_tag = std::integral_constant<host_isa, Isa>;
+
+// Runs k(isa_tag<path>{}) compiled for path `isa` (not portable). Every call inside k is inlined
+// into the clone (flatten), so the vector code takes the clone's instruction set.
 #if GRADCOMP_HOST_DISPATCH
 template <class K>
 [[gnu::target("avx512f,avx512bw,avx512dq,avx512vl"), gnu::flatten]] inline void run_avx512(
     const K& k) {
-  k();
+  k(isa_tag<host_isa::avx512>{});
 }
 template <class K>
 [[gnu::target("avx2"), gnu::flatten]] inline void run_avx2(const K& k) {
-  k();
+  k(isa_tag<host_isa::avx2>{});
 }
 #endif
 template <class K>
 [[gnu::flatten]] inline void run_baseline(const K& k) {
-  k();
+  k(isa_tag<host_isa::baseline>{});
 }
 
 template <class K>
@@ -180,48 +187,43 @@ template <class V>
   std::memcpy(p, &v, sizeof v);
 }
 
-// Two codes per 16-bit lane into one code of twice the width per byte: byte j of `out` holds
-// code 2j in its low Bits bits and code 2j + 1 above them (Bits <= 4). Bits is a constant so
-// that the masks are constants of the lane type (GCC refuses a variable scalar wider than it).
-template <unsigned Bits, class Wide, class Narrow>
-[[gnu::always_inline]] inline void join_pairs(const Wide& t, Narrow& out) {
-  constexpr auto mask = static_cast<std::uint16_t>((1u << Bits) - 1u);
-  constexpr auto high = static_cast<std::uint16_t>(mask << Bits);
-  const Wide joined = (t & mask) | ((t >> (8u - Bits)) & high);
-  out = __builtin_convertvector(joined, Narrow);
-}
-
 // Packs 16 codes (each below 2^bits, bits in {1, 2, 4, 8, 16}) LSB-first into 2 * bits
-// bytes at out, as detail::pack_codes_with does.
+// bytes at out, as detail::pack_codes_with does. Below 8 bits: each code is shifted to its
+// place within its byte and narrowed to a byte of its own; the 8 / bits bytes that make one
+// output byte hold disjoint bits, so a multiply by 0x0101... adds (ORs) them into the top
+// byte of their word without carries.
+typedef std::uint64_t u64x2 __attribute__((vector_size(16)));
+typedef std::uint32_t u32x4 __attribute__((vector_size(16)));
+
 [[gnu::always_inline]] inline void pack(std::byte* out, const u32& codes, unsigned bits) {
   if (bits == 16) {
     store(out, __builtin_convertvector(codes, u16));
     return;
   }
-  const u8 b = __builtin_convertvector(codes, u8);
   if (bits == 8) {
-    store(out, b);
+    store(out, __builtin_convertvector(codes, u8));
     return;
   }
-  u8x8 b2;  // two codes per byte
-  u8x4 b4;  // four
-  u8x2 b8;  // eight
+  const u32 lane = u32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   switch (bits) {
-    case 4:
-      join_pairs<4>(__builtin_bit_cast(u16x8, b), b2);
-      store(out, b2);
+    case 4: {
+      const u8 b = __builtin_convertvector(codes << ((lane & 1u) * 4u), u8);
+      const u16x8 w = __builtin_bit_cast(u16x8, b);
+      store(out, __builtin_convertvector((w * std::uint16_t{0x0101}) >> 8, u8x8));
       return;
-    case 2:
-      join_pairs<2>(__builtin_bit_cast(u16x8, b), b2);
-      join_pairs<4>(__builtin_bit_cast(u16x4, b2), b4);
-      store(out, b4);
+    }
+    case 2: {
+      const u8 b = __builtin_convertvector(codes << ((lane & 3u) * 2u), u8);
+      const u32x4 w = __builtin_bit_cast(u32x4, b);
+      store(out, __builtin_convertvector((w * 0x01010101u) >> 24, u8x4));
       return;
-    default:  // 1
-      join_pairs<1>(__builtin_bit_cast(u16x8, b), b2);
-      join_pairs<2>(__builtin_bit_cast(u16x4, b2), b4);
-      join_pairs<4>(__builtin_bit_cast(u16x2, b4), b8);
-      store(out, b8);
+    }
+    default: {  // 1
+      const u8 b = __builtin_convertvector(codes << (lane & 7u), u8);
+      const u64x2 w = __builtin_bit_cast(u64x2, b);
+      store(out, __builtin_convertvector((w * 0x0101010101010101ULL) >> 56, u8x2));
       return;
+    }
   }
 }
 
@@ -252,11 +254,13 @@ template <unsigned Bits, class Wide, class Narrow>
 // counter_rng::uniform(i) for i = first .. first + 15 (detail/random.hpp): the same mix64,
 // lane by lane.
 [[gnu::always_inline]] inline void uniform(std::uint64_t key, std::uint64_t first, f32& u) {
-  const u64 i = u64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16} + first;
-  u64 z = key + i * 0x9e3779b97f4a7c15ULL;
+  // key + (first + j) * c modulo 2^64, as key + first * c + j * c: one multiply per chunk.
+  constexpr std::uint64_t c = 0x9e3779b97f4a7c15ULL;
+  constexpr u64 steps = u64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16} * c;
+  u64 z = (key + first * c) + steps;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z = z ^ (z >> 31);
+  // mix64 ends with z ^ (z >> 31), whose top 24 bits are z's own: (z >> 31) >> 40 is 0.
   const i32 top24 = __builtin_convertvector(z >> 40, i32);  // < 2^24: exact in float
   u = __builtin_convertvector(top24, f32) * 0x1.0p-24f;
 }
@@ -362,37 +366,171 @@ typedef double f64x4 __attribute__((vector_size(32)));
 // n % 4 values after the last whole quad go to lane 0 in order. The same additions in the
 // same order, so the same bits.
 template <bool Squares>
-[[gnu::always_inline]] inline double chain4(const float* p, std::size_t n) {
-  f64x4 acc{};
-  std::size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    f32x4 x;
-    load(x, p + i);
-    const f64x4 d = __builtin_convertvector(x, f64x4);
-    if constexpr (Squares) {
-      acc += d * d;
-    } else {
-      acc += __builtin_bit_cast(f64x4, __builtin_bit_cast(u64x4, d) & 0x7fffffffffffffffULL);
-    }
+[[gnu::always_inline]] inline void chain4_term(const f32x4& x, f64x4& acc) {
+  const f64x4 d = __builtin_convertvector(x, f64x4);
+  if constexpr (Squares) {
+    acc += d * d;
+  } else {
+    acc += __builtin_bit_cast(f64x4, __builtin_bit_cast(u64x4, d) & 0x7fffffffffffffffULL);
   }
+}
+
+template <bool Squares>
+[[gnu::always_inline]] inline double chain4_finish(const f64x4& acc, const float* p,
+                                                   std::size_t from, std::size_t n) {
   double s0 = acc[0];
-  for (; i < n; ++i) {
+  for (std::size_t i = from; i < n; ++i) {
     const auto d = static_cast<double>(p[i]);
     s0 += Squares ? d * d : std::fabs(d);
   }
   return (s0 + acc[1]) + (acc[2] + acc[3]);
 }
 
+template <bool Squares>
+[[gnu::always_inline]] inline double chain4(const float* p, std::size_t n) {
+  f64x4 acc{};
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    f32x4 x;
+    load(x, p + i);
+    chain4_term<Squares>(x, acc);
+  }
+  return chain4_finish<Squares>(acc, p, i, n);
+}
+
+// chain4 of `many` runs of n values each, `stride` values apart, into out[0 .. many): each
+// run's additions in chain4's order, but the runs' chains interleaved in one loop. One chain
+// waits on its previous addition (4 values per addition's latency, about a quarter of what
+// the memory delivers); `many` independent ones keep up with it. Same bits as chain4 per run.
+inline constexpr std::size_t chains = 8;
+
+// The chains' lanes, 4 per run, back in chain4's form.
+template <bool Squares>
+[[gnu::always_inline]] inline void chain4_many_finish(const double* lanes, const float* p,
+                                                      std::size_t stride, std::size_t i,
+                                                      std::size_t n, double* out) {
+  for (std::size_t r = 0; r < chains; ++r) {
+    const f64x4 acc = {lanes[4 * r], lanes[4 * r + 1], lanes[4 * r + 2], lanes[4 * r + 3]};
+    out[r] = chain4_finish<Squares>(acc, p + r * stride, i, n);
+  }
+}
+
+// The AVX-512 and AVX2 clones take intrinsics: from the vector-extension form GCC 12 emits
+// each 4-float to 4-double conversion as two half-width ones and an insert, and the loop ran
+// at half the memory's speed. Products d * d of floats are exact in double, so whether the
+// compiler fuses the multiply and the add makes no difference to the bits.
+#if GRADCOMP_HOST_DISPATCH
+template <bool Squares>
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl")]] inline void
+chain4_many_avx512(const float* p, std::size_t stride, std::size_t n, double* out) {
+  // Register r holds runs 2r (lanes 0-3) and 2r + 1 (lanes 4-7).
+  __m512d acc[chains / 2];
+  for (auto& a : acc) a = _mm512_setzero_pd();
+  const __m512i abs_mask = _mm512_set1_epi64(0x7fffffffffffffffLL);
+  // Runs of a few KB are too short for the hardware prefetcher to follow 8 of them at once
+  // (512 values each, QSGD's default: 2.2x slower than a streaming read); when the runs are
+  // back to back, the loop fetches the next group of runs (chains * n values after this
+  // one's start) into L2, two lines per step: 1.05-1.15x a streaming read at runs of 512.
+  // (Into L1 it measured 1.7x at every run length; without it, 2.2x at 512.)
+  const float* next = p + chains * stride;
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    if (stride == n) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + i * chains), _MM_HINT_T2);
+      _mm_prefetch(reinterpret_cast<const char*>(next + i * chains + 16), _MM_HINT_T2);
+    }
+#pragma GCC unroll 4
+    for (std::size_t r = 0; r < chains / 2; ++r) {
+      const __m256 x = _mm256_set_m128(_mm_loadu_ps(p + (2 * r + 1) * stride + i),
+                                       _mm_loadu_ps(p + 2 * r * stride + i));
+      const __m512d d = _mm512_maskz_cvtps_pd(0xff, x);
+      if constexpr (Squares) {
+        acc[r] += d * d;
+      } else {
+        acc[r] += _mm512_castsi512_pd(_mm512_castpd_si512(d) & abs_mask);
+      }
+    }
+  }
+  alignas(64) double lanes[4 * chains];
+  for (std::size_t r = 0; r < chains / 2; ++r) _mm512_store_pd(lanes + 8 * r, acc[r]);
+  chain4_many_finish<Squares>(lanes, p, stride, i, n, out);
+}
+
+template <bool Squares>
+[[gnu::target("avx2")]] inline void chain4_many_avx2(const float* p,
+                                                                          std::size_t stride,
+                                                                          std::size_t n,
+                                                                          double* out) {
+  __m256d acc[chains];
+  for (auto& a : acc) a = _mm256_setzero_pd();
+  const __m256i abs_mask = _mm256_set1_epi64x(0x7fffffffffffffffLL);
+  const float* next = p + chains * stride;  // as in chain4_many_avx512
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    if (stride == n) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + i * chains), _MM_HINT_T2);
+      _mm_prefetch(reinterpret_cast<const char*>(next + i * chains + 16), _MM_HINT_T2);
+    }
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < chains; ++r) {
+      const __m256d d = _mm256_cvtps_pd(_mm_loadu_ps(p + r * stride + i));
+      if constexpr (Squares) {
+        acc[r] += d * d;
+      } else {
+        acc[r] += _mm256_castsi256_pd(_mm256_castpd_si256(d) & abs_mask);
+      }
+    }
+  }
+  alignas(32) double lanes[4 * chains];
+  for (std::size_t r = 0; r < chains; ++r) _mm256_store_pd(lanes + 4 * r, acc[r]);
+  chain4_many_finish<Squares>(lanes, p, stride, i, n, out);
+}
+#endif
+
+template <bool Squares, host_isa Isa>
+[[gnu::always_inline]] inline void chain4_many(const float* p, std::size_t stride,
+                                               std::size_t n, double* out) {
+#if GRADCOMP_HOST_DISPATCH
+  if constexpr (Isa == host_isa::avx512) {
+    chain4_many_avx512<Squares>(p, stride, n, out);
+    return;
+  } else if constexpr (Isa == host_isa::avx2) {
+    chain4_many_avx2<Squares>(p, stride, n, out);
+    return;
+  }
+#endif
+  f64x4 acc[chains] = {};
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < chains; ++r) {
+      f32x4 x;
+      load(x, p + r * stride + i);
+      chain4_term<Squares>(x, acc[r]);
+    }
+  }
+  double lanes[4 * chains];
+  for (std::size_t r = 0; r < chains; ++r) {
+    for (std::size_t j = 0; j < 4; ++j) lanes[4 * r + j] = acc[r][j];
+  }
+  chain4_many_finish<Squares>(lanes, p, stride, i, n, out);
+}
+
 // detail::sum_of_squares (Squares) or detail::sum_of_abs of n values: detail::tree_reduce with
 // the leaves above (the levels above them are few and stay scalar). The leaf loop is written
 // out here rather than passed to tree_reduce: the compiler may keep tree_reduce out of line,
 // which compiles the leaves for the build's target instead of the clone's (measured 2.5x
-// slower for scaled sign's encoder).
-template <bool Squares>
+// slower for scaled sign's encoder). Whole leaves go `chains` at a time.
+template <bool Squares, host_isa Isa>
 [[gnu::always_inline]] inline double sum_tree(const float* p, std::size_t n) {
   if (n <= stat_block) return chain4<Squares>(p, n);
   std::vector<double> level(stat_nodes(n));
-  for (std::size_t c = 0; c < level.size(); ++c) {
+  const std::size_t whole = n / stat_block;
+  std::size_t c = 0;
+  for (; c + chains <= whole; c += chains) {
+    chain4_many<Squares, Isa>(p + c * stat_block, stat_block, stat_block, level.data() + c);
+  }
+  for (; c < level.size(); ++c) {
     const std::size_t first = c * stat_block;
     level[c] = chain4<Squares>(p + first, n - first < stat_block ? n - first : stat_block);
   }
@@ -423,34 +561,66 @@ constexpr bool packs(unsigned bits) noexcept {
   return bits == 1 || bits == 2 || bits == 4 || bits == 8 || bits == 16;
 }
 
-// The encoders' loop: for each bucket of `bucket` values (the last may be shorter), its side
-// value codec.side(first value, count) (stored when side is not null), then its codes, 16 at a
-// time by codec.chunk_codes(chunk, side value, index of the chunk's first value, codes), the
-// rest by codec.code(value, side value, index), the per-element function of the portable
-// loop. Preconditions: packs(bits), and bucket a multiple of 16 or larger than n, so that
-// only the last bucket has a partial chunk and every chunk starts on a byte.
+// One bucket's codes, values [i, end) with side value sv: 16 at a time by
+// codec.chunk_codes(chunk, side value, index of the chunk's first value, codes), the rest by
+// codec.code(value, side value, index), the per-element function of the portable loop.
 template <class Codec>
+[[gnu::always_inline]] inline void encode_codes(const float* v, std::size_t i, std::size_t end,
+                                                float sv, unsigned bits, std::byte* out,
+                                                const Codec& codec) {
+  // A count of chunks, not i + width <= end: GCC 12 (-Warray-bounds) otherwise sees a
+  // wrapped i + width and a chunk read from a 3-value vector.
+  for (std::size_t chunks = (end - i) / width; chunks > 0; --chunks, i += width) {
+    f32 x;
+    load(x, v + i);
+    u32 codes;
+    codec.chunk_codes(x, sv, i, codes);
+    pack(out + i * bits / 8, codes, bits);
+  }
+  if (i < end) {
+    pack_codes_with(out + i * bits / 8, end - i, bits, [&](std::size_t j) {
+      return static_cast<std::uint32_t>(codec.code(v[i + j], sv, i + j));
+    });
+  }
+}
+
+// Codecs whose side value is a sum over the bucket say so with side_of_sum, and then get
+// their buckets' sums `chains` at a time when buckets are at most one leaf of the tree.
+template <class Codec>
+concept sum_side_codec = requires(const Codec& c, double sum, std::size_t n) {
+  { Codec::squares } -> std::convertible_to<bool>;
+  { c.side_of_sum(sum, n) } -> std::same_as<float>;
+};
+
+// The encoders' loop: for each bucket of `bucket` values (the last may be shorter), its side
+// value codec.side(first value, count) (stored when side is not null), then its codes
+// (encode_codes). Preconditions: packs(bits), and bucket a multiple of 16 or larger than n,
+// so that only the last bucket has a partial chunk and every chunk starts on a byte.
+template <host_isa Isa, class Codec>
 [[gnu::always_inline]] inline void encode_buckets(const float* v, std::size_t n,
                                                   std::size_t bucket, unsigned bits,
                                                   std::byte* out, float* side,
                                                   const Codec& codec) {
-  for (std::size_t first = 0; first < n; first += bucket) {
+  std::size_t first = 0;
+  if constexpr (sum_side_codec<Codec>) {
+    if (bucket <= stat_block) {
+      double sums[chains];
+      for (; n - first >= chains * bucket; first += chains * bucket) {
+        chain4_many<Codec::squares, Isa>(v + first, bucket, bucket, sums);
+        for (std::size_t r = 0; r < chains; ++r) {
+          const float sv = codec.side_of_sum(sums[r], bucket);
+          if (side != nullptr) *side++ = sv;
+          const std::size_t at = first + r * bucket;
+          encode_codes(v, at, at + bucket, sv, bits, out, codec);
+        }
+      }
+    }
+  }
+  for (; first < n; first += bucket) {
     const std::size_t end = n - first < bucket ? n : first + bucket;
-    const float sv = codec.side(v + first, end - first);
+    const float sv = codec.template side<Isa>(v + first, end - first);
     if (side != nullptr) *side++ = sv;
-    std::size_t i = first;
-    for (; i + width <= end; i += width) {
-      f32 x;
-      load(x, v + i);
-      u32 codes;
-      codec.chunk_codes(x, sv, i, codes);
-      pack(out + i * bits / 8, codes, bits);
-    }
-    if (i < end) {
-      pack_codes_with(out + i * bits / 8, end - i, bits, [&](std::size_t j) {
-        return static_cast<std::uint32_t>(codec.code(v[i + j], sv, i + j));
-      });
-    }
+    encode_codes(v, first, end, sv, bits, out, codec);
   }
 }
 
@@ -512,6 +682,7 @@ template <class Codec>
 // The codecs: each quantizer's per-element functions (the portable loop's) and their 16-lane
 // forms, for encode_buckets and decode_buckets.
 struct half_codec {
+  template <host_isa>
   static float side(const float*, std::size_t) { return 0.0f; }
   [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) { half_bits(x, c); }
   [[gnu::always_inline]] static std::uint32_t code(float x, float, std::size_t) { return float_to_half_bits(x); }
@@ -522,6 +693,7 @@ struct half_codec {
 };
 
 struct bf16_codec {
+  template <host_isa>
   static float side(const float*, std::size_t) { return 0.0f; }
   [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) { bf16_bits(x, c); }
   [[gnu::always_inline]] static std::uint32_t code(float x, float, std::size_t) { return float_to_bf16_bits(x); }
@@ -531,8 +703,13 @@ struct qsgd_codec {
   counter_rng rng;
   std::uint32_t s;
   float inv_s;
+  static constexpr bool squares = true;
+  [[gnu::always_inline]] static float side_of_sum(double sum, std::size_t) {
+    return qsgd_norm_from_sum(sum);
+  }
+  template <host_isa Isa>
   [[gnu::always_inline]] static float side(const float* p, std::size_t n) {
-    return qsgd_norm_from_sum(sum_tree<true>(p, n));
+    return qsgd_norm_from_sum(sum_tree<true, Isa>(p, n));
   }
   [[gnu::always_inline]] void chunk_codes(const f32& x, float norm, std::size_t i, u32& c) const {
     if (!(norm > 0.0f)) {
@@ -552,6 +729,7 @@ struct qsgd_codec {
 
 struct terngrad_codec {
   counter_rng rng;
+  template <host_isa>
   [[gnu::always_inline]] static float side(const float* p, std::size_t n) {
     return terngrad_max_from_bits(max_abs_bits(p, n));
   }
@@ -572,8 +750,13 @@ struct terngrad_codec {
 };
 
 struct scaled_sign_codec {
+  static constexpr bool squares = false;
+  [[gnu::always_inline]] static float side_of_sum(double sum, std::size_t n) {
+    return scaled_sign_mean_from_sum(sum, n);
+  }
+  template <host_isa Isa>
   [[gnu::always_inline]] static float side(const float* p, std::size_t n) {
-    return scaled_sign_mean_from_sum(sum_tree<false>(p, n), n);
+    return scaled_sign_mean_from_sum(sum_tree<false, Isa>(p, n), n);
   }
   [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) {
     c = __builtin_bit_cast(u32, x < 0.0f) & 1u;
@@ -599,13 +782,15 @@ inline bool vector_layout(std::size_t n, std::size_t bucket, unsigned bits) noex
 template <unsigned Bits, class Codec>
 void encode_with(host_isa isa, const float* values, std::size_t n, std::size_t bucket,
                  std::byte* out, float* side, const Codec& codec) {
-  run_vector(isa, [&] { simd16::encode_buckets(values, n, bucket, Bits, out, side, codec); });
+  run_vector(isa, [&](auto tag) {
+    simd16::encode_buckets<decltype(tag)::value>(values, n, bucket, Bits, out, side, codec);
+  });
 }
 
 template <unsigned Bits, class Codec>
 void decode_with(host_isa isa, const std::byte* in, std::size_t n, std::size_t bucket,
                  const float* side, float* out, const Codec& codec) {
-  run_vector(isa, [&] { simd16::decode_buckets(in, n, bucket, Bits, side, out, codec); });
+  run_vector(isa, [&](auto) { simd16::decode_buckets(in, n, bucket, Bits, side, out, codec); });
 }
 
 template <class Codec>
@@ -730,7 +915,7 @@ inline bool max_code_vector(const std::byte* in, std::size_t n, unsigned bits,
   if (isa == host_isa::portable || !(bits == 1 || bits == 2 || bits == 4 || bits == 8)) {
     return false;
   }
-  run_vector(isa, [&] { best = simd16::max_code(in, n, bits); });
+  run_vector(isa, [&](auto) { best = simd16::max_code(in, n, bits); });
   return true;
 }
 
