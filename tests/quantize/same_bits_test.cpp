@@ -186,7 +186,7 @@ TEST_CASE("same bits: fp16's encoder on every path over the float bit patterns, 
   namespace d = gradcomp::detail;
   const std::size_t stride = 1021;
   std::vector<float> v;
-  v.reserve((std::size_t{1} << 32) / stride + 8);
+  v.reserve(static_cast<std::size_t>((std::uint64_t{1} << 32) / stride + 8));
   for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += stride) {
     const auto bits = static_cast<std::uint32_t>(u);
     float f = 0.0f;
@@ -201,11 +201,22 @@ TEST_CASE("same bits: fp16's encoder on every path over the float bit patterns, 
   }
   std::vector<std::uint16_t> ref(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) ref[i] = d::float_to_half_bits(v[i]);
-  const d::host_isa before = d::limit_host_isa(d::host_isa::portable);
+  // Restores the ISA limit and MXCSR also when a REQUIRE below throws.
+  struct restore {
+    d::host_isa isa = d::limit_host_isa(d::host_isa::portable);
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned csr = _mm_getcsr();
+    ~restore() {
+      _mm_setcsr(csr);
+      d::limit_host_isa(isa);
+    }
+#else
+    ~restore() { d::limit_host_isa(isa); }
+#endif
+  } const saved;
   for (const bool flush : {false, true}) {
 #if defined(__x86_64__) || defined(__i386__)
-    const unsigned csr = _mm_getcsr();
-    if (flush) _mm_setcsr(csr | 0x8040u);  // FTZ and DAZ
+    _mm_setcsr(flush ? saved.csr | 0x8040u : saved.csr);  // FTZ and DAZ
 #else
     if (flush) continue;
 #endif
@@ -225,11 +236,7 @@ TEST_CASE("same bits: fp16's encoder on every path over the float bit patterns, 
       }
       CHECK(mismatches == 0);
     }
-#if defined(__x86_64__) || defined(__i386__)
-    _mm_setcsr(csr);
-#endif
   }
-  d::limit_host_isa(before);
 }
 
 TEST_CASE("same bits: the ISA limit is a limit, and reports what runs") {

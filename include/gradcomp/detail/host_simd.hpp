@@ -8,8 +8,12 @@
 // Every path computes the same bits as the portable per-element loop (the device kernels'
 // arithmetic, detail/quantize_math.hpp and detail/float16.hpp): integer and exactly-rounded
 // float operations only, nothing that depends on the rounding mode, flush-to-zero or a fused
-// multiply-add. tests/quantize/same_bits_test.cpp runs every path against the portable one
-// and against hashes recorded before the vector paths existed.
+// multiply-add (the one hardware conversion used, fp16's F16C encoder, takes its rounding
+// from its operand and ignores flush-to-zero; see half_encode_hardware, a function of its
+// own per instruction set). The bucket sums, which GCC's vector extensions compile badly,
+// use the AVX2 and AVX-512 intrinsics of the clone they run in (isa_tag).
+// tests/quantize/same_bits_test.cpp runs every path against the portable one and against
+// hashes recorded before the vector paths existed.
 //
 // detail::limit_host_isa lowers the ceiling (tests, and benchmarks that compare paths), as
 // does the environment variable GRADCOMP_HOST_ISA=portable|baseline|avx2|avx512 read once at
@@ -35,6 +39,7 @@
 
 #if GRADCOMP_VECTOR_EXTENSIONS && (defined(__x86_64__) || defined(__i386__))
 #define GRADCOMP_HOST_DISPATCH 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define GRADCOMP_HOST_DISPATCH 0
@@ -401,7 +406,7 @@ template <bool Squares>
 // chain4 of `many` runs of n values each, `stride` values apart, into out[0 .. many): each
 // run's additions in chain4's order, but the runs' chains interleaved in one loop. One chain
 // waits on its previous addition (4 values per addition's latency, about a quarter of what
-// the memory delivers); `many` independent ones keep up with it. Same bits as chain4 per run.
+// the memory delivers); `chains` independent ones keep up with it. Same bits as chain4 per run.
 inline constexpr std::size_t chains = 8;
 
 // The chains' lanes, 4 per run, back in chain4's form.
@@ -422,7 +427,8 @@ template <bool Squares>
 #if GRADCOMP_HOST_DISPATCH
 template <bool Squares>
 [[gnu::target("avx512f,avx512bw,avx512dq,avx512vl")]] inline void
-chain4_many_avx512(const float* p, std::size_t stride, std::size_t n, double* out) {
+chain4_many_avx512(const float* p, std::size_t stride, std::size_t n, double* out,
+                   bool fetch_next) {
   // Register r holds runs 2r (lanes 0-3) and 2r + 1 (lanes 4-7).
   __m512d acc[chains / 2];
   for (auto& a : acc) a = _mm512_setzero_pd();
@@ -435,7 +441,7 @@ chain4_many_avx512(const float* p, std::size_t stride, std::size_t n, double* ou
   const float* next = p + chains * stride;
   std::size_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    if (stride == n) {
+    if (fetch_next) {
       _mm_prefetch(reinterpret_cast<const char*>(next + i * chains), _MM_HINT_T2);
       _mm_prefetch(reinterpret_cast<const char*>(next + i * chains + 16), _MM_HINT_T2);
     }
@@ -460,14 +466,15 @@ template <bool Squares>
 [[gnu::target("avx2")]] inline void chain4_many_avx2(const float* p,
                                                                           std::size_t stride,
                                                                           std::size_t n,
-                                                                          double* out) {
+                                                                          double* out,
+                                                                          bool fetch_next) {
   __m256d acc[chains];
   for (auto& a : acc) a = _mm256_setzero_pd();
   const __m256i abs_mask = _mm256_set1_epi64x(0x7fffffffffffffffLL);
   const float* next = p + chains * stride;  // as in chain4_many_avx512
   std::size_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    if (stride == n) {
+    if (fetch_next) {
       _mm_prefetch(reinterpret_cast<const char*>(next + i * chains), _MM_HINT_T2);
       _mm_prefetch(reinterpret_cast<const char*>(next + i * chains + 16), _MM_HINT_T2);
     }
@@ -487,18 +494,21 @@ template <bool Squares>
 }
 #endif
 
+// fetch_next: the runs are back to back (stride == n) and the next `chains` runs exist, to
+// be prefetched.
 template <bool Squares, host_isa Isa>
 [[gnu::always_inline]] inline void chain4_many(const float* p, std::size_t stride,
-                                               std::size_t n, double* out) {
+                                               std::size_t n, double* out, bool fetch_next) {
 #if GRADCOMP_HOST_DISPATCH
   if constexpr (Isa == host_isa::avx512) {
-    chain4_many_avx512<Squares>(p, stride, n, out);
+    chain4_many_avx512<Squares>(p, stride, n, out, fetch_next);
     return;
   } else if constexpr (Isa == host_isa::avx2) {
-    chain4_many_avx2<Squares>(p, stride, n, out);
+    chain4_many_avx2<Squares>(p, stride, n, out, fetch_next);
     return;
   }
 #endif
+  (void)fetch_next;
   f64x4 acc[chains] = {};
   std::size_t i = 0;
   for (; i + 4 <= n; i += 4) {
@@ -528,7 +538,8 @@ template <bool Squares, host_isa Isa>
   const std::size_t whole = n / stat_block;
   std::size_t c = 0;
   for (; c + chains <= whole; c += chains) {
-    chain4_many<Squares, Isa>(p + c * stat_block, stat_block, stat_block, level.data() + c);
+    chain4_many<Squares, Isa>(p + c * stat_block, stat_block, stat_block, level.data() + c,
+                              c + 2 * chains <= whole);
   }
   for (; c < level.size(); ++c) {
     const std::size_t first = c * stat_block;
@@ -606,7 +617,8 @@ template <host_isa Isa, class Codec>
     if (bucket <= stat_block) {
       double sums[chains];
       for (; n - first >= chains * bucket; first += chains * bucket) {
-        chain4_many<Codec::squares, Isa>(v + first, bucket, bucket, sums);
+        chain4_many<Codec::squares, Isa>(v + first, bucket, bucket, sums,
+                                         n - first >= 2 * chains * bucket);
         for (std::size_t r = 0; r < chains; ++r) {
           const float sv = codec.side_of_sum(sums[r], bucket);
           if (side != nullptr) *side++ = sv;
@@ -833,10 +845,11 @@ bool decode_vector(const std::byte* in, std::size_t n, std::size_t bucket, unsig
 // bit pattern, with FTZ and DAZ set and clear. The integer emulation (half_bits above) took
 // 1.7x a copy; this is memory-bound.
 #if GRADCOMP_HOST_DISPATCH
+// CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not accept "f16c").
 inline bool cpu_has_f16c() noexcept {
   static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("f16c") != 0;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
   }();
   return has;
 }
