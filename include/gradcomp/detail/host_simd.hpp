@@ -174,10 +174,10 @@ typedef std::uint64_t u64 __attribute__((vector_size(128)));
 typedef std::uint16_t u16 __attribute__((vector_size(32)));
 typedef std::uint8_t u8 __attribute__((vector_size(16)));
 typedef std::uint16_t u16x8 __attribute__((vector_size(16)));
+typedef std::uint32_t u32x4 __attribute__((vector_size(16)));
+typedef std::uint64_t u64x2 __attribute__((vector_size(16)));
 typedef std::uint8_t u8x8 __attribute__((vector_size(8)));
-typedef std::uint16_t u16x4 __attribute__((vector_size(8)));
 typedef std::uint8_t u8x4 __attribute__((vector_size(4)));
-typedef std::uint16_t u16x2 __attribute__((vector_size(4)));
 typedef std::uint8_t u8x2 __attribute__((vector_size(2)));
 typedef std::uint64_t u64x4 __attribute__((vector_size(32)));
 
@@ -197,9 +197,6 @@ template <class V>
 // place within its byte and narrowed to a byte of its own; the 8 / bits bytes that make one
 // output byte hold disjoint bits, so a multiply by 0x0101... adds (ORs) them into the top
 // byte of their word without carries.
-typedef std::uint64_t u64x2 __attribute__((vector_size(16)));
-typedef std::uint32_t u32x4 __attribute__((vector_size(16)));
-
 [[gnu::always_inline]] inline void pack(std::byte* out, const u32& codes, unsigned bits) {
   if (bits == 16) {
     store(out, __builtin_convertvector(codes, u16));
@@ -403,7 +400,7 @@ template <bool Squares>
   return chain4_finish<Squares>(acc, p, i, n);
 }
 
-// chain4 of `many` runs of n values each, `stride` values apart, into out[0 .. many): each
+// chain4 of `chains` runs of n values each, `stride` values apart, into out[0 .. chains): each
 // run's additions in chain4's order, but the runs' chains interleaved in one loop. One chain
 // waits on its previous addition (4 values per addition's latency, about a quarter of what
 // the memory delivers); `chains` independent ones keep up with it. Same bits as chain4 per run.
@@ -425,6 +422,18 @@ template <bool Squares>
 // at half the memory's speed. Products d * d of floats are exact in double, so whether the
 // compiler fuses the multiply and the add makes no difference to the bits.
 #if GRADCOMP_HOST_DISPATCH
+// Runs of a few KB are too short for the hardware prefetcher to follow 8 of them at once
+// (512 values each, QSGD's default: 2.0-2.4x the time of a streaming read, in scratch
+// timings on the development machine). When the runs are back to back, the loops below
+// fetch the next group of runs (`next`, chains * n values after this group's start) into L2
+// as they go, two lines per step of 4 values, so that the whole group has been fetched when
+// the step count runs out: 1.11x a streaming read at runs of 512 in the same timings. (Into
+// L1 it measured 1.7x at every run length.)
+[[gnu::always_inline]] inline void fetch_next_group(const float* next, std::size_t i) {
+  _mm_prefetch(reinterpret_cast<const char*>(next + i * chains), _MM_HINT_T2);
+  _mm_prefetch(reinterpret_cast<const char*>(next + i * chains + 16), _MM_HINT_T2);
+}
+
 template <bool Squares>
 [[gnu::target("avx512f,avx512bw,avx512dq,avx512vl")]] inline void
 chain4_many_avx512(const float* p, std::size_t stride, std::size_t n, double* out,
@@ -433,18 +442,10 @@ chain4_many_avx512(const float* p, std::size_t stride, std::size_t n, double* ou
   __m512d acc[chains / 2];
   for (auto& a : acc) a = _mm512_setzero_pd();
   const __m512i abs_mask = _mm512_set1_epi64(0x7fffffffffffffffLL);
-  // Runs of a few KB are too short for the hardware prefetcher to follow 8 of them at once
-  // (512 values each, QSGD's default: 2.2x slower than a streaming read); when the runs are
-  // back to back, the loop fetches the next group of runs (chains * n values after this
-  // one's start) into L2, two lines per step: 1.05-1.15x a streaming read at runs of 512.
-  // (Into L1 it measured 1.7x at every run length; without it, 2.2x at 512.)
   const float* next = p + chains * stride;
   std::size_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    if (fetch_next) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + i * chains), _MM_HINT_T2);
-      _mm_prefetch(reinterpret_cast<const char*>(next + i * chains + 16), _MM_HINT_T2);
-    }
+    if (fetch_next) fetch_next_group(next, i);
 #pragma GCC unroll 4
     for (std::size_t r = 0; r < chains / 2; ++r) {
       const __m256 x = _mm256_set_m128(_mm_loadu_ps(p + (2 * r + 1) * stride + i),
@@ -463,21 +464,16 @@ chain4_many_avx512(const float* p, std::size_t stride, std::size_t n, double* ou
 }
 
 template <bool Squares>
-[[gnu::target("avx2")]] inline void chain4_many_avx2(const float* p,
-                                                                          std::size_t stride,
-                                                                          std::size_t n,
-                                                                          double* out,
-                                                                          bool fetch_next) {
+[[gnu::target("avx2")]] inline void chain4_many_avx2(const float* p, std::size_t stride,
+                                                     std::size_t n, double* out,
+                                                     bool fetch_next) {
   __m256d acc[chains];
   for (auto& a : acc) a = _mm256_setzero_pd();
   const __m256i abs_mask = _mm256_set1_epi64x(0x7fffffffffffffffLL);
-  const float* next = p + chains * stride;  // as in chain4_many_avx512
+  const float* next = p + chains * stride;
   std::size_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    if (fetch_next) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + i * chains), _MM_HINT_T2);
-      _mm_prefetch(reinterpret_cast<const char*>(next + i * chains + 16), _MM_HINT_T2);
-    }
+    if (fetch_next) fetch_next_group(next, i);
 #pragma GCC unroll 8
     for (std::size_t r = 0; r < chains; ++r) {
       const __m256d d = _mm256_cvtps_pd(_mm_loadu_ps(p + r * stride + i));
@@ -595,17 +591,29 @@ template <class Codec>
   }
 }
 
-// Codecs whose side value is a sum over the bucket say so with side_of_sum, and then get
-// their buckets' sums `chains` at a time when buckets are at most one leaf of the tree.
+// Codecs whose side value is a sum over the bucket (of squares, or of |v|) say so with
+// `squares` and side_of_sum(sum, count); the others compute it with side(values, count).
 template <class Codec>
 concept sum_side_codec = requires(const Codec& c, double sum, std::size_t n) {
   { Codec::squares } -> std::convertible_to<bool>;
   { c.side_of_sum(sum, n) } -> std::same_as<float>;
 };
 
+// The side value of the bucket of n values at p.
+template <host_isa Isa, class Codec>
+[[gnu::always_inline]] inline float bucket_side(const Codec& codec, const float* p,
+                                                std::size_t n) {
+  if constexpr (sum_side_codec<Codec>) {
+    return codec.side_of_sum(sum_tree<Codec::squares, Isa>(p, n), n);
+  } else {
+    return codec.side(p, n);
+  }
+}
+
 // The encoders' loop: for each bucket of `bucket` values (the last may be shorter), its side
-// value codec.side(first value, count) (stored when side is not null), then its codes
-// (encode_codes). Preconditions: packs(bits), and bucket a multiple of 16 or larger than n,
+// value (bucket_side; stored when side is not null), then its codes (encode_codes). Buckets
+// with a sum as their side value get the sums `chains` at a time while a bucket is at most one
+// leaf of the summation tree. Preconditions: packs(bits), and bucket a multiple of 16 or larger than n,
 // so that only the last bucket has a partial chunk and every chunk starts on a byte.
 template <host_isa Isa, class Codec>
 [[gnu::always_inline]] inline void encode_buckets(const float* v, std::size_t n,
@@ -630,7 +638,7 @@ template <host_isa Isa, class Codec>
   }
   for (; first < n; first += bucket) {
     const std::size_t end = n - first < bucket ? n : first + bucket;
-    const float sv = codec.template side<Isa>(v + first, end - first);
+    const float sv = bucket_side<Isa>(codec, v + first, end - first);
     if (side != nullptr) *side++ = sv;
     encode_codes(v, first, end, sv, bits, out, codec);
   }
@@ -694,7 +702,6 @@ template <class Codec>
 // The codecs: each quantizer's per-element functions (the portable loop's) and their 16-lane
 // forms, for encode_buckets and decode_buckets.
 struct half_codec {
-  template <host_isa>
   static float side(const float*, std::size_t) { return 0.0f; }
   [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) { half_bits(x, c); }
   [[gnu::always_inline]] static std::uint32_t code(float x, float, std::size_t) { return float_to_half_bits(x); }
@@ -705,7 +712,6 @@ struct half_codec {
 };
 
 struct bf16_codec {
-  template <host_isa>
   static float side(const float*, std::size_t) { return 0.0f; }
   [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) { bf16_bits(x, c); }
   [[gnu::always_inline]] static std::uint32_t code(float x, float, std::size_t) { return float_to_bf16_bits(x); }
@@ -718,10 +724,6 @@ struct qsgd_codec {
   static constexpr bool squares = true;
   [[gnu::always_inline]] static float side_of_sum(double sum, std::size_t) {
     return qsgd_norm_from_sum(sum);
-  }
-  template <host_isa Isa>
-  [[gnu::always_inline]] static float side(const float* p, std::size_t n) {
-    return qsgd_norm_from_sum(sum_tree<true, Isa>(p, n));
   }
   [[gnu::always_inline]] void chunk_codes(const f32& x, float norm, std::size_t i, u32& c) const {
     if (!(norm > 0.0f)) {
@@ -741,7 +743,6 @@ struct qsgd_codec {
 
 struct terngrad_codec {
   counter_rng rng;
-  template <host_isa>
   [[gnu::always_inline]] static float side(const float* p, std::size_t n) {
     return terngrad_max_from_bits(max_abs_bits(p, n));
   }
@@ -765,10 +766,6 @@ struct scaled_sign_codec {
   static constexpr bool squares = false;
   [[gnu::always_inline]] static float side_of_sum(double sum, std::size_t n) {
     return scaled_sign_mean_from_sum(sum, n);
-  }
-  template <host_isa Isa>
-  [[gnu::always_inline]] static float side(const float* p, std::size_t n) {
-    return scaled_sign_mean_from_sum(sum_tree<false, Isa>(p, n), n);
   }
   [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) {
     c = __builtin_bit_cast(u32, x < 0.0f) & 1u;
