@@ -93,19 +93,27 @@ checked_rate_bits() {
 
 is_up() { [ -f "$state/hosts" ]; }
 
-# The token bucket must be small, so that a message runs at the rate from its first kilobytes
-# and not after a burst at memory speed, and must hold the largest packet. Under 512 Mbit/s
-# segmentation offload is turned off on the host's veth pair (gso_max_segs 1), no packet is
-# larger than a frame, and the bucket holds 16 KiB (1.3 ms at 100 Mbit/s). From 512 Mbit/s
-# offload stays on, since per-frame processing of both directions on these 2 cores tops out
-# near 450 Mbit/s, and the bucket holds 128 KiB, two 64 KiB packets (1 ms at 1 Gbit/s, 0.1 ms at
-# 10 Gbit/s).
+# The token bucket must be small, so that a message runs at the rate from its first bytes and
+# not after a burst at memory speed (a real port serialises every byte at its rate; with a
+# 16 KiB bucket an 8 KiB sparse payload crossed at memory speed, 0.3x the cost model), and must
+# hold the largest packet. It holds two packets. Under 512 Mbit/s segmentation offload is off
+# on the host's veth pair (gso_max_segs 1): a packet is a frame, the bucket 3028 bytes (0.24 ms
+# at 100 Mbit/s). From 512 Mbit/s, per-frame processing of both directions on these 2 cores
+# tops out near 450 Mbit/s, so offload stays on with packets of at most 16 KiB (gso_max_size)
+# and a 32 KiB bucket (0.26 ms at 1 Gbit/s, 26 us at 10 Gbit/s). Found by trying: smaller
+# buckets cost rate (one frame's bucket at 100 Mbit/s, or 8 KiB packets at 1 Gbit/s with 4
+# hosts, ran the ring at 78% and 54% of the rate). The cost model uses the measured beta, and
+# docs/cluster.md gives it next to the configured rate.
 needs_small_frames() {  # rate in bit/s
   [ "$1" -lt 512000000 ]
 }
 
+packet_bytes() {  # rate in bit/s: the largest packet the veth pair sends
+  if needs_small_frames "$1"; then echo 1514; else echo 16384; fi
+}
+
 burst_bytes() {  # rate in bit/s
-  if needs_small_frames "$1"; then echo 16384; else echo 131072; fi
+  echo $((2 * $(packet_bytes "$1")))
 }
 
 shape() {  # shape <netns or ""> <device> <rate>
@@ -172,6 +180,9 @@ cmd_up() {
     if needs_small_frames "$(rate_bits "$rate")"; then
       ip link set "${veth_prefix}${i}" gso_max_segs 1
       ip netns exec "$ns" ip link set eth0 gso_max_segs 1
+    else
+      ip link set "${veth_prefix}${i}" gso_max_size "$(packet_bytes "$(rate_bits "$rate")")"
+      ip netns exec "$ns" ip link set eth0 gso_max_size "$(packet_bytes "$(rate_bits "$rate")")"
     fi
     ip link set "${veth_prefix}${i}" master "$bridge"
     ip link set "${veth_prefix}${i}" up

@@ -156,13 +156,15 @@ void measure(mpi_comm& comm, const measure_options& mo) {
                 "  ping-pong between ranks 0 and %zu: alpha = %.3g us, beta = %.3g ns/byte (%.3g GB/s)\n"
                 "  ring, every rank at once:        alpha = %.3g us, beta = %.3g ns/byte (%.3g GB/s)\n"
                 "  model: alpha = %.3g us, beta = %.3g ns/byte (the larger of each); local work on "
-                "every rank at once: gamma = %.3g ns/element streamed, scatter = %.3g ns/pair, "
+                "every rank at once: gamma = %.3g ns/element streamed, scatter = %.3g ns/pair "
+                "(on %zu elements), gamma = %.3g, scatter = %.3g (on %zu elements), "
                 "merge = %.3g + %.3g log2(k + 1) ns/pair\n",
                 p, p - 1, probe.pingpong_alpha * 1e6, probe.pingpong_beta * 1e9,
                 probe.pingpong_beta > 0 ? 1e-9 / probe.pingpong_beta : 0.0, probe.ring_alpha * 1e6,
                 probe.ring_beta * 1e9, probe.ring_beta > 0 ? 1e-9 / probe.ring_beta : 0.0,
                 link.alpha * 1e6, link.beta * 1e9, link.gamma * 1e9, link.scatter * 1e9,
-                link.merge * 1e9, link.merge_log * 1e9);
+                link.small_elements, link.gamma_large * 1e9, link.scatter_large * 1e9,
+                link.large_elements, link.merge * 1e9, link.merge_log * 1e9);
   }
   if (mo.link_only) return;
   if (comm.rank() == 0) {

@@ -3,6 +3,7 @@
 // that the link measurement agrees on every rank, and the statistics sparsified_sgd reports.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -156,6 +157,57 @@ TEST_CASE("predict: each local-work term prices its own kind of work") {
   }
 }
 
+TEST_CASE("per_item: the small vector's costs, the large one's, the line in log2 n between") {
+  link_model l{0.0, 0.0, 1.0, 10.0};
+  l.gamma_large = 3.0;
+  l.scatter_large = 40.0;
+  l.small_elements = std::size_t{1} << 10;
+  l.large_elements = std::size_t{1} << 20;
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1} << 10}) {
+    CAPTURE(n);
+    CHECK(cost::per_item(l, n) == std::array<double, 2>{1.0, 10.0});
+  }
+  for (std::size_t n : {std::size_t{1} << 20, (std::size_t{1} << 20) + 1, std::size_t{1} << 31}) {
+    CAPTURE(n);
+    CHECK(cost::per_item(l, n) == std::array<double, 2>{3.0, 40.0});
+  }
+  // Halfway in log2 n: halfway in cost; never outside the two, never decreasing with n.
+  const auto mid = cost::per_item(l, std::size_t{1} << 15);
+  CHECK(mid[0] == doctest::Approx(2.0));
+  CHECK(mid[1] == doctest::Approx(25.0));
+  std::array<double, 2> last = cost::per_item(l, 1);
+  for (std::size_t n = 3; n < (std::size_t{1} << 22); n = n * 3 + 1) {
+    CAPTURE(n);
+    const auto c = cost::per_item(l, n);
+    CHECK(c[0] >= last[0]);
+    CHECK(c[1] >= last[1]);
+    CHECK(c[0] <= 3.0);
+    CHECK(c[1] <= 40.0);
+    last = c;
+  }
+  // large_elements = 0: one size, the small costs everywhere.
+  link_model one = l;
+  one.large_elements = 0;
+  CHECK(cost::per_item(one, std::size_t{1} << 30) == std::array<double, 2>{1.0, 10.0});
+  // predict prices the local work at the tensor's n.
+  exchange_shape s;
+  s.ranks = 4;
+  s.k = 100;
+  s.k_max = 100;
+  s.payload_bytes = 840;
+  link_model stream{0.0, 0.0, 1.0};
+  stream.gamma_large = 3.0;
+  stream.small_elements = std::size_t{1} << 10;
+  stream.large_elements = std::size_t{1} << 20;
+  for (std::size_t n : {std::size_t{1} << 10, std::size_t{1} << 15, std::size_t{1} << 20}) {
+    CAPTURE(n);
+    s.n = n;
+    const double gamma = cost::per_item(stream, n)[0];
+    CHECK(predict(s, stream).seconds[static_cast<unsigned>(exchange_kind::sparse_allgather)] ==
+          doctest::Approx(gamma * (2.0 * static_cast<double>(n) + 400.0)));
+  }
+}
+
 TEST_CASE("merge_fit: the line through the two measured per-pair costs, terms never negative") {
   using gradcomp::detail::merge_fit;
   // Exactly on a line: recovered.
@@ -238,14 +290,17 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
       const auto r = static_cast<std::size_t>(comm.rank());
       got[r] = measure_link(comm,
                             link_measure_options{.small_repeats = 3, .large_repeats = 2,
-                                                 .local_elements = std::size_t{1} << 18},
+                                                 .local_elements = std::size_t{1} << 14,
+                                                 .local_large_elements = std::size_t{1} << 20},
                             &probes[r]);
     });
     for (std::size_t r = 0; r < got.size(); ++r) {
       const link_model& l = got[r];
-      const double fields[] = {l.alpha, l.beta, l.gamma, l.scatter, l.merge, l.merge_log};
-      const double first[] = {got[0].alpha, got[0].beta,  got[0].gamma,
-                              got[0].scatter, got[0].merge, got[0].merge_log};
+      const double fields[] = {l.alpha,     l.beta,      l.gamma,          l.scatter,
+                               l.merge,     l.merge_log, l.gamma_large,    l.scatter_large};
+      const double first[] = {got[0].alpha,       got[0].beta,      got[0].gamma,
+                              got[0].scatter,     got[0].merge,     got[0].merge_log,
+                              got[0].gamma_large, got[0].scatter_large};
       for (std::size_t f = 0; f < std::size(fields); ++f) {
         CAPTURE(f);
         CHECK(fields[f] == first[f]);  // agreed
@@ -256,6 +311,11 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
       CHECK(l.gamma > 0.0);
       CHECK(l.scatter > 0.0);
       CHECK(l.merge + l.merge_log > 0.0);
+      // Both sizes measured, and named.
+      CHECK(l.gamma_large > 0.0);
+      CHECK(l.scatter_large > 0.0);
+      CHECK(l.small_elements == std::size_t{1} << 14);
+      CHECK(l.large_elements == std::size_t{1} << 20);
       // The model takes the larger of the ping-pong's and the ring's values.
       CHECK(l.alpha == std::max(probes[r].pingpong_alpha, probes[r].ring_alpha));
       CHECK(l.beta == std::max(probes[r].pingpong_beta, probes[r].ring_beta));
@@ -265,6 +325,12 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
   run_in_process(1, [](in_process_comm& comm) {
     CHECK_THROWS_AS(measure_link(comm, link_measure_options{.small_bytes = 8, .large_bytes = 8}),
                     invalid_argument);
+    // One size: no large vector's costs, the small ones everywhere.
+    const link_model one = measure_link(
+        comm, link_measure_options{.local_elements = std::size_t{1} << 14, .local_large_elements = 0});
+    CHECK(one.gamma > 0.0);
+    CHECK(one.large_elements == 0);
+    CHECK(one.gamma_large == 0.0);
   });
 }
 
@@ -272,7 +338,9 @@ TEST_CASE("sparsified_sgd with auto_exchange reports the choice, predicted and m
   run_in_process(3, [](in_process_comm& comm) {
     using sgd_t = sparsified_sgd<compressor<topk, identity, residual>, auto_exchange, in_process_comm>;
     auto_options o;
-    o.measure = link_measure_options{.small_repeats = 3, .large_repeats = 2};
+    o.measure = link_measure_options{.small_repeats = 3, .large_repeats = 2,
+                                     .local_elements = std::size_t{1} << 16,
+                                     .local_large_elements = std::size_t{1} << 20};
     sgd_t sgd(comm, {4000, 50}, {}, auto_exchange(o), sgd_options{.lr = 0.1},
               density_schedule::constant(0.01));
     std::vector<float> params(sgd.size(), 0.0f);

@@ -177,6 +177,7 @@ TEST_CASE("measure_link: a ping-pong between rank 0 and the last rank, agreed ev
       comm,
       link_measure_options{.small_repeats = 10, .large_repeats = 3,
                            .local_elements = std::size_t{1} << 18,
+                           .local_large_elements = std::size_t{1} << 21,
                            .ring_max_bytes = std::size_t{4} << 20},
       &probe);
   double mine[2] = {l.alpha, l.beta};
@@ -194,6 +195,9 @@ TEST_CASE("measure_link: a ping-pong between rank 0 and the last rank, agreed ev
   CHECK(l.gamma > 0.0);
   CHECK(l.scatter > 0.0);
   CHECK(l.merge + l.merge_log > 0.0);
+  CHECK(l.gamma_large > 0.0);
+  CHECK(l.scatter_large > 0.0);
+  CHECK(l.large_elements == std::size_t{1} << 21);
   if (comm.size() > 1) {
     CHECK(probe.pingpong_alpha > 0.0);
     CHECK(probe.ring_alpha > 0.0);

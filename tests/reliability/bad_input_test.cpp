@@ -1720,12 +1720,13 @@ TEST_CASE("bad input: gtopk, topk_a2a and auto_exchange settings out of range ar
   }
   for (double bad : {-1.0, nan_d, inf_d}) {
     CAPTURE(bad);
-    for (int field = 0; field < 6; ++field) {
+    for (int field = 0; field < 8; ++field) {
       CAPTURE(field);
-      link_model l{1e-6, 1e-9, 1e-10, 1e-9, 1e-8, 1e-9};
-      double* const fields[] = {&l.alpha, &l.beta, &l.gamma, &l.scatter, &l.merge, &l.merge_log};
-      const char* const names[] = {"link.alpha", "link.beta", "link.gamma",
-                                   "link.scatter", "link.merge", "link.merge_log"};
+      link_model l{1e-6, 1e-9, 1e-10, 1e-9, 1e-8, 1e-9, 3e-10, 4e-9, 1 << 20, 1 << 25};
+      double* const fields[] = {&l.alpha, &l.beta,      &l.gamma,       &l.scatter,
+                                &l.merge, &l.merge_log, &l.gamma_large, &l.scatter_large};
+      const char* const names[] = {"link.alpha", "link.beta",      "link.gamma",       "link.scatter",
+                                   "link.merge", "link.merge_log", "link.gamma_large", "link.scatter_large"};
       *fields[field] = bad;
       auto_options o;
       o.link = l;
@@ -1749,6 +1750,37 @@ TEST_CASE("bad input: gtopk, topk_a2a and auto_exchange settings out of range ar
     o = auto_options{};
     o.measure.large_repeats = 0;
     CHECK_THROWS_AS(auto_exchange{o}, gradcomp::invalid_argument);
+    // The large vector's size must be above the small one's (or 0: one size), in the link
+    // and in the measurement's options.
+    for (std::size_t large : {std::size_t{1} << 20, std::size_t{1000}}) {
+      CAPTURE(large);
+      o = auto_options{};
+      o.link = link_model{};
+      o.link->small_elements = std::size_t{1} << 20;
+      o.link->large_elements = large;
+      std::string what;
+      try {
+        auto_exchange x(o);
+      } catch (const gradcomp::invalid_argument& e) {
+        what = e.what();
+      }
+      CHECK(contains(what, "link.large_elements"));
+      o = auto_options{};
+      o.measure.local_elements = std::size_t{1} << 20;
+      o.measure.local_large_elements = large;
+      what.clear();
+      try {
+        auto_exchange x(o);
+      } catch (const gradcomp::invalid_argument& e) {
+        what = e.what();
+      }
+      CHECK(contains(what, "measure.local_large_elements"));
+      gradcomp_test::solo_comm comm;
+      CHECK_THROWS_AS(measure_link(comm, o.measure), gradcomp::invalid_argument);
+    }
+    o = auto_options{};
+    o.measure.local_large_elements = 0;  // one size
+    CHECK_NOTHROW(auto_exchange{o});
     o = auto_options{};
     o.link = link_model{};  // zeros: a valid (free) link
     CHECK_NOTHROW(auto_exchange{o});

@@ -66,6 +66,14 @@ class auto_exchange {
       check_time("link.scatter", o.link->scatter);
       check_time("link.merge", o.link->merge);
       check_time("link.merge_log", o.link->merge_log);
+      check_time("link.gamma_large", o.link->gamma_large);
+      check_time("link.scatter_large", o.link->scatter_large);
+      if (o.link->large_elements != 0 && o.link->large_elements <= o.link->small_elements) {
+        detail::throw_invalid_argument("auto_exchange", "link.large_elements",
+                                       detail::concat(o.link->large_elements, " (small_elements ",
+                                                      o.link->small_elements, ")"),
+                                       "0, or more than small_elements");
+      }
     }
     // What measure_link() would refuse at the first exchange, refused here instead.
     const link_measure_options& m = o.measure;
@@ -75,6 +83,12 @@ class auto_exchange {
                                                     " bytes, ", m.small_repeats, " / ",
                                                     m.large_repeats, " repeats"),
                                      "small_bytes < large_bytes and repeats >= 1");
+    }
+    if (m.local_large_elements != 0 && m.local_large_elements <= m.local_elements) {
+      detail::throw_invalid_argument("auto_exchange", "measure.local_large_elements",
+                                     detail::concat(m.local_large_elements, " (local_elements ",
+                                                    m.local_elements, ")"),
+                                     "0, or more than local_elements");
     }
     link_ = o.link;
   }

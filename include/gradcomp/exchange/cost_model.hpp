@@ -36,6 +36,15 @@ struct link_model {
   // growing with k.
   double merge = 0.0;
   double merge_log = 0.0;
+  // gamma and scatter above are the costs on a dense vector of small_elements or fewer, which
+  // the caches hold; gamma_large and scatter_large on one of large_elements or more, which
+  // streams from memory (a 100 MB gradient's passes cost 2-3x what a 4 MB one's do). Between
+  // the two sizes the costs are interpolated by log2 n. large_elements = 0: gamma and scatter
+  // at every size.
+  double gamma_large = 0.0;
+  double scatter_large = 0.0;
+  std::size_t small_elements = 0;
+  std::size_t large_elements = 0;
 
   // A link of `gbit_per_s` Gbit/s with `latency_s` seconds per message.
   static link_model from_gbit(double gbit_per_s, double latency_s) {
@@ -92,8 +101,21 @@ struct local_work {
   double merge_k = 0.0;  // the k of the merges
 };
 
-inline double local_seconds(const local_work& w, const link_model& l) {
-  return l.gamma * w.elements + l.scatter * w.pairs +
+// {gamma, scatter} for local work on a dense vector of n elements: the small vector's costs up
+// to small_elements, the large one's from large_elements, between them the line in log2 n.
+inline std::array<double, 2> per_item(const link_model& l, std::size_t n) {
+  if (l.large_elements == 0 || n <= l.small_elements) return {l.gamma, l.scatter};
+  if (n >= l.large_elements) return {l.gamma_large, l.scatter_large};
+  const double at = std::log2(static_cast<double>(n) / static_cast<double>(std::max<std::size_t>(1, l.small_elements))) /
+                    std::log2(static_cast<double>(l.large_elements) /
+                              static_cast<double>(std::max<std::size_t>(1, l.small_elements)));
+  return {l.gamma + at * (l.gamma_large - l.gamma), l.scatter + at * (l.scatter_large - l.scatter)};
+}
+
+// The local work's seconds when its dense vector has n elements.
+inline double local_seconds(const local_work& w, const link_model& l, std::size_t n) {
+  const auto c = per_item(l, n);
+  return c[0] * w.elements + c[1] * w.pairs +
          w.merged * (l.merge + l.merge_log * std::log2(w.merge_k + 1.0));
 }
 
@@ -186,11 +208,11 @@ inline exchange_prediction predict(const exchange_shape& s, const link_model& l,
                                    "a non-empty mask of exchange_bit(exchange_kind)");
   }
   exchange_prediction p;
-  using cost::local_seconds;
-  p.seconds[0] = cost::dense_allreduce(s, l) + local_seconds(cost::local_dense_allreduce(s), l);
-  p.seconds[1] = cost::sparse_allgather(s, l) + local_seconds(cost::local_sparse_allgather(s), l);
-  p.seconds[2] = cost::topk_a2a(s, l) + local_seconds(cost::local_topk_a2a(s), l);
-  p.seconds[3] = cost::gtopk(s, l) + local_seconds(cost::local_gtopk(s), l);
+  const auto local = [&](const cost::local_work& w) { return cost::local_seconds(w, l, s.n); };
+  p.seconds[0] = cost::dense_allreduce(s, l) + local(cost::local_dense_allreduce(s));
+  p.seconds[1] = cost::sparse_allgather(s, l) + local(cost::local_sparse_allgather(s));
+  p.seconds[2] = cost::topk_a2a(s, l) + local(cost::local_topk_a2a(s));
+  p.seconds[3] = cost::gtopk(s, l) + local(cost::local_gtopk(s));
   bool found = false;
   for (unsigned k = 0; k < exchange_kinds; ++k) {
     if (!(candidates & (1u << k))) continue;
@@ -207,9 +229,14 @@ struct link_measure_options {
   std::size_t large_bytes = std::size_t{1} << 20;
   unsigned small_repeats = 30;
   unsigned large_repeats = 8;
-  // Elements of the local-work passes; larger than the caches, like a gradient. 0: gamma,
-  // scatter and merge = 0, the pure alpha-beta model.
-  std::size_t local_elements = std::size_t{1} << 22;
+  // Elements of the local-work passes on a vector the caches hold (gamma, scatter, and the
+  // merges when local_large_elements is 0). 0: gamma, scatter and merge = 0, the pure
+  // alpha-beta model.
+  std::size_t local_elements = std::size_t{1} << 20;
+  // Elements of the passes on a vector beyond the caches, like a large gradient (gamma_large
+  // and scatter_large): 128 MB of floats per rank, every rank at once. 0: one size only
+  // (large_elements = 0).
+  std::size_t local_large_elements = std::size_t{1} << 25;
   unsigned local_repeats = 4;  // timed runs of the local-work passes (after one warm-up run)
   // The ring's message grows 4x from large_bytes up to ring_max_bytes while a step takes less
   // than ring_grow_below_s (see measure_link).
@@ -229,12 +256,25 @@ struct link_probe {
 
 namespace detail {
 
-// Seconds per item of the three kinds of local work: gamma, scatter, and the merge's cost per
-// pair at the two sizes of merge_sizes() (merge_fit() turns them into merge and merge_log); the
-// least of `repeats` runs after a warm-up, as exchange timings are taken. Every rank runs this
-// at the same time (measure_link), so ranks that share a machine's memory bandwidth slow each
-// other as they do in an exchange.
-inline std::array<double, 4> measure_local_costs(std::size_t elements, unsigned repeats) {
+// The strides of measure_local_costs' two merges on a vector of `elements`, and the k of each:
+// sets of 1024 and 16384 pairs (fewer on a vector too small for them). A merge's cost depends
+// on k, not on the vector: sets of these sizes are priced the same inside any vector.
+inline std::array<std::size_t, 2> merge_strides(std::size_t elements) {
+  return {std::max<std::size_t>(1, elements / 1024), std::max<std::size_t>(1, elements / 16384)};
+}
+inline std::array<double, 2> merge_sizes(std::size_t elements) {
+  const auto st = merge_strides(elements);
+  return {static_cast<double>(std::max<std::size_t>(1, elements / st[0])),
+          static_cast<double>(std::max<std::size_t>(1, elements / st[1]))};
+}
+
+// Seconds per item of the three kinds of local work on a vector of `elements`: gamma, scatter,
+// and (when `merges`) the merge's cost per pair at the two sizes of merge_sizes() (merge_fit()
+// turns them into merge and merge_log), else zeros there; the least of `repeats` runs after a
+// warm-up, as exchange timings are taken. Every rank runs this at the same time
+// (measure_link), so ranks that share a machine's memory bandwidth slow each other as they do
+// in an exchange.
+inline std::array<double, 4> measure_local_costs(std::size_t elements, unsigned repeats, bool merges = true) {
   if (elements == 0 || repeats == 0) return {0.0, 0.0, 0.0, 0.0};
   // Sorted distinct indices, one at a pseudo-random place in each stride-wide slot (as spread
   // as a selection's picks at density 1 / stride), and values of both signs.
@@ -251,48 +291,49 @@ inline std::array<double, 4> measure_local_costs(std::size_t elements, unsigned 
   std::vector<float> buf(elements);
   // Scattered adds at one pair per 64 elements: every pair a cache line of its own.
   const std::vector<index_value> scattered = spread(64, 1);
-  // Merges of two sets of elements / 4096 and of elements / 256 pairs, keeping as many: two
-  // sizes, for the two terms of the merge's cost.
-  const std::vector<index_value> a1 = spread(4096, 2), b1 = spread(4096, 3);
-  const std::vector<index_value> a2 = spread(256, 4), b2 = spread(256, 5);
-  std::vector<index_value> merged;
+  // Merges of two sets of 1024 and of 16384 pairs, keeping as many: two sizes, for the two
+  // terms of the merge's cost.
+  const auto strides = merge_strides(elements);
+  std::vector<index_value> a1, b1, a2, b2, merged;
+  if (merges) {
+    a1 = spread(strides[0], 2);
+    b1 = spread(strides[0], 3);
+    a2 = spread(strides[1], 4);
+    b2 = spread(strides[1], 5);
+  }
   double best[4] = {0.0, 0.0, 0.0, 0.0};
   for (unsigned rep = 0; rep <= repeats; ++rep) {
     stopwatch clock;
     std::fill(buf.begin(), buf.end(), 0.0f);
     for (float& x : buf) x = x * 0.5f + 1.0f;
-    double t[4];
+    double t[4] = {0.0, 0.0, 0.0, 0.0};
     t[0] = clock.lap();
     for (const index_value& e : scattered) buf[e.index] += e.value;
     t[1] = clock.lap();
-    // Each merge timed on sets already in the cache, as an exchange's just-received pairs are
-    // (the passes above evicted them): the untimed first call brings them in.
-    gtopk_merge(a1, b1, a1.size(), merged);
-    clock.lap();
-    gtopk_merge(a1, b1, a1.size(), merged);
-    t[2] = clock.lap();
-    gtopk_merge(a2, b2, a2.size(), merged);
-    clock.lap();
-    gtopk_merge(a2, b2, a2.size(), merged);
-    t[3] = clock.lap();
+    if (merges) {
+      // Each merge timed on sets already in the cache, as an exchange's just-received pairs
+      // are (the passes above evicted them): the untimed first call brings them in.
+      gtopk_merge(a1, b1, a1.size(), merged);
+      clock.lap();
+      gtopk_merge(a1, b1, a1.size(), merged);
+      t[2] = clock.lap();
+      gtopk_merge(a2, b2, a2.size(), merged);
+      clock.lap();
+      gtopk_merge(a2, b2, a2.size(), merged);
+      t[3] = clock.lap();
+    }
     for (int i = 0; i < 4; ++i) {
       // The first run warms the caches and faults the pages in.
       if (rep == 1 || (rep > 1 && t[i] < best[i])) best[i] = t[i];
     }
   }
-  volatile float sink = buf[elements / 2] + merged.front().value;  // keep the passes
+  volatile float sink = buf[elements / 2] + (merged.empty() ? 0.0f : merged.front().value);  // keep the passes
   (void)sink;
   // Per merged pair at each size (merge_sizes(elements)); merge_fit() makes the two terms.
   return {best[0] / (2.0 * static_cast<double>(elements)),
           best[1] / static_cast<double>(scattered.size()),
-          best[2] / (2.0 * static_cast<double>(a1.size())),
-          best[3] / (2.0 * static_cast<double>(a2.size()))};
-}
-
-// The k of measure_local_costs' two merges for `elements`.
-inline std::array<double, 2> merge_sizes(std::size_t elements) {
-  return {static_cast<double>(std::max<std::size_t>(1, elements / 4096)),
-          static_cast<double>(std::max<std::size_t>(1, elements / 256))};
+          merges ? best[2] / (2.0 * static_cast<double>(a1.size())) : 0.0,
+          merges ? best[3] / (2.0 * static_cast<double>(a2.size())) : 0.0};
 }
 
 // {merge, merge_log}: the line c = merge + merge_log log2(k + 1) through the per-pair costs c1
@@ -318,7 +359,8 @@ inline std::array<double, 2> merge_fit(double c1, double k1, double c2, double k
 // only adds), the slowest rank's mean for the ring. gamma, scatter and merge are the local
 // work's costs per item, the least of local_repeats runs on every rank at once
 // (detail::measure_local_costs), the slowest rank's (merge and merge_log fitted to the slowest
-// rank's times at two set sizes). One rank gives alpha = beta = 0. `probe`, when given,
+// rank's times at two set sizes), on a vector of local_elements; gamma_large and scatter_large
+// the same on one of local_large_elements. One rank gives alpha = beta = 0. `probe`, when given,
 // receives the ping-pong's and the ring's values (zeros for one rank). Every rank must pass
 // the same options: the ring's growth depends on them, and ranks that differ would wait for
 // each other forever.
@@ -329,9 +371,25 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
                                    detail::concat(o.small_bytes, " / ", o.large_bytes, " bytes"),
                                    "small_bytes < large_bytes and repeats >= 1");
   }
+  if (o.local_large_elements != 0 && o.local_large_elements <= o.local_elements) {
+    detail::throw_invalid_argument("measure_link", "options.local_large_elements",
+                                   detail::concat(o.local_large_elements, " (local_elements ",
+                                                  o.local_elements, ")"),
+                                   "0, or more than local_elements");
+  }
   const int p = comm.size();
   comm.barrier();
-  std::array<double, 4> local = detail::measure_local_costs(o.local_elements, o.local_repeats);
+  // The small vector's costs, then the large one's; every rank runs both at once, and the
+  // slowest rank's costs count, the same on every rank.
+  std::array<double, 8> local{};
+  const auto small = detail::measure_local_costs(o.local_elements, o.local_repeats);
+  std::copy(small.begin(), small.end(), local.begin());
+  const bool two_sizes = o.local_large_elements != 0 && o.local_elements != 0 && o.local_repeats != 0;
+  if (two_sizes) {
+    comm.barrier();
+    const auto large = detail::measure_local_costs(o.local_large_elements, o.local_repeats, false);
+    std::copy(large.begin(), large.end(), local.begin() + 4);
+  }
   comm.allreduce(std::span<double>(local), reduce_op::max);  // the same on every rank
   link_model model{0.0, 0.0, local[0], local[1]};
   if (o.local_elements > 0 && o.local_repeats > 0) {
@@ -339,6 +397,12 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
     const auto fit = detail::merge_fit(local[2], k[0], local[3], k[1]);
     model.merge = fit[0];
     model.merge_log = fit[1];
+  }
+  if (two_sizes) {
+    model.gamma_large = local[4];
+    model.scatter_large = local[5];
+    model.small_elements = o.local_elements;
+    model.large_elements = o.local_large_elements;
   }
   if (probe) *probe = link_probe{};
   if (p == 1) return model;
