@@ -38,9 +38,9 @@ struct link_model {
   double merge_log = 0.0;
   // gamma and scatter above are the costs on a dense vector of small_elements or fewer, which
   // the caches hold; gamma_large and scatter_large on one of large_elements or more, which
-  // streams from memory (a 100 MB gradient's passes cost 2-3x what a 4 MB one's do). Between
-  // the two sizes the costs are interpolated by log2 n. large_elements = 0: gamma and scatter
-  // at every size.
+  // streams from memory (on the emulated cluster, 1.0-3.3x per element streamed and 9-16x per
+  // pair scattered, docs/cluster.md). Between the two sizes the costs are interpolated by
+  // log2 n. large_elements = 0: gamma and scatter at every size.
   double gamma_large = 0.0;
   double scatter_large = 0.0;
   std::size_t small_elements = 0;
