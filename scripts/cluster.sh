@@ -170,19 +170,20 @@ cmd_up() {
   ip link add "$bridge" type bridge
   ip addr add "${net}.254/24" dev "$bridge"
   ip link set "$bridge" up
-  local i ns ip
+  local i ns ip bits
+  bits="$(rate_bits "$rate")"
   : >"$state/hosts.tmp"
   for ((i = 0; i < n; i++)); do
     ns="${ns_prefix}${i}"
     ip="${net}.$((i + 1))"
     ip netns add "$ns"
     ip link add "${veth_prefix}${i}" type veth peer name eth0 netns "$ns"
-    if needs_small_frames "$(rate_bits "$rate")"; then
+    if needs_small_frames "$bits"; then
       ip link set "${veth_prefix}${i}" gso_max_segs 1
       ip netns exec "$ns" ip link set eth0 gso_max_segs 1
     else
-      ip link set "${veth_prefix}${i}" gso_max_size "$(packet_bytes "$(rate_bits "$rate")")"
-      ip netns exec "$ns" ip link set eth0 gso_max_size "$(packet_bytes "$(rate_bits "$rate")")"
+      ip link set "${veth_prefix}${i}" gso_max_size "$(packet_bytes "$bits")"
+      ip netns exec "$ns" ip link set eth0 gso_max_size "$(packet_bytes "$bits")"
     fi
     ip link set "${veth_prefix}${i}" master "$bridge"
     ip link set "${veth_prefix}${i}" up

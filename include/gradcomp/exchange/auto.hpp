@@ -76,20 +76,7 @@ class auto_exchange {
       }
     }
     // What measure_link() would refuse at the first exchange, refused here instead.
-    const link_measure_options& m = o.measure;
-    if (m.large_bytes <= m.small_bytes || m.small_repeats == 0 || m.large_repeats == 0) {
-      detail::throw_invalid_argument("auto_exchange", "measure",
-                                     detail::concat(m.small_bytes, " / ", m.large_bytes,
-                                                    " bytes, ", m.small_repeats, " / ",
-                                                    m.large_repeats, " repeats"),
-                                     "small_bytes < large_bytes and repeats >= 1");
-    }
-    if (m.local_large_elements != 0 && m.local_large_elements <= m.local_elements) {
-      detail::throw_invalid_argument("auto_exchange", "measure.local_large_elements",
-                                     detail::concat(m.local_large_elements, " (local_elements ",
-                                                    m.local_elements, ")"),
-                                     "0, or more than local_elements");
-    }
+    detail::check_measure_options("auto_exchange", "measure", o.measure);
     link_ = o.link;
   }
 

@@ -106,9 +106,8 @@ struct local_work {
 inline std::array<double, 2> per_item(const link_model& l, std::size_t n) {
   if (l.large_elements == 0 || n <= l.small_elements) return {l.gamma, l.scatter};
   if (n >= l.large_elements) return {l.gamma_large, l.scatter_large};
-  const double at = std::log2(static_cast<double>(n) / static_cast<double>(std::max<std::size_t>(1, l.small_elements))) /
-                    std::log2(static_cast<double>(l.large_elements) /
-                              static_cast<double>(std::max<std::size_t>(1, l.small_elements)));
+  const double lo = static_cast<double>(std::max<std::size_t>(1, l.small_elements));
+  const double at = std::log2(static_cast<double>(n) / lo) / std::log2(static_cast<double>(l.large_elements) / lo);
   return {l.gamma + at * (l.gamma_large - l.gamma), l.scatter + at * (l.scatter_large - l.scatter)};
 }
 
@@ -345,6 +344,22 @@ inline std::array<double, 2> merge_fit(double c1, double k1, double c2, double k
   return {std::max(0.0, c1 - per_log * l1), per_log};
 }
 
+// What measure_link() refuses in its options, refused by `who` (measure_link, or auto_exchange
+// before its first exchange), naming the options as `name`.
+inline void check_measure_options(const char* who, std::string_view name, const link_measure_options& o) {
+  if (o.large_bytes <= o.small_bytes || o.small_repeats == 0 || o.large_repeats == 0) {
+    throw_invalid_argument(who, name,
+                           concat(o.small_bytes, " / ", o.large_bytes, " bytes, ", o.small_repeats,
+                                  " / ", o.large_repeats, " repeats"),
+                           "small_bytes < large_bytes and repeats >= 1");
+  }
+  if (o.local_large_elements != 0 && o.local_large_elements <= o.local_elements) {
+    throw_invalid_argument(who, concat(name, ".local_large_elements"),
+                           concat(o.local_large_elements, " (local_elements ", o.local_elements, ")"),
+                           "0, or more than local_elements");
+  }
+}
+
 }  // namespace detail
 
 // Measures a link_model on comm; every rank must call it, and every rank gets the same values.
@@ -366,17 +381,7 @@ inline std::array<double, 2> merge_fit(double c1, double k1, double c2, double k
 // each other forever.
 template <communicator Comm>
 link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_probe* probe = nullptr) {
-  if (o.large_bytes <= o.small_bytes || o.small_repeats == 0 || o.large_repeats == 0) {
-    detail::throw_invalid_argument("measure_link", "options",
-                                   detail::concat(o.small_bytes, " / ", o.large_bytes, " bytes"),
-                                   "small_bytes < large_bytes and repeats >= 1");
-  }
-  if (o.local_large_elements != 0 && o.local_large_elements <= o.local_elements) {
-    detail::throw_invalid_argument("measure_link", "options.local_large_elements",
-                                   detail::concat(o.local_large_elements, " (local_elements ",
-                                                  o.local_elements, ")"),
-                                   "0, or more than local_elements");
-  }
+  detail::check_measure_options("measure_link", "options", o);
   const int p = comm.size();
   comm.barrier();
   // The small vector's costs, then the large one's; every rank runs both at once, and the
@@ -384,7 +389,8 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
   std::array<double, 8> local{};
   const auto small = detail::measure_local_costs(o.local_elements, o.local_repeats);
   std::copy(small.begin(), small.end(), local.begin());
-  const bool two_sizes = o.local_large_elements != 0 && o.local_elements != 0 && o.local_repeats != 0;
+  const bool measured = o.local_elements > 0 && o.local_repeats > 0;
+  const bool two_sizes = measured && o.local_large_elements != 0;
   if (two_sizes) {
     comm.barrier();
     const auto large = detail::measure_local_costs(o.local_large_elements, o.local_repeats, false);
@@ -392,7 +398,7 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
   }
   comm.allreduce(std::span<double>(local), reduce_op::max);  // the same on every rank
   link_model model{0.0, 0.0, local[0], local[1]};
-  if (o.local_elements > 0 && o.local_repeats > 0) {
+  if (measured) {
     const auto k = detail::merge_sizes(o.local_elements);
     const auto fit = detail::merge_fit(local[2], k[0], local[3], k[1]);
     model.merge = fit[0];
