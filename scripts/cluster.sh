@@ -99,21 +99,44 @@ is_up() { [ -f "$state/hosts" ]; }
 # hold the largest packet. It holds two packets. Under 512 Mbit/s segmentation offload is off
 # on the host's veth pair (gso_max_segs 1): a packet is a frame, the bucket 3028 bytes (0.24 ms
 # at 100 Mbit/s). From 512 Mbit/s, per-frame processing of both directions on these 2 cores
-# tops out near 450 Mbit/s, so offload stays on with packets of at most 16 KiB (gso_max_size)
-# and a 32 KiB bucket (0.26 ms at 1 Gbit/s, 26 us at 10 Gbit/s). Found by trying: smaller
-# buckets cost rate (one frame's bucket at 100 Mbit/s, or 8 KiB packets at 1 Gbit/s with 4
-# hosts, ran the ring at 78% and 54% of the rate). The cost model uses the measured beta, and
-# docs/cluster.md gives it next to the configured rate.
+# tops out near 450 Mbit/s, so offload stays on with packets of at most 8 KiB (gso_max_size)
+# and a 16 KiB bucket (0.13 ms at 1 Gbit/s); from 4 Gbit/s 16 KiB packets and a 32 KiB bucket
+# (26 us at 10 Gbit/s). Found by trying, with the hosts on loss-based TCP (congestion_control
+# below): 4 hosts sending at once at 1 Gbit/s ran at 13.4 ns/byte with 8 KiB packets and at
+# 20 with 4 KiB ones. The cost model uses the measured beta, and docs/cluster.md gives it next
+# to the configured rate.
 needs_small_frames() {  # rate in bit/s
   [ "$1" -lt 512000000 ]
 }
 
 packet_bytes() {  # rate in bit/s: the largest packet the veth pair sends
-  if needs_small_frames "$1"; then echo 1514; else echo 16384; fi
+  if needs_small_frames "$1"; then
+    echo 1514
+  elif [ "$1" -lt 4000000000 ]; then
+    echo 8192
+  else
+    echo 16384
+  fi
 }
 
 burst_bytes() {  # rate in bit/s
   echo $((2 * $(packet_bytes "$1")))
+}
+
+# The hosts' TCP congestion control: loss-based, cubic (Linux's usual default) where a namespace
+# may use it, else reno. A namespace inherits the machine's, here BBR, and under BBR each
+# direction of a two-way exchange waited for ACKs queued behind the other direction's data
+# in the shaped port: found by trying, the same dense allreduce (P = 2, 100 Mbit/s, 4 MB)
+# took 354 to 490 ms (the least of 5 repeats) from one call to the next, and 354 ms in every
+# call under reno.
+congestion_control() {  # congestion_control <netns>
+  local cc
+  for cc in cubic reno; do
+    if ip netns exec "$1" sysctl -q -w net.ipv4.tcp_congestion_control="$cc" >/dev/null 2>&1; then
+      return 0
+    fi
+  done
+  echo "cluster: $1 keeps the machine's TCP congestion control ($(ip netns exec "$1" sysctl -n net.ipv4.tcp_congestion_control)); timings may vary" >&2
 }
 
 shape() {  # shape <netns or ""> <device> <rate>
@@ -188,6 +211,7 @@ cmd_up() {
     ip link set "${veth_prefix}${i}" master "$bridge"
     ip link set "${veth_prefix}${i}" up
     ip netns exec "$ns" ip link set lo up
+    congestion_control "$ns"
     ip netns exec "$ns" ip addr add "${ip}/24" dev eth0
     ip netns exec "$ns" ip link set eth0 up
     shape "$ns" eth0 "$rate"     # what the host sends
@@ -274,7 +298,7 @@ cmd_status() {
   echo "rate $(cat "$state/rate") each way"
   local ns ip
   while read -r ns ip; do
-    echo "$ns $ip: $(ip netns exec "$ns" tc qdisc show dev eth0 | head -1)"
+    echo "$ns $ip: $(ip netns exec "$ns" tc qdisc show dev eth0 | head -1), tcp $(ip netns exec "$ns" sysctl -n net.ipv4.tcp_congestion_control)"
   done <"$state/hosts"
 }
 

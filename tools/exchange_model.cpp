@@ -155,7 +155,8 @@ void measure(mpi_comm& comm, const measure_options& mo) {
     std::printf("\nMeasured on this machine with MPI, P = %zu:\n"
                 "  ping-pong between ranks 0 and %zu: alpha = %.3g us, beta = %.3g ns/byte (%.3g GB/s)\n"
                 "  ring, every rank at once:        alpha = %.3g us, beta = %.3g ns/byte (%.3g GB/s)\n"
-                "  model: alpha = %.3g us, beta = %.3g ns/byte (the larger of each); local work on "
+                "  model: alpha = %.3g us, beta = %.3g ns/byte (the larger of each; gTop-k's tree: the "
+                "ping-pong's); local work on "
                 "every rank at once: gamma = %.3g ns/element streamed, scatter = %.3g ns/pair "
                 "(on %zu elements), gamma = %.3g, scatter = %.3g (on %zu elements), "
                 "merge = %.3g + %.3g log2(k + 1) ns/pair\n",

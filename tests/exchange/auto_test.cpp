@@ -86,6 +86,43 @@ TEST_CASE("cost formulas of exchange/cost_model.hpp") {
   CHECK_THROWS_AS(link_model::from_gbit(10, std::nan("")), invalid_argument);
 }
 
+TEST_CASE("cost formulas: gTop-k's tree on one pair's link, the collectives on the shared one") {
+  exchange_shape s;
+  s.n = 1000000;
+  s.value_bytes = 4;
+  s.k = 1000;
+  s.k_max = 1000;
+  s.payload_bytes = 8040;
+  const link_model shared{1e-5, 1e-9};
+  for (std::size_t ranks : {std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{64}}) {
+    CAPTURE(ranks);
+    s.ranks = ranks;
+    link_model both = shared;
+    both.pair_alpha = 2e-6;
+    both.pair_beta = 4e-10;
+    link_model one = link_model{2e-6, 4e-10};
+    // gTop-k priced with the pair's values, as on a link that has only those.
+    CHECK(cost::gtopk(s, both) == doctest::Approx(cost::gtopk(s, one)));
+    CHECK(cost::gtopk(s, both) < cost::gtopk(s, shared));
+    // The collectives keep alpha and beta.
+    CHECK(cost::dense_allreduce(s, both) == cost::dense_allreduce(s, shared));
+    CHECK(cost::sparse_allgather(s, both) == cost::sparse_allgather(s, shared));
+    CHECK(cost::topk_a2a(s, both) == cost::topk_a2a(s, shared));
+    // 0 stands for alpha and beta, each on its own.
+    link_model alpha_only = shared;
+    alpha_only.pair_alpha = 2e-6;
+    link_model beta_only = shared;
+    beta_only.pair_beta = 4e-10;
+    const double rounds = std::ceil(std::log2(static_cast<double>(ranks)));
+    CHECK(cost::gtopk(s, shared) - cost::gtopk(s, alpha_only) == doctest::Approx(2.0 * rounds * 8e-6));
+    CHECK(cost::gtopk(s, shared) - cost::gtopk(s, beta_only) ==
+          doctest::Approx(2.0 * rounds * 8.0 * 1001.0 * 6e-10));
+    // predict uses the same terms.
+    CHECK(predict(s, both).seconds[static_cast<unsigned>(exchange_kind::gtopk)] ==
+          doctest::Approx(cost::gtopk(s, both) + cost::local_seconds(cost::local_gtopk(s), both, s.n)));
+  }
+}
+
 TEST_CASE("predict picks the cheapest candidate; TopKA2A beats allgather when rho > 1/(2(P-1))") {
   const link_model l{0.0, 1e-9};  // bandwidth only, as in the crossover rule
   exchange_shape s;
@@ -296,11 +333,13 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
     });
     for (std::size_t r = 0; r < got.size(); ++r) {
       const link_model& l = got[r];
-      const double fields[] = {l.alpha,     l.beta,      l.gamma,          l.scatter,
-                               l.merge,     l.merge_log, l.gamma_large,    l.scatter_large};
-      const double first[] = {got[0].alpha,       got[0].beta,      got[0].gamma,
-                              got[0].scatter,     got[0].merge,     got[0].merge_log,
-                              got[0].gamma_large, got[0].scatter_large};
+      const double fields[] = {l.alpha,       l.beta,          l.gamma,      l.scatter,
+                               l.merge,       l.merge_log,     l.gamma_large, l.scatter_large,
+                               l.pair_alpha,  l.pair_beta};
+      const double first[] = {got[0].alpha,       got[0].beta,          got[0].gamma,
+                              got[0].scatter,     got[0].merge,         got[0].merge_log,
+                              got[0].gamma_large, got[0].scatter_large, got[0].pair_alpha,
+                              got[0].pair_beta};
       for (std::size_t f = 0; f < std::size(fields); ++f) {
         CAPTURE(f);
         CHECK(fields[f] == first[f]);  // agreed
@@ -319,8 +358,14 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
       // The model takes the larger of the ping-pong's and the ring's values.
       CHECK(l.alpha == std::max(probes[r].pingpong_alpha, probes[r].ring_alpha));
       CHECK(l.beta == std::max(probes[r].pingpong_beta, probes[r].ring_beta));
+      // One pair's link is the ping-pong's, never above the model's.
+      CHECK(l.pair_alpha == probes[r].pingpong_alpha);
+      CHECK(l.pair_beta == probes[r].pingpong_beta);
+      CHECK(l.pair_alpha <= l.alpha);
+      CHECK(l.pair_beta <= l.beta);
     }
     if (ranks == 1) CHECK(got[0].alpha == 0.0);
+    if (ranks == 1) CHECK(got[0].pair_beta == 0.0);
   }
   run_in_process(1, [](in_process_comm& comm) {
     CHECK_THROWS_AS(measure_link(comm, link_measure_options{.small_bytes = 8, .large_bytes = 8}),

@@ -192,6 +192,8 @@ TEST_CASE("measure_link: a ping-pong between rank 0 and the last rank, agreed ev
   // costs are measured.
   CHECK(l.alpha == std::max(probe.pingpong_alpha, probe.ring_alpha));
   CHECK(l.beta == std::max(probe.pingpong_beta, probe.ring_beta));
+  CHECK(l.pair_alpha == probe.pingpong_alpha);
+  CHECK(l.pair_beta == probe.pingpong_beta);
   CHECK(l.gamma > 0.0);
   CHECK(l.scatter > 0.0);
   CHECK(l.merge + l.merge_log > 0.0);

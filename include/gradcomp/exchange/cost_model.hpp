@@ -45,6 +45,14 @@ struct link_model {
   double scatter_large = 0.0;
   std::size_t small_elements = 0;
   std::size_t large_elements = 0;
+  // alpha and beta are the link as the collectives use it, every rank sending at once;
+  // pair_alpha and pair_beta as one pair of ranks sees it while the others wait (measure_link's
+  // ping-pong). gTop-k's tree is priced with them: at most half the ranks send in a round of
+  // it, in most rounds fewer. They differ where ranks share cores or a memory bus (4 hosts of
+  // the emulated cluster on 2 cores at 1 Gbit/s: 55-69 us and 12-14 ns/byte with every rank
+  // sending, 17-22 us and 8.2-8.4 alone, docs/cluster.md). 0: alpha and beta.
+  double pair_alpha = 0.0;
+  double pair_beta = 0.0;
 
   // A link of `gbit_per_s` Gbit/s with `latency_s` seconds per message.
   static link_model from_gbit(double gbit_per_s, double latency_s) {
@@ -171,13 +179,15 @@ inline double sparse_allgather(const exchange_shape& s, const link_model& l) {
 
 // gTop-k: ceil(log2 P) rounds up the tree with k pairs of 8 bytes (and a status pair), then a
 // binomial broadcast of k pairs (and a count pair): 2 ceil(log2 P) alpha +
-// 2 ceil(log2 P) 8 (k + 1) beta (an alpha term of log P, as often quoted, counts the tree only).
+// 2 ceil(log2 P) 8 (k + 1) beta (an alpha term of log P, as often quoted, counts the tree only),
+// with the link of one pair (pair_alpha and pair_beta, where given).
 inline double gtopk(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;
   const double rounds = std::ceil(std::log2(p));
-  return 2.0 * rounds * l.alpha +
-         2.0 * rounds * 8.0 * (static_cast<double>(s.k_max) + 1.0) * l.beta;
+  const double alpha = l.pair_alpha > 0.0 ? l.pair_alpha : l.alpha;
+  const double beta = l.pair_beta > 0.0 ? l.pair_beta : l.beta;
+  return 2.0 * rounds * alpha + 2.0 * rounds * 8.0 * (static_cast<double>(s.k_max) + 1.0) * beta;
 }
 
 // TopKA2A: header-free alltoallv of the pairs plus allgather of the shards:
@@ -368,7 +378,8 @@ inline void check_measure_options(const char* who, std::string_view name, const 
 // once; alpha is half the round trip of small_bytes (the ring's time per step when larger), beta
 // the extra time per byte of large_bytes, the ring's when larger (ranks that share a machine
 // share its memory bus and cores, and the exchanges' collectives send on every rank at once;
-// the ring's message grows while a step is quick, see ring_max_bytes).
+// the ring's message grows while a step is quick, see ring_max_bytes); pair_alpha and
+// pair_beta are the ping-pong's.
 // Without point-to-point, allgathers of both sizes are timed and fitted to
 // log2 P alpha + (P-1) b beta. The least time of the repeats counts for the ping-pong (noise
 // only adds), the slowest rank's mean for the ring. gamma, scatter and merge are the local
@@ -496,6 +507,8 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
   if (probe) *probe = link_probe{result[0], result[1], result[2], result[3]};
   model.alpha = std::max(result[0], result[2]);
   model.beta = std::max(result[1], result[3]);
+  model.pair_alpha = result[0];
+  model.pair_beta = result[1];
   return model;
 }
 
