@@ -163,8 +163,9 @@ cmd_down() {
     ip link del "$dev" 2>/dev/null || true
   done
   ip link del "$bridge" 2>/dev/null || true
-  # Only the files `up` writes, then the directory if it is left empty.
+  # Only the files `up` writes and the hosts' session files, then the directory if it is left empty.
   rm -f "$state/hosts" "$state/hosts.tmp" "$state/hostfile" "$state/rate" "$state/agent"
+  rm -rf "$state/tmp"
   rmdir "$state" 2>/dev/null || true
 }
 
@@ -227,6 +228,11 @@ cmd_up() {
 host="\$1"; shift
 ns=\$(awk -v h="\$host" '\$2 == h { print \$1 }' "$state/hosts")
 [ -n "\$ns" ] || { echo "cluster agent: unknown host \$host" >&2; exit 1; }
+# Each host's daemon and ranks keep their session files apart (TMPDIR): the hosts share one
+# /tmp and one host name, and a daemon once failed to make its session directory there while
+# another's was being made or removed.
+mkdir -p "$state/tmp/\$ns"
+export TMPDIR="$state/tmp/\$ns"
 exec ip netns exec "\$ns" /bin/sh -c "\$*"
 EOF
   chmod +x "$state/agent"

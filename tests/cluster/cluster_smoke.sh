@@ -60,6 +60,9 @@ grep -q "no cluster is up" <<<"$out" || fail "mpirun without a cluster: unclear 
 for h in 0 1; do
   "$cluster" exec "$h" tc qdisc show dev eth0 | grep -q "tbf.*rate 100Mbit" ||
     fail "host $h's eth0 is not shaped to 100Mbit"
+  # Loss-based TCP on the hosts (docs/cluster.md), whatever the machine's own is.
+  cc="$("$cluster" exec "$h" sysctl -n net.ipv4.tcp_congestion_control)"
+  case "$cc" in cubic | reno) ;; *) fail "host $h's TCP congestion control is '$cc', not cubic or reno" ;; esac
 done
 tc qdisc show dev gcsmokev0 | grep -q "tbf.*rate 100Mbit" || fail "the bridge side of host 0 is not shaped"
 out="$("$cluster" mpirun -np 2 sh -c 'ip -4 -o addr show dev eth0' 2>&1)" || fail "mpirun: $out"
