@@ -49,8 +49,8 @@ struct link_model {
   // pair_alpha and pair_beta as one pair of ranks sees it while the others wait (measure_link's
   // ping-pong). gTop-k's tree is priced with them: at most half the ranks send in a round of
   // it, in most rounds fewer. They differ where ranks share cores or a memory bus (4 hosts of
-  // the emulated cluster on 2 cores at 1 Gbit/s, over its runs and trials: 55-129 us and
-  // 12-17 ns/byte with every rank sending, 15-22 us and 8.2-8.4 alone, docs/cluster.md).
+  // the emulated cluster on 2 cores at 1 Gbit/s, over three runs: 62-129 us and
+  // 14-17 ns/byte with every rank sending, 16-22 us and 8.2-8.4 alone, docs/cluster.md).
   // 0: alpha and beta.
   double pair_alpha = 0.0;
   double pair_beta = 0.0;
