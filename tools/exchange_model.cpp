@@ -149,9 +149,9 @@ double time_it(mpi_comm& comm, int repeats, F&& f) {
 void measure(mpi_comm& comm, const measure_options& mo) {
   link_probe probe;
   const link_model link = measure_link(comm, link_measure_options{}, &probe);
-  link_model network{link.alpha, link.beta};  // the measured link without the local work
-  network.pair_alpha = link.pair_alpha;
-  network.pair_beta = link.pair_beta;
+  // The measured link without the local work.
+  const link_model network{.alpha = link.alpha, .beta = link.beta, .pair_alpha = link.pair_alpha,
+                           .pair_beta = link.pair_beta};
   const std::size_t p = static_cast<std::size_t>(comm.size());
   if (comm.rank() == 0) {
     std::printf("\nMeasured on this machine with MPI, P = %zu:\n"

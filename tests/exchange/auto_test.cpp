@@ -87,12 +87,7 @@ TEST_CASE("cost formulas of exchange/cost_model.hpp") {
 }
 
 TEST_CASE("cost formulas: gTop-k's tree on one pair's link, the collectives on the shared one") {
-  exchange_shape s;
-  s.n = 1000000;
-  s.value_bytes = 4;
-  s.k = 1000;
-  s.k_max = 1000;
-  s.payload_bytes = 8040;
+  exchange_shape s{.n = 1000000, .k = 1000, .k_max = 1000, .payload_bytes = 8040};
   const link_model shared{1e-5, 1e-9};
   for (std::size_t ranks : {std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{64}}) {
     CAPTURE(ranks);
