@@ -300,7 +300,8 @@ struct rank_payloads {
 
 // topk_a2a: rank 0's local work. Decode its own payload into pairs (topk_a2a::prepare), add the
 // pairs that the P ranks sent to its shard [0, n/P) in rank order and divide
-// (topk_a2a::reduce_shard), and copy the gathered dense mean into the output. Counter `pairs`:
+// (topk_a2a::reduce_shard), and copy the gathered dense mean into the output
+// (topk_a2a::copy_out). Counter `pairs`:
 // the pairs added into the shard per call (about k: each rank sends k/P of its k).
 void bench_a2a_local(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
@@ -330,7 +331,8 @@ void bench_a2a_local(benchmark::State& state) {
       state.SkipWithError(problem.c_str());
       break;
     }
-    std::copy(dense.begin(), dense.end(), out.begin());
+    gradcomp::topk_a2a::copy_out(std::span<const float>(dense),
+                                 std::span<const std::span<float>>(outs));
     benchmark::DoNotOptimize(shard.data());
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();

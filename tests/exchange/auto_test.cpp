@@ -178,7 +178,8 @@ TEST_CASE("predict: each local-work term prices its own kind of work") {
   // Only streamed elements: every exchange writes its n outputs at least once.
   const auto stream = predict(s, link_model{0.0, 0.0, 1.0});
   for (unsigned k = 0; k < exchange_kinds; ++k) CHECK(stream.seconds[k] >= n);
-  CHECK(at(stream, exchange_kind::sparse_allgather) == doctest::Approx(2.0 * n + 8000.0));
+  CHECK(at(stream, exchange_kind::sparse_allgather) == doctest::Approx(n + 8000.0));
+  CHECK(at(stream, exchange_kind::topk_a2a) == doctest::Approx(1000.0 + n / 8.0 + n));
   // The terms add up.
   const auto all = predict(s, link_model{1e-5, 1e-9, 1e-10, 3e-9, 2e-8, 5e-9});
   const auto net = predict(s, link_model{1e-5, 1e-9});
@@ -236,7 +237,23 @@ TEST_CASE("per_item: the small vector's costs, the large one's, the line in log2
     s.n = n;
     const double gamma = cost::per_item(stream, n)[0];
     CHECK(predict(s, stream).seconds[static_cast<unsigned>(exchange_kind::sparse_allgather)] ==
-          doctest::Approx(gamma * (2.0 * static_cast<double>(n) + 400.0)));
+          doctest::Approx(gamma * (static_cast<double>(n) + 400.0)));
+  }
+  // The allgather and TopKA2A add their pairs region by region in the cache: the small vector's
+  // scatter cost at every n. gTop-k's and the dense allreduce's pairs land anywhere in the
+  // output: the cost at the tensor's n.
+  link_model scatter{0.0, 0.0, 0.0, 10.0};
+  scatter.scatter_large = 40.0;
+  scatter.small_elements = std::size_t{1} << 10;
+  scatter.large_elements = std::size_t{1} << 20;
+  for (std::size_t n : {std::size_t{1} << 10, std::size_t{1} << 15, std::size_t{1} << 20}) {
+    CAPTURE(n);
+    s.n = n;
+    const auto p = predict(s, scatter);
+    CHECK(p.seconds[static_cast<unsigned>(exchange_kind::sparse_allgather)] == doctest::Approx(10.0 * 400.0));
+    CHECK(p.seconds[static_cast<unsigned>(exchange_kind::topk_a2a)] == doctest::Approx(10.0 * 100.0));
+    CHECK(p.seconds[static_cast<unsigned>(exchange_kind::gtopk)] ==
+          doctest::Approx(cost::per_item(scatter, n)[1] * 100.0));
   }
 }
 

@@ -5,7 +5,9 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <gradcomp/comm/in_process.hpp>
@@ -184,7 +186,10 @@ TEST_CASE("sparse_allgather::combine: the reference mean from wire blocks; bad c
   // payloads' wire bytes in rank order give the reference mean, bit for bit.
   compressor<topk, qsgd, residual> proto(topk{}, qsgd::with_bits(4));
   for (int ranks : {1, 3, 16}) {
-    for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{4099}}) {
+    // Up to an output beyond the streaming-store size (detail::rank_order_mean streams it).
+    for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{4099},
+                          (std::size_t{1} << 21) + 5}) {
+      if (n > 4099 && ranks > 3) continue;
       CAPTURE(ranks);
       CAPTURE(n);
       std::vector<std::byte> blocks;
@@ -226,6 +231,21 @@ TEST_CASE("sparse_allgather::combine: the reference mean from wire blocks; bad c
                                 std::span<const std::size_t>(), std::span<float>(out)),
                       invalid_argument);
       CHECK(out == before);
+      // The last rank's payload malformed (its second index repeats its first): refused,
+      // naming the rank, before any rank's values reach out.
+      if (n > 1) {
+        auto bad = blocks;
+        const std::size_t last = blocks.size() - counts.back();
+        std::memcpy(bad.data() + last + wire_header_bytes + 4, bad.data() + last + wire_header_bytes, 4);
+        try {
+          x.combine(proto, std::span<const std::byte>(bad), std::span<const std::size_t>(counts),
+                    std::span<float>(out));
+          FAIL("no exception");
+        } catch (const payload_error& e) {
+          CHECK(std::string(e.what()).find(detail::concat("rank ", ranks - 1)) != std::string::npos);
+        }
+        CHECK(out == before);
+      }
     }
   }
 }

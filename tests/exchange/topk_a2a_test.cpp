@@ -184,7 +184,7 @@ TEST_CASE("topk_a2a: a tensor of another size on one rank fails on every rank") 
   CHECK(failures == std::vector<int>{1, 1, 1, 1});
 }
 
-TEST_CASE("topk_a2a::reduce_shard: the mean of the ranks' pairs in rank order; malformed pairs refused") {
+TEST_CASE("topk_a2a::reduce_shard: the mean of the ranks' pairs in rank order; malformed pairs refused, shard unchanged") {
   // reduce_shard() is the owner's local work on its own (what gradcomp_bench measures): its
   // result is the rank-order sum of the pairs, divided by the number of ranks, over shards of
   // sizes 0, 1, small, odd and 2^20 + 3, with values that are not Gaussian (wide exponents,
@@ -223,27 +223,33 @@ TEST_CASE("topk_a2a::reduce_shard: the mean of the ranks' pairs in rank order; m
       CHECK(same);
 
       if (received.empty()) continue;
-      // Refused: counts that do not add up, an index outside the shard, a repeated index.
+      // Refused, the shard left as it was: counts that do not add up, an index outside the
+      // shard, a repeated index.
+      const std::vector<float> kept = shard;
       const std::size_t wrapping[] = {SIZE_MAX, received.size() + 1};  // sums to received.size()
       CHECK(topk_a2a::reduce_shard(std::span<const index_value>(received),
                                    std::span<const std::size_t>(wrapping), begin,
                                    std::span<float>(shard))
                 .find("do not add up") != std::string::npos);
+      CHECK(shard == kept);
       std::vector<std::size_t> more = counts;
       more.back() += 1;
       CHECK(topk_a2a::reduce_shard(std::span<const index_value>(received),
                                    std::span<const std::size_t>(more), begin, std::span<float>(shard))
                 .find("do not add up") != std::string::npos);
+      CHECK(shard == kept);
       std::vector<index_value> bad = received;
       bad.back().index = static_cast<std::uint32_t>(begin + size);  // one past the shard
       CHECK(topk_a2a::reduce_shard(std::span<const index_value>(bad),
                                    std::span<const std::size_t>(counts), begin, std::span<float>(shard))
                 .find("outside this rank's shard") != std::string::npos);
+      CHECK(shard == kept);
       bad = received;
       bad.front().index = static_cast<std::uint32_t>(begin - 1);  // below it
       CHECK(topk_a2a::reduce_shard(std::span<const index_value>(bad),
                                    std::span<const std::size_t>(counts), begin, std::span<float>(shard))
                 .find("outside this rank's shard") != std::string::npos);
+      CHECK(shard == kept);
       if (counts.front() >= 2) {
         bad = received;
         bad[1].index = bad[0].index;
@@ -251,6 +257,7 @@ TEST_CASE("topk_a2a::reduce_shard: the mean of the ranks' pairs in rank order; m
                                      std::span<const std::size_t>(counts), begin,
                                      std::span<float>(shard))
                   .find("strictly increasing") != std::string::npos);
+        CHECK(shard == kept);
       }
     }
   }

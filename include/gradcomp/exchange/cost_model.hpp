@@ -108,6 +108,9 @@ struct local_work {
   double pairs = 0.0;
   double merged = 0.0;
   double merge_k = 0.0;  // the k of the merges
+  // Pairs added into a region of the output that the caches hold (detail::rank_order_mean),
+  // priced at the small vector's scatter cost whatever n.
+  double cached_pairs = 0.0;
 };
 
 // {gamma, scatter} for local work on a dense vector of n elements: the small vector's costs up
@@ -123,7 +126,7 @@ inline std::array<double, 2> per_item(const link_model& l, std::size_t n) {
 // The local work's seconds when its dense vector has n elements.
 inline double local_seconds(const local_work& w, const link_model& l, std::size_t n) {
   const auto c = per_item(l, n);
-  return c[0] * w.elements + c[1] * w.pairs +
+  return c[0] * w.elements + c[1] * w.pairs + l.scatter * w.cached_pairs +
          w.merged * (l.merge + l.merge_log * std::log2(w.merge_k + 1.0));
 }
 
@@ -137,17 +140,18 @@ inline local_work local_dense_allreduce(const exchange_shape& s) {
   if (s.k >= n) return {3.0 * n, 0.0, 0.0};
   return {n + 2.0 * s.k, s.k, 0.0};
 }
-// sparse_allgather::combine: zeros, the P payloads decoded and added at their indices, the
-// mean's pass.
+// sparse_allgather::combine: the P payloads decoded, their pairs added region by region in the
+// cache, the output written once.
 inline local_work local_sparse_allgather(const exchange_shape& s) {
   const double n = static_cast<double>(s.n), pk = static_cast<double>(s.ranks) * s.k;
-  return {2.0 * n + pk, pk, 0.0};
+  return {.elements = n + pk, .cached_pairs = pk};
 }
-// topk_a2a: the own payload decoded into pairs, the shard zeroed, about k pairs added into it
-// (k / P from each rank), the shard divided, the gathered mean copied to the output.
+// topk_a2a: the own payload decoded into pairs, about k pairs (k / P from each rank) added
+// into the shard region by region in the cache, the shard written once, the gathered mean
+// copied to the output.
 inline local_work local_topk_a2a(const exchange_shape& s) {
   const double n = static_cast<double>(s.n), p = static_cast<double>(s.ranks);
-  return {s.k + 2.0 * n / p + n, s.k, 0.0};
+  return {.elements = s.k + n / p + n, .cached_pairs = s.k};
 }
 // gtopk, at the root (the longest path): the own payload decoded, ceil(log2 P) merges of two
 // sets of up to k pairs, the output zeroed and the k global values written, the picks left

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/rank_mean.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/sparse.hpp>
@@ -52,9 +53,10 @@ class sparse_allgather {
 
   // The local work after the allgatherv: out = the mean of the payloads in `blocks` (counts[r]
   // bytes from rank r, in rank order), decoded and added in rank order, then divided by the
-  // number of ranks. Throws payload_error naming the rank whose block is malformed or holds
-  // more than one payload, communicator_error for a payload of another tensor size; counts
-  // that do not add up to the bytes in `blocks` throw payload_error before out is written.
+  // number of ranks (detail::rank_order_mean: region by region, each written once). Throws
+  // payload_error naming the rank whose block is malformed or holds more than one payload,
+  // communicator_error for a payload of another tensor size, and payload_error for counts that
+  // do not add up to the bytes in `blocks`; out is written only once every block is valid.
   // Public so that gradcomp_bench measures exactly this (exchange_local/sparse_allgather).
   template <class Compressor>
   void combine(const Compressor& c, std::span<const std::byte> blocks,
@@ -79,14 +81,21 @@ class sparse_allgather {
                                          " ranks' byte counts do not add up to the ",
                                          blocks.size(), " bytes received"));
     }
-    std::fill(out.begin(), out.end(), T(0));
+    // Every block is decoded and validated before out is written: a malformed one changes
+    // nothing.
+    const std::size_t ranks = counts.size();
+    if (received_.size() < ranks) received_.resize(ranks);
+    if (values_.size() < ranks) values_.resize(ranks);
+    runs_.resize(ranks);
     std::size_t offset = 0;
-    for (std::size_t r = 0; r < counts.size(); ++r) {
+    for (std::size_t r = 0; r < ranks; ++r) {
       const auto block = blocks.subspan(offset, counts[r]);
       offset += counts[r];
+      payload& p = received_[r];
       std::size_t used = 0;
       try {
-        used = decode_wire(block, received_);
+        used = decode_wire(block, p);
+        validate_indices("sparse_allgather::combine", p);
       } catch (const payload_error& e) {
         // Every rank decodes every block, so every rank throws this, naming the sender.
         throw payload_error(detail::concat("gradcomp::sparse_allgather: the payload of rank ", r,
@@ -96,22 +105,33 @@ class sparse_allgather {
         throw payload_error(detail::concat("gradcomp::sparse_allgather: rank ", r, " sent ",
                                            block.size(), " bytes, more than one payload"));
       }
-      if (received_.dense_size != out.size()) {
+      if (p.dense_size != out.size()) {
         throw communicator_error(detail::concat(
             "gradcomp::sparse_allgather: rank ", r, " sent a payload for a tensor of ",
-            received_.dense_size, " elements; this rank's tensor has ", out.size()));
+            p.dense_size, " elements; this rank's tensor has ", out.size()));
       }
-      c.decompress(received_, out, decompress_mode::accumulate);
+      values_[r].resize(p.count);
+      try {
+        c.decode_values(p, values_[r]);
+      } catch (const payload_error& e) {
+        throw payload_error(detail::concat("gradcomp::sparse_allgather: the payload of rank ", r,
+                                           " does not decode: ", e.what()));
+      }
+      runs_[r] = {p.indices.data(), values_[r].data(), p.count, p.layout == index_layout::dense};
     }
-    const T ranks = static_cast<T>(counts.size());
-    for (T& x : out) x /= ranks;
+    detail::rank_order_mean<T>(out, 0, std::span<const detail::rank_values>(runs_), cursor_);
   }
 
  private:
   std::vector<std::byte> send_;
   std::vector<std::byte> recv_;
   std::vector<std::size_t> counts_;
-  payload received_;
+  // combine()'s scratch, kept between calls: every rank's payload and its decoded values (all
+  // of them are decoded before the mean is written), and the mean's cursors.
+  std::vector<payload> received_;
+  std::vector<std::vector<float>> values_;
+  std::vector<detail::rank_values> runs_;
+  std::vector<std::size_t> cursor_;
 };
 
 static_assert(exchange<sparse_allgather, archetypes::compressor<false>, archetypes::communicator>);

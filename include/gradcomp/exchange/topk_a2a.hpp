@@ -16,6 +16,7 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/exchange_common.hpp>
+#include <gradcomp/detail/rank_mean.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/exchange/agreement.hpp>
@@ -243,12 +244,28 @@ class topk_a2a {
     detail::check_invariant(dense.size() == n, "topk_a2a: the gathered shards do not add up to n");
     st.bytes_sent += shard.size() * sizeof(T);
     st.bytes_received += (dense.size() - shard.size()) * sizeof(T);
+    copy_out(std::span<const T>(dense), outs);
+    return st;
+  }
+
+  // The gathered dense mean into the tensors' outputs, in order (their sizes add up to
+  // dense.size()); an output beyond the caches with streaming stores, which skip reading it
+  // first (detail/stream_store.hpp). Public so that gradcomp_bench measures exactly this.
+  template <class T>
+  static void copy_out(std::span<const T> dense, std::span<const std::span<T>> outs) {
     std::size_t at = 0;
+    bool streamed = false;
     for (const auto& o : outs) {
-      std::copy_n(dense.begin() + static_cast<std::ptrdiff_t>(at), o.size(), o.begin());
+      detail::check_invariant(o.size() <= dense.size() - at, "topk_a2a: outputs beyond the mean");
+      if (o.size() * sizeof(T) >= detail::stream_min_bytes) {
+        detail::stream_copy(o.data(), dense.data() + at, o.size());
+        streamed = true;
+      } else {
+        std::copy_n(dense.begin() + static_cast<std::ptrdiff_t>(at), o.size(), o.begin());
+      }
       at += o.size();
     }
-    return st;
+    if (streamed) detail::stream_fence();
   }
 
   // The owner's local work after the alltoallv: shard = the mean over counts.size() ranks of
@@ -256,9 +273,9 @@ class topk_a2a {
   // into shard, which covers the indices [begin, begin + shard.size()). Each pair is checked
   // first: inside the shard, strictly increasing per rank (a repeated index would be added
   // twice, one outside written out of bounds). Returns the first problem found, or an empty
-  // string: counts that do not add up to received.size() leave the shard untouched; a bad
-  // pair leaves it partly added and not divided. Public so that gradcomp_bench measures
-  // exactly this (exchange_local/topk_a2a).
+  // string; on a problem the shard is left as it was. The sum runs region by region
+  // (detail::rank_order_mean). Public so that gradcomp_bench measures exactly this
+  // (exchange_local/topk_a2a).
   template <class T>
   static std::string reduce_shard(std::span<const index_value> received,
                                   std::span<const std::size_t> counts, std::uint64_t begin,
@@ -272,10 +289,14 @@ class topk_a2a {
     if (!fits || received_total != received.size()) {
       return "gradcomp::topk_a2a::exchange: the receive counts do not add up to the pairs received";
     }
-    std::fill(shard.begin(), shard.end(), T(0));
     const std::uint64_t end = begin + shard.size();
+    // Every pair is checked before the shard is written.
+    thread_local std::vector<detail::rank_pairs> runs;
+    thread_local std::vector<std::size_t> cursor;
+    runs.resize(counts.size());
     std::size_t pos = 0;
     for (std::size_t from = 0; from < counts.size(); ++from) {
+      runs[from] = {received.data() + pos, counts[from]};
       for (std::size_t j = 0; j < counts[from]; ++j, ++pos) {
         const index_value& e = received[pos];
         // The ranks agreed on the tensor sizes, so such a pair can only be a corrupt message.
@@ -289,12 +310,12 @@ class topk_a2a {
                                 " sent index ", e.index, " after ", received[pos - 1].index,
                                 "; each rank's indices must be strictly increasing");
         }
-        shard[e.index - begin] += static_cast<T>(e.value);
       }
     }
-    if (!counts.empty()) {
-      const T divisor = static_cast<T>(counts.size());
-      for (T& x : shard) x /= divisor;
+    if (counts.empty()) {
+      std::fill(shard.begin(), shard.end(), T(0));
+    } else {
+      detail::rank_order_mean<T>(shard, begin, std::span<const detail::rank_pairs>(runs), cursor);
     }
     return {};
   }

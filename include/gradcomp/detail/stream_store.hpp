@@ -1,0 +1,96 @@
+// gradcomp/detail/stream_store.hpp: writes of a large output that bypass the caches. A plain
+// store to a line that is not cached first reads the line from memory (to own it), so writing
+// a vector that the caches cannot hold costs a read and a write of it; a streaming
+// (non-temporal) store writes the line without reading it. On the development machine
+// (docs/performance.md) a streaming fill of 102 MB took about a third of a plain one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <gradcomp/detail/simd.hpp>
+
+namespace gradcomp::detail {
+
+// From this many bytes an output is written with streaming stores: well beyond the private
+// caches, where the lines written would be evicted before anyone read them. Smaller outputs are
+// written with plain stores and stay cached for the caller.
+inline constexpr std::size_t stream_min_bytes = std::size_t{8} << 20;
+
+#if GRADCOMP_VECTOR_EXTENSIONS && defined(__SSE2__)
+#define GRADCOMP_STREAM_STORES 1
+#else
+#define GRADCOMP_STREAM_STORES 0
+#endif
+
+// Stores one 16-byte vector v (of float or double lanes) at p, which must be 16-byte aligned,
+// without reading the line first.
+template <class T, class V>
+inline void stream_vector(T* p, const V& v) noexcept {
+  static_assert(sizeof(V) == 16);
+#if GRADCOMP_STREAM_STORES
+  if constexpr (std::is_same_v<T, float>) {
+    __m128 x;
+    std::memcpy(&x, &v, 16);
+    _mm_stream_ps(p, x);
+  } else {
+    __m128d x;
+    std::memcpy(&x, &v, 16);
+    _mm_stream_pd(p, x);
+  }
+#else
+  std::memcpy(p, &v, 16);
+#endif
+}
+
+// Whether p may take stream_vector stores (16-byte aligned); elements before the boundary are
+// written with plain stores by the callers.
+template <class T>
+inline bool stream_aligned(const T* p) noexcept {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+// dst[i] = f(src[i]) for i < len, f taking and giving 16-byte vectors of T (and T itself for
+// the ends), with streaming stores from dst's first 16-byte boundary: plain ones before it and
+// for a tail of less than 16 bytes. Call stream_fence() before another thread may read dst.
+template <class T, class F>
+inline void stream_transform(T* dst, const T* src, std::size_t len, F f) noexcept {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
+  std::size_t i = 0;
+#if GRADCOMP_STREAM_STORES
+  typedef T v __attribute__((vector_size(16)));
+  constexpr std::size_t w = 16 / sizeof(T);
+  for (; i < len && !stream_aligned(dst + i); ++i) dst[i] = f(src[i]);
+  for (; i + w <= len; i += w) {
+    v x;
+    std::memcpy(&x, src + i, 16);
+    stream_vector(dst + i, f(x));
+  }
+#endif
+  for (; i < len; ++i) dst[i] = f(src[i]);
+}
+
+// dst[0, len) = src[0, len), bit for bit.
+template <class T>
+inline void stream_copy(T* dst, const T* src, std::size_t len) noexcept {
+  stream_transform(dst, src, len, [](auto x) { return x; });
+}
+
+// dst[0, len) = src[0, len) * scale.
+template <class T>
+inline void stream_scaled(T* dst, const T* src, std::size_t len, T scale) noexcept {
+  stream_transform(dst, src, len, [scale](auto x) { return x * scale; });
+}
+
+// Orders the streaming stores before every later store, so that a thread which synchronises
+// with this one afterwards (a lock, a barrier) sees them. The thread that made them always
+// sees its own stores.
+inline void stream_fence() noexcept {
+#if GRADCOMP_STREAM_STORES
+  _mm_sfence();
+#endif
+}
+
+}  // namespace gradcomp::detail
