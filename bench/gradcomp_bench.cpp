@@ -3,7 +3,9 @@
 //
 // Names (Google Benchmark arguments, see bench/README.md):
 //   select/<selector>[_<dist>]/n:<n>/ppm:<density in parts per million>
-//   step/<compressor>[_<dist>]/n:<n>/ppm:<ppm>      one rank's accumulate + select + encode
+//   step/<compressor>[_<dist>]/n:<n>/ppm:<ppm>      one rank's accumulate + select + encode,
+//                                                   staged (as the drivers run it)
+//   step_in_place/topk_residual/n:<n>/ppm:<ppm>     the same in place (one feedback state)
 //   select_residual/<selector>/n:<n>/ppm:<ppm>      select on an error-feedback residual
 //   quantize/<quantizer>_encode/n:<n>, quantize/<quantizer>_decode/n:<n>
 //   exchange_local/sparse_allgather/n:<n>/ppm:<ppm>/ranks:<P>  decode + add P payloads, mean
@@ -164,23 +166,34 @@ void bench_select_residual(benchmark::State& state, Selector proto) {
 
 // ---------------------------------------------------------------------------------------
 // Compression steps: compressor<>::compress on one tensor, feedback state carried from call
-// to call as in training (so the residual is that of a running job, not zero).
+// to call as in training (so the residual is that of a running job, not zero). `step/` is the
+// staged form every driver runs (sparsified_sgd, the PyTorch hook, PQASGD): from one feedback
+// state into a second, the two swapped after each call, so that a failed step changes nothing.
+// `step_in_place/` is compress(g, st, ...), which keeps one state and reads g once more first.
 
 template <class Compressor>
-void bench_step(benchmark::State& state, gb::dist d, Compressor proto) {
+void bench_step(benchmark::State& state, gb::dist d, Compressor proto, bool staged) {
   const std::int64_t n = state.range(0);
   const std::int64_t ppm = state.range(1);
   const auto& in = gb::inputs(static_cast<std::size_t>(n), d);
   Compressor c = std::move(proto);
   auto st = c.make_state(static_cast<std::size_t>(n));
+  auto next = c.make_state(static_cast<std::size_t>(n));
   payload p;
   gradcomp::compress_context ctx{static_cast<double>(ppm) * 1e-6, {.seed = 7}};
-  c.compress(view(in[0]), st, ctx, p);
+  auto step = [&](std::span<const float> g) {
+    if (!staged) return c.compress(g, st, ctx, p);
+    const gradcomp::compress_stats s = c.compress(g, std::as_const(st), next, ctx, p);
+    std::swap(st, next);
+    return s;
+  };
+  step(view(in[0]));
+  step(view(in[1]));  // both states written once
   tally t{.k = k_of(n, ppm)};
-  std::size_t it = 1;
+  std::size_t it = 2;
   for (auto _ : state) {
     ctx.id.step = it;
-    t.add(c.compress(view(in[it++]), st, ctx, p).selection);
+    t.add(step(view(in[it++])).selection);
     benchmark::DoNotOptimize(p.values.data());
     benchmark::ClobberMemory();
   }
@@ -478,9 +491,10 @@ void add_selector(const std::string& name, std::int64_t n, gb::dist d) {
 }
 
 template <class Compressor>
-void add_step(const std::string& name, std::int64_t n, gb::dist d, Compressor c) {
-  add_ppm("step/" + name + gb::suffix(d),
-          [d, c](benchmark::State& s) { bench_step(s, d, c); }, n);
+void add_step(const std::string& name, std::int64_t n, gb::dist d, Compressor c,
+              bool staged = true) {
+  add_ppm((staged ? "step/" : "step_in_place/") + name + gb::suffix(d),
+          [d, c, staged](benchmark::State& s) { bench_step(s, d, c, staged); }, n);
 }
 
 template <class Quantizer>
@@ -516,6 +530,9 @@ void register_all() {
       add_step("randomk_residual", n, d, compressor<randomk, identity, residual>{});
       add_step("topk_qsgd_residual", n, d,
                compressor<topk, qsgd, residual>(topk{}, qsgd::with_bits(4)));
+      if (d == gb::dist::normal) {
+        add_step("topk_residual", n, d, compressor<topk, identity, residual>{}, false);
+      }
 
       if (d == gb::dist::normal && n < (std::int64_t{1} << 27)) {
         for (const std::int64_t ppm : {std::int64_t{1000}, std::int64_t{10000}}) {

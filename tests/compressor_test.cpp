@@ -2,10 +2,13 @@
 // policy, decompression, and the top-k contraction it reports.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/feedback.hpp>
@@ -195,8 +198,10 @@ TEST_CASE("topk select_accumulate_into: ||e + g||^2 on every path") {
   // through the source once, whatever path the selection takes.
   namespace gt = gradcomp_test;
   for (gt::dist d : gt::all_dists) {
+    // The last size is beyond detail::stream_min_bytes: `out`, a second buffer, is streamed.
     for (std::size_t n : {std::size_t{1}, std::size_t{100}, std::size_t{2048},
-                          std::size_t{2049}, std::size_t{50000}, (std::size_t{1} << 20) + 3}) {
+                          std::size_t{2049}, std::size_t{50000}, (std::size_t{1} << 20) + 3,
+                          (std::size_t{1} << 21) + 5}) {
       const auto e0 = gt::make_input<float>(d, n, 21);
       const auto g = gt::make_input<float>(gt::dist::normal, n, 22);
       long double ref = 0;
@@ -222,6 +227,29 @@ TEST_CASE("topk select_accumulate_into: ||e + g||^2 on every path") {
                                                      std::span<const float>(g),
                                                      select_context{k, 0.0, {}}, idx);
           CHECK(st.energy == doctest::Approx(static_cast<double>(ref)).epsilon(1e-5));
+          CHECK_FALSE(st.nonfinite);
+          bool sums = true;
+          for (std::size_t i = 0; i < n; ++i) sums = sums && out[i] == e0[i] + g[i];
+          CHECK(sums);
+          // A NaN or Inf in g, or e + g overflowing, is reported on every path, wherever it is.
+          for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+            for (const int kind : {0, 1, 2}) {
+              CAPTURE(at);
+              CAPTURE(kind);
+              std::vector<float> g2 = g;
+              std::vector<float> e2 = e0;
+              if (kind == 0) g2[at] = NAN;
+              if (kind == 1) g2[at] = -INFINITY;
+              if (kind == 2) {
+                e2[at] = 3e38f;
+                g2[at] = 3e38f;
+              }
+              const auto bad = sel.select_accumulate_into(
+                  std::span<float>(out), std::span<const float>(e2), std::span<const float>(g2),
+                  select_context{k, 0.0, {}}, idx);
+              CHECK(bad.nonfinite);
+            }
+          }
         }
       }
     }
@@ -245,4 +273,137 @@ TEST_CASE("sum_into_energy: the sums of sum_into, bit for bit, and their squares
     for (const double x : a) ref += static_cast<long double>(x) * x;
     CHECK(energy == doctest::Approx(static_cast<double>(ref)).epsilon(1e-12));
   }
+}
+
+namespace {
+
+// Runs `steps` staged compress() calls, `from` -> `to` with the two swapped after each, next to
+// the same calls in place, and checks that both give the same payload bytes and states, and
+// that a staged call never writes `from`.
+template <class C>
+void check_staged_matches_in_place(C proto, std::size_t n, gradcomp_test::dist d, double density) {
+  using T = typename C::value_type;
+  C a = proto, b = proto;
+  auto in_place = a.make_state(n);
+  auto from = b.make_state(n);
+  auto to = b.make_state(n);
+  payload pa, pb;
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    const auto g = gradcomp_test::make_input<T>(d, n, 40 + step);
+    const compress_context ctx{density, call_id{3, step, 1}};
+    a.compress(g, in_place, ctx, pa);
+    const auto from_before = from.e;
+    b.compress(g, std::as_const(from), to, ctx, pb);
+    CHECK(from.e == from_before);
+    CHECK(to.e == in_place.e);
+    CHECK(pb.indices == pa.indices);
+    CHECK(pb.values == pa.values);
+    CHECK(pb.side == pa.side);
+    CHECK(pb.count == pa.count);
+    std::swap(from, to);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("compressor: a staged step gives the in-place step's payload and state, bit for bit") {
+  // Staged, residual feedback's accumulation writes the second state with streaming stores
+  // beyond detail::stream_min_bytes (the last sizes) and refuses NaN in its own pass instead of
+  // a read of g before the step: the numbers must not change.
+  namespace gt = gradcomp_test;
+  for (const gt::dist d : {gt::dist::normal, gt::dist::laplace, gt::dist::student_t2}) {
+    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{97}, std::size_t{4099},
+                                (std::size_t{1} << 21) + 37}) {
+      const std::string dist_name = gt::name(d);
+      CAPTURE(dist_name);
+      CAPTURE(n);
+      check_staged_matches_in_place(compressor<topk, identity, residual>{}, n, d, 0.001);
+      check_staged_matches_in_place(compressor<topk, qsgd, residual>{}, n, d, 0.01);
+      check_staged_matches_in_place(compressor<gaussiank, identity, residual>{}, n, d, 0.001);
+      check_staged_matches_in_place(compressor<randomk, fp16, residual>{}, n, d, 0.01);
+      check_staged_matches_in_place(compressor<dense, identity, residual>{}, n, d, 1.0);
+      check_staged_matches_in_place(compressor<topk, identity, residual, double>{}, n, d, 0.01);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("compressor: a staged step refuses NaN, Inf and an overflowing e + g in its own "
+                   "pass, leaving from and out as they were",
+                   C, compressor<topk, identity, residual>, compressor<gaussiank, qsgd, residual>,
+                   compressor<randomk, identity, residual>, compressor<dgc_sampling, fp16, residual>,
+                   compressor<topk, identity, dgc_momentum>, compressor<redsync, identity, no_feedback>) {
+  for (const std::size_t n : {std::size_t{1}, std::size_t{97}, std::size_t{4099},
+                              (std::size_t{1} << 21) + 37}) {
+    C c;
+    auto from = c.make_state(n);
+    auto to = c.make_state(n);
+    payload p;
+    const auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::laplace, n, 5);
+    c.compress(g, std::as_const(from), to, {0.01, call_id{1, 0, 6}}, p);
+    std::swap(from, to);
+    const auto from_before = from.buffers().empty() ? std::vector<float>{}
+                                                    : std::vector<float>(from.buffers()[0].begin(),
+                                                                         from.buffers()[0].end());
+    const payload p_before = p;
+    auto unchanged = [&] {
+      if (!from.buffers().empty()) {
+        CHECK(std::equal(from_before.begin(), from_before.end(), from.buffers()[0].begin()));
+      }
+      CHECK(p.indices == p_before.indices);
+      CHECK(p.values == p_before.values);
+      CHECK(p.count == p_before.count);
+    };
+    for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+      for (const float bad : {NAN, INFINITY, -INFINITY}) {
+        CAPTURE(n);
+        CAPTURE(at);
+        CAPTURE(bad);
+        auto g2 = g;
+        g2[at] = bad;
+        try {
+          c.compress(g2, std::as_const(from), to, {0.01, call_id{1, 1, 6}}, p);
+          FAIL("no exception");
+        } catch (const nonfinite_error& e) {
+          const std::string what = e.what();
+          CHECK(what.find("tensor 6") != std::string::npos);
+          CHECK(what.find(detail::concat("index ", at)) != std::string::npos);
+        }
+        unchanged();
+      }
+    }
+    // e + g of two finite values that overflows: residual feedback's pass finds it too.
+    if constexpr (std::is_same_v<typename C::feedback_type, residual>) {
+      from.e[n / 2] = 3e38f;
+      auto g2 = g;
+      g2[n / 2] = 3e38f;
+      const auto e_before = from.e;
+      try {
+        c.compress(g2, std::as_const(from), to, {0.01, call_id{1, 1, 6}}, p);
+        FAIL("no exception");
+      } catch (const nonfinite_error& e) {
+        CHECK(std::string(e.what()).find(detail::concat("overflowed to inf at index ", n / 2)) !=
+              std::string::npos);
+      }
+      CHECK(from.e == e_before);
+      CHECK(p.indices == p_before.indices);
+      // In place it is refused as well, once the pass has found it (the state then holds it).
+      auto st = from;
+      CHECK_THROWS_AS(c.compress(g2, st, {0.01, call_id{1, 1, 6}}, p), nonfinite_error);
+    }
+  }
+}
+
+TEST_CASE("compressor: a staged step with nonfinite_policy::propagate sends NaN, as in place") {
+  compressor<topk, identity, residual> c(topk{}, identity{}, residual{}, nonfinite_policy::propagate);
+  const std::size_t n = (std::size_t{1} << 21) + 37;
+  auto from = c.make_state(n);
+  auto to = c.make_state(n);
+  auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, n, 8);
+  g[12345] = NAN;
+  payload p;
+  c.compress(g, std::as_const(from), to, {1e-5, call_id{}}, p);
+  REQUIRE(p.count >= 1);
+  CHECK(p.indices.front() <= 12345);
+  CHECK(std::find(p.indices.begin(), p.indices.end(), 12345u) != p.indices.end());
 }

@@ -19,6 +19,7 @@
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/nonfinite.hpp>
 #include <gradcomp/detail/select/sources.hpp>
+#include <gradcomp/detail/stream_store.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/feedback/none.hpp>
@@ -104,7 +105,8 @@ class compressor {
   // st changes: a bad density, a size mismatch, a non-finite gradient or a selector setting
   // rejected by the selector's check() throws and leaves st as it was. An exception from
   // inside a policy's work (bad_alloc, a custom selector that throws) leaves st valid but
-  // holding the accumulated gradient.
+  // holding the accumulated gradient, and so does an accumulated value that overflows to Inf
+  // (e + g of two finite values), which is refused once the pass that adds them finds it.
   compress_stats compress(std::span<const T> g, state_type& st, const compress_context& ctx,
                           payload& out) {
     return compress_staged(g, nullptr, st, ctx, out);
@@ -116,7 +118,10 @@ class compressor {
   // (an exchange that throws) keeps `from` on failure and `to` on success: the step then
   // changes nothing or everything. With a feedback that stages_accumulation (residual,
   // dgc_momentum, no_feedback) this costs no more than compress() (the accumulation writes `to`
-  // instead of `from`); any other feedback's state is copied first.
+  // instead of `from`); any other feedback's state is copied first. With residual feedback it
+  // costs less (checks_in_pass): the pass that writes `to` also refuses a NaN or Inf in g, so g
+  // is not read once more before it, and a large `to` is written with streaming stores.
+  // Refused for any reason, it leaves `from` and `out` as they were.
   compress_stats compress(std::span<const T> g, const state_type& from, state_type& to,
                           const compress_context& ctx, payload& out) {
     if (&from == &to) return compress_staged(g, nullptr, to, ctx, out);
@@ -167,7 +172,11 @@ class compressor {
   // compress() from the state `from` (null: in place) into `to`.
   compress_stats compress_staged(std::span<const T> g, const state_type* from, state_type& to,
                                  const compress_context& ctx, payload& out) {
-    const select_context sc{checked_k(g, from, to, ctx), ctx.density, ctx.id};
+    // Staged, the pass that adds g into `to` finds a NaN or Inf itself (`from` and `out` stay as
+    // they were until it has finished): no read of g before the step.
+    const bool check_before = nonfinite_ == nonfinite_policy::error && !ctx.finite_checked &&
+                              !(from != nullptr && checks_in_pass);
+    const select_context sc{checked_k(g, from, to, ctx, check_before), ctx.density, ctx.id};
     compress_stats stats;
     stats.n = g.size();
     detail::stopwatch clock;
@@ -192,7 +201,7 @@ class compressor {
 
   // Every check compress() makes before the state changes; returns the target count k.
   std::size_t checked_k(std::span<const T> g, const state_type* from, state_type& to,
-                        const compress_context& ctx) const {
+                        const compress_context& ctx, bool check_finite) const {
     const std::size_t n = g.size();
     if (n > (std::size_t{1} << 32)) {
       detail::throw_invalid_argument("compressor::compress", "g.size()", n,
@@ -218,16 +227,30 @@ class compressor {
     // The selector runs on the accumulated vector, after the feedback has changed st: its own
     // settings (threshold's tau, RedSync's interval) must be rejected before that.
     if constexpr (checks_settings<Selector>) selector_.check();
-    if (nonfinite_ == nonfinite_policy::error && !ctx.finite_checked) {
+    if (check_finite) {
       if (const std::size_t bad = detail::find_nonfinite(g); bad != n) {
-        throw nonfinite_error(detail::concat(
-            "gradcomp::compressor::compress: gradient of tensor ", ctx.id.tensor_id, " holds ",
-            g[bad], " at index ", bad,
-            "; nonfinite_policy::error (the default) rejects non-finite gradients before any "
-            "state changes"));
+        throw_nonfinite(g, {}, ctx.id);
       }
     }
     return k;
+  }
+
+  // The error for a gradient g holding a NaN or Inf, or (g finite) for the accumulated vector
+  // acc = e + g that overflowed.
+  [[noreturn]] static void throw_nonfinite(std::span<const T> g, std::span<const T> acc,
+                                           const call_id& id) {
+    if (const std::size_t bad = detail::find_nonfinite(g); bad != g.size()) {
+      throw nonfinite_error(detail::concat(
+          "gradcomp::compressor::compress: gradient of tensor ", id.tensor_id, " holds ", g[bad],
+          " at index ", bad,
+          "; nonfinite_policy::error (the default) rejects non-finite gradients before any "
+          "state changes"));
+    }
+    const std::size_t bad = detail::find_nonfinite(acc);
+    throw nonfinite_error(detail::concat(
+        "gradcomp::compressor::compress: the accumulated gradient (feedback state + gradient) of "
+        "tensor ", id.tensor_id, " overflowed to ", bad < acc.size() ? acc[bad] : T(0),
+        " at index ", bad, "; nonfinite_policy::error (the default) rejects it"));
   }
 
   void check_state_size(state_type& st, std::size_t n) const {
@@ -249,15 +272,22 @@ class compressor {
                                            payload& out, compress_stats& stats,
                                            detail::stopwatch& clock) {
     std::span<const T> acc;
+    const bool refuse = nonfinite_ == nonfinite_policy::error;
     if constexpr (fused) {
       const std::span<T> e = feedback_.in_place_accumulator(to);
       const std::span<const T> e_from = from ? feedback_.in_place_accumulator(*from) : e;
+      // Into scratch, so that a step refused for a non-finite sum leaves `out` as it was.
+      stats.selection = selector_.select_accumulate_into(e, e_from, g, sc, picked_);
+      detail::stream_fence();
+      if (refuse && stats.selection.nonfinite) throw_nonfinite(g, e, sc.id);
       start_payload(out, g.size(), index_layout::sparse);
-      stats.selection = selector_.select_accumulate_into(e, e_from, g, sc, out.indices);
+      out.indices.swap(picked_);
       acc = e;
     } else {
       double energy = std::numeric_limits<double>::quiet_NaN();
-      acc = accumulate(g, from, to, energy);
+      bool nonfinite = false;
+      acc = accumulate(g, from, to, energy, nonfinite);
+      if (refuse && nonfinite) throw_nonfinite(g, acc, sc.id);
       stats.seconds_accumulate = clock.lap();
       // Only now: accumulate() is where a feedback without buffers (no_feedback) checks g's
       // size, and a refused call must leave `out` as it was.
@@ -295,20 +325,34 @@ class compressor {
         { f.in_place_accumulator(cst) } -> std::same_as<std::span<const T>>;
       };
 
-  // Unfused: acc = e + g by the feedback; `energy` = ||acc||^2 where this loop computed it.
+  // Unfused: acc = e + g by the feedback; `energy` = ||acc||^2 and `nonfinite` whether a sum is
+  // NaN or Inf, where this loop computed them (a staged one into a second buffer beyond the
+  // caches with streaming stores, as the fused pass does).
   std::span<const T> accumulate(std::span<const T> g, const state_type* from, state_type& to,
-                                double& energy) {
+                                double& energy, bool& nonfinite) {
     if constexpr (accumulates_in_place) {
       const std::span<T> e = feedback_.in_place_accumulator(to);
       const std::span<const T> e_from = from ? feedback_.in_place_accumulator(*from) : e;
       if (e.size() == g.size() && e_from.size() == g.size()) {
         energy = 0.0;
-        detail::sum_into_energy(e.data(), e_from.data(), g.data(), g.size(), &energy);
+        const detail::sum_source<T> src =
+            detail::accumulating_source(e, e_from, g, &energy, &nonfinite);
+        src.finish(0);
+        detail::stream_fence();
         return e;
       }
     }
     return accumulate(g, from, to);
   }
+
+ public:
+  // Whether a staged compress() (from != to) needs no read of g before the step to refuse a NaN
+  // or Inf: the pass that writes the second buffer finds it (residual feedback, fused into the
+  // selector or not). A driver that checks every tensor at once before compressing any
+  // (sparsified_sgd) can leave the check to compress() then.
+  static constexpr bool checks_in_pass = fused || accumulates_in_place;
+
+ private:
 
   std::span<const T> accumulate(std::span<const T> g, const state_type* from, state_type& to) {
     if (!from) return feedback_.accumulate(to, g);
@@ -369,6 +413,7 @@ class compressor {
   std::vector<float> values_;
   std::vector<float> decoded_;
   std::vector<std::uint32_t> iota_;
+  std::vector<std::uint32_t> picked_;  // the fused selection, moved into the payload once kept
 };
 
 }  // namespace gradcomp

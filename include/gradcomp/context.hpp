@@ -40,6 +40,9 @@ struct selection_stats {
   // own pass computed it (Gaussian-k always, from its statistics; top-k when it adds e + g in
   // its pass); NaN where not measured. compressor<> turns it into the top-k contraction.
   double energy = std::numeric_limits<double>::quiet_NaN();
+  // A selector's fused accumulation (select_accumulate_into) found a NaN or Inf in e + g, in
+  // the pass it makes anyway; the selection is then not meaningful. select() never sets it.
+  bool nonfinite = false;
 };
 
 // Validate a density and turn it into a target count: k = clamp(round(density * n), 1, n)

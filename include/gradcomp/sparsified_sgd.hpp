@@ -71,7 +71,8 @@ class sparsified_sgd {
   // One synchronous step on every rank: compress every tensor's gradient, exchange each (or all
   // at once, for an exchange that fuses tensors), hand picks an exchange left out back to the
   // feedback, then params -= lr * update. Sizes and the gradient's finiteness are checked for
-  // all tensors before any state changes.
+  // all tensors before any state changes (the finiteness by the compressor's own pass where it
+  // can: compressor::checks_in_pass).
   //
   // A step is all or nothing: when it throws (a bad argument, a peer that failed, an exchange
   // that rejected a payload), the parameters, the velocity, every feedback buffer, the step
@@ -264,9 +265,13 @@ class sparsified_sgd {
     }
   }
 
+  // The compressor refuses a NaN or Inf itself in the pass that writes the staged state
+  // (compressor::checks_in_pass): no read of every gradient before the step is needed.
+  static constexpr bool compressor_checks = requires { requires Compressor::checks_in_pass; };
+
   void check_gradient(std::span<const T> grads) const {
     check_size("grads.size()", grads.size());
-    if (compressor_.nonfinite() == nonfinite_policy::error) {
+    if (!compressor_checks && compressor_.nonfinite() == nonfinite_policy::error) {
       if (const std::size_t bad = detail::find_nonfinite(grads); bad != total_) {
         const std::size_t t = tensor_of(bad);
         throw nonfinite_error(detail::concat(
@@ -291,8 +296,10 @@ class sparsified_sgd {
   }
 
   compress_context context_for(std::size_t t, double rho) const {
-    // The gradient's finiteness was checked for all tensors at once (check_gradient).
-    const bool finite_checked = compressor_.nonfinite() == nonfinite_policy::error;
+    // The gradient's finiteness was checked for all tensors at once (check_gradient), unless the
+    // compressor checks it in its pass.
+    const bool finite_checked =
+        !compressor_checks && compressor_.nonfinite() == nonfinite_policy::error;
     return compress_context{rho, call_id{opt_.seed, step_, tensors_[t].id, rank_id()}, finite_checked};
   }
 

@@ -33,13 +33,6 @@ struct mean_max_abs {
 // types avoid both (see GRADCOMP_VECTOR_EXTENSIONS in detail/simd.hpp).
 inline constexpr std::size_t moments_chunk = 256;
 
-#if GRADCOMP_VECTOR_EXTENSIONS
-template <class T>
-struct lanes {
-  typedef T type __attribute__((vector_size(16)));
-  static constexpr std::size_t count = 16 / sizeof(T);
-};
-#endif
 
 // Reference loops in double, also the fallback when T arithmetic overflowed (values beyond
 // about 1e19 squared in float).

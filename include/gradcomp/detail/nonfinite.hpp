@@ -22,7 +22,7 @@ inline constexpr std::size_t nonfinite_chunk = 1024;
 template <class T>
 std::size_t first_nonfinite(std::span<const T> g) {
   using S = signed_key_t<T>;
-  constexpr auto finite_max = static_cast<S>(abs_key(std::numeric_limits<T>::max()));
+  constexpr S finite_max = finite_key_max<T>;
   const T* p = g.data();
   const std::size_t n = g.size();
   std::size_t i = 0;

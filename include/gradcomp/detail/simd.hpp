@@ -22,6 +22,13 @@
 namespace gradcomp::detail {
 
 #if GRADCOMP_VECTOR_EXTENSIONS
+// A 16-byte vector of T and how many T it holds.
+template <class T>
+struct lanes {
+  typedef T type __attribute__((vector_size(16)));
+  static constexpr std::size_t count = 16 / sizeof(T);
+};
+
 // Whether any lane of a 16-byte vector of signed keys is negative: the sign bits in one
 // instruction on x86 (the lane loop compiles to a chain of shuffles and ORs).
 template <class V>

@@ -113,7 +113,8 @@ struct gaussiank {
   }
 
   // select() of e + g that writes e + g to `out` and leaves e alone (out may be e itself): the
-  // form a step that must be able to fail without changing the feedback state uses.
+  // form a step that must be able to fail without changing the feedback state uses. Reports
+  // NaN or Inf sums in stats.nonfinite (detail::sum_source).
   template <gradient_value T>
   selection_stats select_accumulate_into(std::span<T> out, std::span<const T> e,
                                          std::span<const T> g, const select_context& ctx,
@@ -122,7 +123,11 @@ struct gaussiank {
     check();
     detail::check_index_range("gaussiank", g.size());
     check_k("gaussiank", ctx.k, g.size());
-    return select_from(detail::sum_source<T>{out, e, g}, ctx, indices);
+    bool nonfinite = false;
+    selection_stats st =
+        select_from(detail::accumulating_source(out, e, g, nullptr, &nonfinite), ctx, indices);
+    st.nonfinite = nonfinite;
+    return st;
   }
 
   // The tunables' ranges (and those of the exact fallback); select() and select_accumulate()

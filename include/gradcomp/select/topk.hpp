@@ -93,6 +93,7 @@ bool bracket_pass(const Source& source, abs_key_t<T> lo, abs_key_t<T> hi, bracke
     const std::size_t len = std::min(scan_block, n - i);  // bounded, for the compiler
     hot(src.block(i, len), i, len);
   }
+  src.finish(n);  // nothing left to add; a source may still hold what it gathered (sum_source)
   out.n_sure = ns;
   out.n_cand = nc;
   return true;
@@ -197,7 +198,8 @@ struct topk {
   }
 
   // select() of e + g that writes e + g to `out` and leaves e alone (out may be e itself): the
-  // form a step that must be able to fail without changing the feedback state uses.
+  // form a step that must be able to fail without changing the feedback state uses. Reports
+  // NaN or Inf sums in stats.nonfinite (detail::sum_source).
   template <gradient_value T>
   selection_stats select_accumulate_into(std::span<T> out, std::span<const T> e,
                                          std::span<const T> g, const select_context& ctx,
@@ -207,8 +209,11 @@ struct topk {
     detail::check_index_range("topk", g.size());
     check_k("topk", ctx.k, g.size());
     double energy = 0.0;  // ||e + g||^2, added up as the pass writes the sums
-    selection_stats st = select_from(detail::sum_source<T>{out, e, g, &energy}, ctx.k, indices);
+    bool nonfinite = false;
+    selection_stats st =
+        select_from(detail::accumulating_source(out, e, g, &energy, &nonfinite), ctx.k, indices);
     st.energy = energy;
+    st.nonfinite = nonfinite;
     return st;
   }
 

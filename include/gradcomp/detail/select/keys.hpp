@@ -56,6 +56,10 @@ GRADCOMP_HOST_DEVICE constexpr signed_key_t<T> signed_abs_key(T x) noexcept {
   return static_cast<signed_key_t<T>>(abs_key(x));
 }
 
+// The key of the largest finite T: the keys above it are exactly those of +-Inf and NaN.
+template <class T>
+inline constexpr signed_key_t<T> finite_key_max = signed_abs_key(std::numeric_limits<T>::max());
+
 // |g| of a key, the inverse of abs_key on non-negative values.
 template <class T>
 GRADCOMP_HOST_DEVICE constexpr T key_magnitude(abs_key_t<T> k) noexcept {
