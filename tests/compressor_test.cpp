@@ -116,22 +116,23 @@ double reference_contraction(const std::vector<T>& acc, const payload& p) {
   return static_cast<double>(kept / total);
 }
 
-// A few steps of compressor C from a zero residual: after each, the contraction it reports
-// against the reference on acc = e_before + g (which residual feedback returns in st.e
-// before the update; recomputed here).
+// A few steps of compressor C from a zero state: after each, the contraction it reports
+// against the reference on the vector it selected from, acc (e + g for residual feedback, DGC
+// momentum's v, g itself without feedback), made here by the feedback's own accumulate() on a
+// copy of the state.
 template <class C>
 std::vector<double> check_contraction(C c, const std::vector<float>& g0, double density,
                                       bool measured, bool nan_on_fallback = false) {
   const std::size_t n = g0.size();
   auto st = c.make_state(n);
-  std::vector<float> e(n, 0.0f);
   std::vector<double> seen;
   payload p;
   for (std::uint64_t step = 0; step < 3; ++step) {
     std::vector<float> g = g0;
     for (std::size_t i = 0; i < n; ++i) g[i] *= static_cast<float>(1 + step);
-    std::vector<float> acc(n);
-    for (std::size_t i = 0; i < n; ++i) acc[i] = e[i] + g[i];
+    auto copy = st;
+    const auto acc_span = c.feedback().accumulate(copy, std::span<const float>(g));
+    const std::vector<float> acc(acc_span.begin(), acc_span.end());
     const auto cs = c.compress(g, st, {density, {.seed = 3, .step = step}}, p);
     CAPTURE(step);
     long double total = 0;
@@ -150,7 +151,6 @@ std::vector<double> check_contraction(C c, const std::vector<float>& g0, double 
       CHECK(cs.contraction <= 1.0);
     }
     seen.push_back(cs.contraction);
-    if constexpr (requires { st.e; }) e.assign(st.e.begin(), st.e.end());
   }
   return seen;
 }
@@ -179,8 +179,17 @@ TEST_CASE("compressor: the top-k contraction against a reference, every selector
       check_contraction(compressor<dense, fp16, residual>{}, g, density, true);
       check_contraction(compressor<threshold, identity, residual>(threshold{0.5}), g, density,
                         true);
-      // No pass over e + g that could add it up: top-k on g without feedback.
-      check_contraction(compressor<topk, identity, no_feedback>{}, g, density, false);
+      // Without feedback from the check of g for NaN and Inf; with DGC momentum from its
+      // accumulation of v.
+      check_contraction(compressor<topk, identity, no_feedback>{}, g, density, true);
+      check_contraction(compressor<randomk, identity, no_feedback>{}, g, density, true);
+      check_contraction(compressor<dgc_sampling, identity, no_feedback>{}, g, density, true);
+      check_contraction(compressor<topk, identity, dgc_momentum>{}, g, density, true);
+      check_contraction(compressor<redsync, identity, dgc_momentum>{}, g, density, true);
+      // No pass that reads g without feedback when nothing checks it: not measured.
+      check_contraction(compressor<topk, identity, no_feedback>(topk{}, identity{}, no_feedback{},
+                                                                nonfinite_policy::propagate),
+                        g, density, false);
       // Exact top-k keeps the most energy a selection of k coordinates can keep; at the first
       // step (same accumulated vector) at least as much as random-k's k, and at least k/n.
       if (n > 0 && !std::isnan(top[0])) {

@@ -44,12 +44,13 @@ struct compress_stats {
   // The top-k contraction of this call, delta = ||acc on the selection||^2 / ||acc||^2, acc the
   // vector selected from (e + g under error feedback), before quantization: how much of its
   // energy the selection keeps (GaussianK-SGD's delta; exact top-k maximises it for the count,
-  // and k/n is what a random choice keeps on average). 1 when every coordinate is sent. Both
-  // sums come from passes that read the data anyway: ||acc||^2 from the selector's pass
-  // (selection_stats::energy) or, for residual feedback, from compressor<>'s own e += g; the
-  // selected part from the gather before encoding. NaN where ||acc||^2 was not measured
-  // (without residual feedback, for every selector but Gaussian-k: top-k without feedback,
-  // DGC's momentum feedback) or is 0.
+  // and k/n is what a random choice keeps on average). 1 when every coordinate is sent. The
+  // selected part comes from the gather before encoding, ||acc||^2 from a pass that reads the
+  // data anyway: the selector's own (top-k's fused pass, Gaussian-k's moments), the feedback's
+  // accumulation (residual's e += g, DGC momentum's v += u) or, without feedback (acc = g), the
+  // check of g for NaN and Inf. NaN where no such pass ran (no feedback with
+  // nonfinite_policy::propagate or compress_context::finite_checked, for every selector but
+  // Gaussian-k) or ||acc||^2 is 0.
   double contraction = std::numeric_limits<double>::quiet_NaN();
 };
 
@@ -176,9 +177,15 @@ class compressor {
     // they were until it has finished): no read of g before the step.
     const bool check_before = nonfinite_ == nonfinite_policy::error && !ctx.finite_checked &&
                               !(from != nullptr && checks_in_pass);
-    const select_context sc{checked_k(g, from, to, ctx, check_before), ctx.density, ctx.id};
+    // Without feedback the vector selected from is g: the check's read of it also gives
+    // ||g||^2 for the contraction.
+    double g_energy = std::numeric_limits<double>::quiet_NaN();
+    const select_context sc{
+        checked_k(g, from, to, ctx, check_before, selects_from_g ? &g_energy : nullptr),
+        ctx.density, ctx.id};
     compress_stats stats;
     stats.n = g.size();
+    stats.selection.energy = g_energy;
     detail::stopwatch clock;
     const std::span<const T> acc = accumulate_and_select(g, from, to, sc, out, stats, clock);
     const double kept = encode(acc, ctx.id, out);
@@ -200,8 +207,10 @@ class compressor {
   }
 
   // Every check compress() makes before the state changes; returns the target count k.
+  // With `g_energy`, the finiteness check also puts ||g||^2 there.
   std::size_t checked_k(std::span<const T> g, const state_type* from, state_type& to,
-                        const compress_context& ctx, bool check_finite) const {
+                        const compress_context& ctx, bool check_finite,
+                        double* g_energy) const {
     const std::size_t n = g.size();
     if (n > (std::size_t{1} << 32)) {
       detail::throw_invalid_argument("compressor::compress", "g.size()", n,
@@ -228,9 +237,9 @@ class compressor {
     // settings (threshold's tau, RedSync's interval) must be rejected before that.
     if constexpr (checks_settings<Selector>) selector_.check();
     if (check_finite) {
-      if (const std::size_t bad = detail::find_nonfinite(g); bad != n) {
-        throw_nonfinite(g, {}, ctx.id);
-      }
+      const std::size_t bad =
+          g_energy != nullptr ? detail::first_nonfinite(g, g_energy) : detail::find_nonfinite(g);
+      if (bad != n) throw_nonfinite(g, {}, ctx.id);
     }
     return k;
   }
@@ -284,7 +293,7 @@ class compressor {
       out.indices.swap(picked_);
       acc = e;
     } else {
-      double energy = std::numeric_limits<double>::quiet_NaN();
+      double energy = stats.selection.energy;  // ||g||^2 from the check, or NaN
       bool nonfinite = false;
       acc = accumulate(g, from, to, energy, nonfinite);
       if (refuse && nonfinite) throw_nonfinite(g, acc, sc.id);
@@ -342,8 +351,22 @@ class compressor {
         return e;
       }
     }
+    if constexpr (measures_energy) {
+      energy = 0.0;
+      return feedback_.accumulate_into(from ? *from : to, to, g, &energy);
+    }
     return accumulate(g, from, to);
   }
+
+  // The feedback adds up ||acc||^2 in its own accumulation pass (dgc_momentum): the
+  // four-argument accumulate_into(from, to, g, &energy), with to == from for a step in place.
+  static constexpr bool measures_energy = requires(const Feedback& f, const state_type& from,
+                                                   state_type& to, std::span<const T> g,
+                                                   double* energy) {
+    { f.accumulate_into(from, to, g, energy) } -> std::same_as<std::span<const T>>;
+  };
+  // The vector selected from is g itself.
+  static constexpr bool selects_from_g = std::is_same_v<Feedback, no_feedback>;
 
  public:
   // Whether a staged compress() (from != to) needs no read of g before the step to refuse a NaN

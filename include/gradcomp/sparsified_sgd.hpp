@@ -71,8 +71,8 @@ class sparsified_sgd {
   // One synchronous step on every rank: compress every tensor's gradient, exchange each (or all
   // at once, for an exchange that fuses tensors), hand picks an exchange left out back to the
   // feedback, then params -= lr * update. Sizes and the gradient's finiteness are checked for
-  // all tensors before any state changes (the finiteness by the compressor's own pass where it
-  // can: compressor::checks_in_pass).
+  // all tensors before any state changes (the finiteness by compressor<> itself, per tensor,
+  // into the staged state).
   //
   // A step is all or nothing: when it throws (a bad argument, a peer that failed, an exchange
   // that rejected a payload), the parameters, the velocity, every feedback buffer, the step
@@ -265,9 +265,11 @@ class sparsified_sgd {
     }
   }
 
-  // The compressor refuses a NaN or Inf itself in the pass that writes the staged state
-  // (compressor::checks_in_pass): no read of every gradient before the step is needed.
-  static constexpr bool compressor_checks = requires { requires Compressor::checks_in_pass; };
+  // gradcomp's compressor<> refuses a NaN or Inf itself, per tensor, before the staged state
+  // is kept: in the pass that writes it (compressor::checks_in_pass) or by reading the gradient
+  // first, which also gives ||g||^2 for the contraction where g is what it selects from. Only a
+  // compressor of another kind needs the check of every gradient here.
+  static constexpr bool compressor_checks = requires { Compressor::checks_in_pass; };
 
   void check_gradient(std::span<const T> grads) const {
     check_size("grads.size()", grads.size());

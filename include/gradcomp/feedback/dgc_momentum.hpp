@@ -4,6 +4,7 @@
 // clipping by L2 norm before accumulation.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/energy.hpp>
 #include <gradcomp/feedback/common.hpp>
 
 namespace gradcomp {
@@ -41,10 +43,11 @@ struct dgc_momentum {
   }
 
   // The state after accumulate(from, g), written to `to` with `from` left as it was (to may be
-  // from): to.u = m from.u + g, to.v = from.v + to.u.
+  // from): to.u = m from.u + g, to.v = from.v + to.u. With `energy`, also puts ||to.v||^2
+  // there (the top-k contraction's denominator), from each stretch of v while it is cached.
   template <gradient_value T>
-  std::span<const T> accumulate_into(const state<T>& from, state<T>& to,
-                                     std::span<const T> g) const {
+  std::span<const T> accumulate_into(const state<T>& from, state<T>& to, std::span<const T> g,
+                                     double* energy = nullptr) const {
     check();
     detail::check_feedback_size("dgc_momentum::accumulate", g.size(), from.v.size());
     detail::check_feedback_size("dgc_momentum::accumulate", g.size(), to.v.size());
@@ -61,10 +64,16 @@ struct dgc_momentum {
     T* u = to.u.data();
     T* v = to.v.data();
     const T* gp = g.data();
-    for (std::size_t i = 0, n = g.size(); i < n; ++i) {
-      const T ui = m * u0[i] + scale * gp[i];
-      u[i] = ui;
-      v[i] = v0[i] + ui;
+    const std::size_t n = g.size();
+    if (energy != nullptr) *energy = 0.0;
+    for (std::size_t b = 0; b < n; b += 1024) {
+      const std::size_t end = std::min(n, b + 1024);
+      for (std::size_t i = b; i < end; ++i) {
+        const T ui = m * u0[i] + scale * gp[i];
+        u[i] = ui;
+        v[i] = v0[i] + ui;
+      }
+      if (energy != nullptr) detail::add_squares(v + b, end - b, energy);
     }
     return to.v;
   }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include <gradcomp/error.hpp>
+#include <gradcomp/detail/energy.hpp>
 #include <gradcomp/detail/select/keys.hpp>
 #include <gradcomp/detail/select/scan.hpp>
 #include <gradcomp/detail/simd.hpp>
@@ -27,25 +28,9 @@ namespace gradcomp::detail {
 //   at(i)                the value the pass will see at i, with no side effect (for samples)
 //   block(b, len)        the values of [b, b + len), called once per range in index order
 //   hot_block(b, t)      block(b, scan_block) if it holds a key > t, else null
-//   finish(b)            completes the side effects for [b, n) when a pass stops early
+//   finish(b)            completes the side effects for [b, n): when a pass stops early, and
+//                        (finish(n)) at its end
 //   values()             what holds the values once the pass is done (g, or e = acc)
-
-// The sum of squares of x[0, m) in double, element by element: the exact fallback for a
-// chunk whose squares overflowed T's lanes.
-template <class T>
-inline double squares_in_double(const T* x, std::size_t m) noexcept {
-  double s = 0.0;
-  for (std::size_t i = 0; i < m; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  return s;
-}
-
-// The squares' partial sums of a chunk of sums just written to out, in T lanes, added to
-// *energy in double; a chunk whose lanes overflowed (|x| above about 1.8e19 for float) is
-// summed again in double from out.
-template <class T>
-inline void add_energy(double lanes, const T* out, std::size_t m, double* energy) noexcept {
-  *energy += std::isfinite(lanes) ? lanes : squares_in_double(out, m);
-}
 
 // out[0, len) = e + g (out may be e itself), and whether any of the sums is NaN or Inf (with e
 // finite: g held one, or a sum overflowed). With Energy, also adds the sums' squares to
