@@ -1,6 +1,7 @@
 // The baselines the selectors are measured against, in the same binary so that ratios come
 // from one run: a streaming read (the floor for anything that looks at every element once),
-// a copy (the floor for e += g, which reads two arrays and writes one), and the textbook
+// a copy, e + g streamed into a second buffer (the floor of a staged step, which reads two
+// arrays and writes one), and the textbook
 // exact top-k with std::nth_element or std::partial_sort on a copy of |g|.
 #pragma once
 
@@ -12,6 +13,10 @@
 #include <functional>
 #include <span>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace gradcomp_bench {
 
@@ -40,6 +45,33 @@ inline double sum_abs(std::span<const float> g) {
   double total = static_cast<double>(s[0]) + s[1] + s[2] + s[3];
   for (; i < n; ++i) total += std::fabs(p[i]);
   return total;
+}
+
+// out = e + g with streaming (non-temporal) stores: the memory traffic a staged compression
+// step cannot avoid (read the feedback state and the gradient, write the next state; the
+// library streams that write too, detail/stream_store.hpp). Plain stores where SSE2 or the
+// alignment is missing.
+inline void accumulate_streamed(std::span<const float> e, std::span<const float> g,
+                                std::span<float> out) {
+  typedef float v4 __attribute__((vector_size(16)));
+  const std::size_t n = g.size();
+  std::size_t i = 0;
+#if defined(__SSE2__)
+  for (; i < n && reinterpret_cast<std::uintptr_t>(out.data() + i) % 16 != 0; ++i) {
+    out[i] = e[i] + g[i];
+  }
+  for (; i + 4 <= n; i += 4) {
+    v4 a, b;
+    std::memcpy(&a, e.data() + i, sizeof(a));
+    std::memcpy(&b, g.data() + i, sizeof(b));
+    a += b;
+    __m128 x;
+    std::memcpy(&x, &a, sizeof(x));
+    _mm_stream_ps(out.data() + i, x);
+  }
+  _mm_sfence();
+#endif
+  for (; i < n; ++i) out[i] = e[i] + g[i];
 }
 
 // A plain copy with 16-byte loads and ordinary stores, written out so that the compiler does

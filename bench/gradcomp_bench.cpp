@@ -11,7 +11,7 @@
 //   exchange_local/sparse_allgather/n:<n>/ppm:<ppm>/ranks:<P>  decode + add P payloads, mean
 //   exchange_local/topk_a2a/n:<n>/ppm:<ppm>/ranks:<P>  decode, scatter-add into a shard, copy out
 //   exchange_local/gtopk/n:<n>/ppm:<ppm>/ranks:<P>     the root's merges and output
-//   baseline/{stream_read,copy,memcpy,output_pass}/n:<n>,
+//   baseline/{stream_read,copy,memcpy,output_pass,accumulate}/n:<n>,
 //   baseline/{nth_element,partial_sort}/n:<n>/ppm:<ppm>
 // <dist> is absent for normal input, `_laplace` or `_t3` (Student-t, 3 degrees of freedom) for
 // the heavy-tailed ones. Every benchmark reports bytes_per_second for n * 4 bytes (the
@@ -415,6 +415,22 @@ void bench_output_pass(benchmark::State& state) {
   tally{}.report(state, static_cast<std::int64_t>(n), false);
 }
 
+// The staged step's unavoidable traffic: next = e + g, the two states alternating as in
+// bench_step.
+void bench_accumulate(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto& in = gb::inputs(n, gb::dist::normal);
+  std::vector<float> e(n, 0.25f), next(n, 0.0f);
+  std::size_t it = 0;
+  for (auto _ : state) {
+    gb::accumulate_streamed(e, view(in[it++]), next);
+    e.swap(next);
+    benchmark::DoNotOptimize(e.data());
+    benchmark::ClobberMemory();
+  }
+  tally{}.report(state, static_cast<std::int64_t>(n), false);
+}
+
 void bench_stream_read(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   const auto& in = gb::inputs(static_cast<std::size_t>(n), gb::dist::normal);
@@ -512,6 +528,7 @@ void register_all() {
         add("baseline/copy", bench_copy<false>, n);
         add("baseline/memcpy", bench_copy<true>, n);
         add("baseline/output_pass", bench_output_pass, n);
+        add("baseline/accumulate", bench_accumulate, n);
         add_ppm("baseline/nth_element", bench_textbook_topk<false>, n);
         add_ppm("baseline/partial_sort", bench_textbook_topk<true>, n);
       }

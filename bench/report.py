@@ -84,7 +84,8 @@ def main():
     for (fam, nn, _) in runs:
         if nn == n and fam not in families:
             families.append(fam)
-    order = {"baseline": 0, "select": 1, "select_residual": 2, "step": 3, "quantize": 4}
+    order = {"baseline": 0, "select": 1, "select_residual": 2, "step": 3, "step_in_place": 4,
+             "quantize": 5}
     normal = [f for f in families if not f.endswith(HEAVY)]
     normal.sort(key=lambda f: (order.get(f.split("/")[0], 9), families.index(f)))
 
@@ -142,6 +143,21 @@ def main():
     def ratio(a, b, ppm=1000):
         ta, tb = seconds(runs, a, n, ppm), seconds(runs, b, n, ppm)
         return None if ta is None or tb is None else ta / tb
+
+    floor = seconds(runs, "baseline/accumulate", n, None)
+    steps = [f for f in normal if f.split("/")[0] in ("step", "step_in_place")]
+    if floor and steps:
+        print(f"\nSteps against their memory traffic, n = {n}, ppm = 1000: `baseline/accumulate` "
+              f"(e + g streamed into a second buffer, {floor * 1e3:.2f} ms) is "
+              f"{ratio('baseline/accumulate', 'baseline/stream_read', None):.2f}x "
+              f"`baseline/stream_read` and {ratio('baseline/accumulate', 'baseline/copy', None):.2f}x "
+              f"`baseline/copy`\n")
+        print("| step | time | ratio to `baseline/accumulate` |")
+        print("|---|---|---|")
+        for fam in steps:
+            t = seconds(runs, fam, n, 1000)
+            if t is not None:
+                print(f"| `{fam}` | {t * 1e3:.2f} ms | {t / floor:.2f}x |")
 
     targets = [
         ("`select/topk` at least 20x faster than `baseline/nth_element`",
