@@ -178,8 +178,19 @@ TEST_CASE("predict: each local-work term prices its own kind of work") {
   // Only streamed elements: every exchange writes its n outputs at least once.
   const auto stream = predict(s, link_model{0.0, 0.0, 1.0});
   for (unsigned k = 0; k < exchange_kinds; ++k) CHECK(stream.seconds[k] >= n);
-  CHECK(at(stream, exchange_kind::sparse_allgather) == doctest::Approx(n + 8000.0));
-  CHECK(at(stream, exchange_kind::topk_a2a) == doctest::Approx(1000.0 + n / 8.0 + n));
+  // The allgather's output and TopKA2A's shard: zeroed and divided in place below
+  // detail::stream_min_bytes, two passes; one streamed pass from it.
+  CHECK(at(stream, exchange_kind::sparse_allgather) == doctest::Approx(2.0 * n + 8000.0));
+  CHECK(at(stream, exchange_kind::topk_a2a) == doctest::Approx(1000.0 + 2.0 * n / 8.0 + n));
+  exchange_shape big = s;
+  big.n = std::size_t{1} << 23;  // 32 MiB of floats; its shards of 4 MiB stay below
+  const double nb = static_cast<double>(big.n);
+  const auto streamed = predict(big, link_model{0.0, 0.0, 1.0});
+  CHECK(at(streamed, exchange_kind::sparse_allgather) == doctest::Approx(nb + 8000.0));
+  CHECK(at(streamed, exchange_kind::topk_a2a) == doctest::Approx(1000.0 + 2.0 * nb / 8.0 + nb));
+  big.value_bytes = 8;  // doubles: shards of 8 MiB, streamed too
+  CHECK(at(predict(big, link_model{0.0, 0.0, 1.0}), exchange_kind::topk_a2a) ==
+        doctest::Approx(1000.0 + nb / 8.0 + nb));
   // The terms add up.
   const auto all = predict(s, link_model{1e-5, 1e-9, 1e-10, 3e-9, 2e-8, 5e-9});
   const auto net = predict(s, link_model{1e-5, 1e-9});
@@ -237,7 +248,7 @@ TEST_CASE("per_item: the small vector's costs, the large one's, the line in log2
     s.n = n;
     const double gamma = cost::per_item(stream, n)[0];
     CHECK(predict(s, stream).seconds[static_cast<unsigned>(exchange_kind::sparse_allgather)] ==
-          doctest::Approx(gamma * (static_cast<double>(n) + 400.0)));
+          doctest::Approx(gamma * (2.0 * static_cast<double>(n) + 400.0)));
   }
   // The allgather and TopKA2A add their pairs region by region in the cache: the small vector's
   // scatter cost at every n. gTop-k's and the dense allreduce's pairs land anywhere in the

@@ -15,6 +15,7 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/exchange_common.hpp>
+#include <gradcomp/detail/stream_store.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/exchange/gtopk.hpp>
@@ -140,18 +141,27 @@ inline local_work local_dense_allreduce(const exchange_shape& s) {
   if (s.k >= n) return {3.0 * n, 0.0, 0.0};
   return {n + 2.0 * s.k, s.k, 0.0};
 }
+// The passes detail::rank_order_mean makes over an output of `elements` values: one, streamed
+// out region by region, from detail::stream_min_bytes; below that the output is zeroed and
+// divided in place, two.
+inline double mean_passes(double elements, std::size_t value_bytes) {
+  return elements * static_cast<double>(value_bytes) >=
+                 static_cast<double>(detail::stream_min_bytes)
+             ? 1.0
+             : 2.0;
+}
 // sparse_allgather::combine: the P payloads decoded, their pairs added region by region in the
-// cache, the output written once.
+// cache, the output written (mean_passes).
 inline local_work local_sparse_allgather(const exchange_shape& s) {
   const double n = static_cast<double>(s.n), pk = static_cast<double>(s.ranks) * s.k;
-  return {.elements = n + pk, .cached_pairs = pk};
+  return {.elements = mean_passes(n, s.value_bytes) * n + pk, .cached_pairs = pk};
 }
 // topk_a2a: the own payload decoded into pairs, about k pairs (k / P from each rank) added
-// into the shard region by region in the cache, the shard written once, the gathered mean
-// copied to the output.
+// into the shard region by region in the cache, the shard written (mean_passes), the
+// gathered mean copied to the output.
 inline local_work local_topk_a2a(const exchange_shape& s) {
-  const double n = static_cast<double>(s.n), p = static_cast<double>(s.ranks);
-  return {.elements = s.k + n / p + n, .cached_pairs = s.k};
+  const double n = static_cast<double>(s.n), shard = n / static_cast<double>(s.ranks);
+  return {.elements = s.k + mean_passes(shard, s.value_bytes) * shard + n, .cached_pairs = s.k};
 }
 // gtopk, at the root (the longest path): the own payload decoded, ceil(log2 P) merges of two
 // sets of up to k pairs, the output zeroed and the k global values written, the picks left
