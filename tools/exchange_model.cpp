@@ -9,10 +9,13 @@
 //   exchange_model                     the planning tables only
 //   mpirun -np 4 exchange_model        the tables, then model against measurement
 //   exchange_model --quick             smaller measured tensors, fewer repeats (for tests)
-//   exchange_model --extrapolate ALPHA_US GAMMA_NS [SCATTER_NS MERGE_NS MERGE_LOG_NS]
+//   exchange_model --extrapolate ALPHA_US GAMMA_NS [SCATTER_NS MERGE_NS MERGE_LOG_NS
+//                                [CACHED_SCATTER_NS]]
 //                                      the tables on 25 and 100 Gbit/s links for P = 16 ... 1024
 //                                      with that latency and local-work costs (docs/cluster.md;
-//                                      the last three 0 when left out)
+//                                      SCATTER to MERGE_LOG 0 when left out; CACHED_SCATTER,
+//                                      the cost of a pair added into a cached region, which the
+//                                      allgather and TopKA2A pay, SCATTER when left out)
 //   exchange_model [--no-tables] [--link-only] [--sizes N,N...] [--repeats R]
 //                                      the measured tensor sizes (default 1048576,4194304) and
 //                                      repeats (default 5); --no-tables skips the tables,
@@ -88,10 +91,13 @@ void print_extrapolation(const link_model& calibrated) {
   std::snprintf(n100, sizeof n100, "100 Gbit/s, %.3g us", alpha * 1e6);
   const link_case links[] = {{n25, l25}, {n100, l100}};
   const std::size_t ranks[] = {16, 64, 256, 1024};
-  std::printf("Extrapolation: alpha %.3g us, gamma %.3g ns/element, scatter %.3g ns/pair, merge "
-              "%.3g + %.3g log2(k + 1) ns/pair as calibrated; beta from the link's rate.\n",
-              alpha * 1e6, calibrated.gamma * 1e9, calibrated.scatter * 1e9, calibrated.merge * 1e9,
-              calibrated.merge_log * 1e9);
+  const bool two = calibrated.large_elements > 0;  // scatter_large for pairs at random places
+  std::printf("Extrapolation: alpha %.3g us, gamma %.3g ns/element, scatter %.3g ns/pair",
+              alpha * 1e6, calibrated.gamma * 1e9,
+              (two ? calibrated.scatter_large : calibrated.scatter) * 1e9);
+  if (two) std::printf(" (%.3g into a cached region)", calibrated.scatter * 1e9);
+  std::printf(", merge %.3g + %.3g log2(k + 1) ns/pair as calibrated; beta from the link's rate.\n",
+              calibrated.merge * 1e9, calibrated.merge_log * 1e9);
   print_tables(links, ranks, "network plus the local work");
 }
 
@@ -271,7 +277,7 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: [mpirun -np P] exchange_model [--quick] [--no-tables] [--link-only] [--sizes N,N...] "
       "[--repeats R]\n       exchange_model --extrapolate ALPHA_US GAMMA_NS [SCATTER_NS MERGE_NS "
-      "MERGE_LOG_NS]\n";
+      "MERGE_LOG_NS [CACHED_SCATTER_NS]]\n";
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -282,11 +288,13 @@ int main(int argc, char** argv) {
         tables = false;
       } else if (a == "--link-only") {
         mo.link_only = true;
-      } else if (a == "--extrapolate" && (argc - i - 1 == 2 || argc - i - 1 == 5)) {
-        // --extrapolate ALPHA_US GAMMA_NS [SCATTER_NS MERGE_NS MERGE_LOG_NS]: the tables on 25
-        // and 100 Gbit/s, nothing measured.
-        double v[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
-        for (int j = 0; j < argc - i - 1; ++j) {
+      } else if (a == "--extrapolate" &&
+                 (argc - i - 1 == 2 || argc - i - 1 == 5 || argc - i - 1 == 6)) {
+        // --extrapolate ALPHA_US GAMMA_NS [SCATTER_NS MERGE_NS MERGE_LOG_NS [CACHED_SCATTER_NS]]:
+        // the tables on 25 and 100 Gbit/s, nothing measured.
+        const int given = argc - i - 1;
+        double v[6] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+        for (int j = 0; j < given; ++j) {
           const auto x = whole_number(argv[i + 1 + j], 0.0, HUGE_VAL);
           if (!x) {
             throw std::invalid_argument(std::string("--extrapolate: '") + argv[i + 1 + j] +
@@ -294,8 +302,18 @@ int main(int argc, char** argv) {
           }
           v[j] = *x;
         }
-        print_extrapolation(link_model{v[0] * 1e-6, 0.0, v[1] * 1e-9, v[2] * 1e-9, v[3] * 1e-9,
-                                       v[4] * 1e-9});
+        link_model l{v[0] * 1e-6, 0.0, v[1] * 1e-9, v[2] * 1e-9, v[3] * 1e-9, v[4] * 1e-9};
+        if (given == 6) {
+          // Every tensor of the tables priced at the given (large-vector) costs, the pairs
+          // added into a cached region at CACHED_SCATTER: per_item gives the large costs from
+          // 2 elements on, and cached pairs cost link_model::scatter.
+          l.gamma_large = l.gamma;
+          l.scatter_large = l.scatter;
+          l.scatter = v[5] * 1e-9;
+          l.small_elements = 1;
+          l.large_elements = 2;
+        }
+        print_extrapolation(l);
         return 0;
       } else if (a == "--sizes" && i + 1 < argc) {
         mo.sizes = parse_sizes(argv[++i]);
