@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -265,22 +266,41 @@ TEST_CASE("topk select_accumulate_into: ||e + g||^2 on every path") {
   }
 }
 
-TEST_CASE("sum_into_energy: the sums of sum_into, bit for bit, and their squares' sum") {
-  using gradcomp::detail::sum_into;
-  using gradcomp::detail::sum_into_energy;
+TEST_CASE_TEMPLATE("sum_range: e + g bit for bit with plain and streaming stores, the squares' "
+                   "sum, and the NaN/Inf flag", T, float, double) {
+  using gradcomp::detail::sum_range;
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{1023},
                         std::size_t{1024}, std::size_t{1025}, std::size_t{100003}}) {
     CAPTURE(n);
-    const auto e = gradcomp_test::make_input<double>(gradcomp_test::dist::laplace, n, 4);
-    const auto g = gradcomp_test::make_input<double>(gradcomp_test::dist::student_t2, n, 5);
-    std::vector<double> a(n), b(n);
-    sum_into(a.data(), e.data(), g.data(), n);
+    auto e = gradcomp_test::make_input<T>(gradcomp_test::dist::laplace, n, 4);
+    auto g = gradcomp_test::make_input<T>(gradcomp_test::dist::student_t2, n, 5);
+    std::vector<T> ref(n), a(n), b(n + 2), c(n);
+    for (std::size_t i = 0; i < n; ++i) ref[i] = e[i] + g[i];
+    // b's data is 16-byte aligned (operator new), as streaming needs.
+    CHECK_FALSE(sum_range<T, false>(a.data(), e.data(), g.data(), n, nullptr));
     double energy = 0.25;  // adds to what is there
-    sum_into_energy(b.data(), e.data(), g.data(), n, &energy);
-    CHECK(a == b);
-    long double ref = 0.25L;
-    for (const double x : a) ref += static_cast<long double>(x) * x;
-    CHECK(energy == doctest::Approx(static_cast<double>(ref)).epsilon(1e-12));
+    CHECK_FALSE(sum_range<T, true, true>(b.data(), e.data(), g.data(), n, &energy));
+    CHECK(a == ref);
+    CHECK(std::equal(ref.begin(), ref.end(), b.begin()));
+    long double want = 0.25L;
+    for (const T x : ref) want += static_cast<long double>(x) * x;
+    CHECK(energy == doctest::Approx(static_cast<double>(want)).epsilon(1e-6));
+    if (n == 0) continue;
+    // A NaN, an Inf, or a sum that overflows is flagged, wherever it is.
+    for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+      for (int kind = 0; kind < 3; ++kind) {
+        CAPTURE(at);
+        CAPTURE(kind);
+        auto e2 = e;
+        auto g2 = g;
+        if (kind == 0) g2[at] = std::numeric_limits<T>::quiet_NaN();
+        if (kind == 1) g2[at] = -std::numeric_limits<T>::infinity();
+        if (kind == 2) e2[at] = g2[at] = std::numeric_limits<T>::max();
+        CHECK(sum_range<T, false>(c.data(), e2.data(), g2.data(), n, nullptr));
+        double en = 0.0;
+        CHECK(sum_range<T, true, true>(b.data(), e2.data(), g2.data(), n, &en));
+      }
+    }
   }
 }
 
@@ -415,4 +435,45 @@ TEST_CASE("compressor: a staged step with nonfinite_policy::propagate sends NaN,
   REQUIRE(p.count >= 1);
   CHECK(p.indices.front() <= 12345);
   CHECK(std::find(p.indices.begin(), p.indices.end(), 12345u) != p.indices.end());
+}
+
+namespace {
+
+// Fuses e += g into its pass like topk, but does not declare flags_nonfinite and never reports
+// a NaN: compressor<> must read g first in a staged step, as before selectors could flag them.
+struct quiet_topk {
+  topk inner;
+  template <gradient_value T>
+  selection_stats select(std::span<const T> g, const select_context& ctx,
+                         std::vector<std::uint32_t>& idx) {
+    return inner.select(g, ctx, idx);
+  }
+  template <gradient_value T>
+  selection_stats select_accumulate_into(std::span<T> out, std::span<const T> e,
+                                         std::span<const T> g, const select_context& ctx,
+                                         std::vector<std::uint32_t>& idx) {
+    selection_stats st = inner.select_accumulate_into(out, e, g, ctx, idx);
+    st.nonfinite = false;
+    return st;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("compressor: a fused selector that does not flag NaN gets the check before the step") {
+  using C = compressor<quiet_topk, identity, residual>;
+  static_assert(!C::checks_in_pass);
+  static_assert(compressor<topk, identity, residual>::checks_in_pass);
+  C c;
+  const std::size_t n = 4099;
+  auto from = c.make_state(n);
+  auto to = c.make_state(n);
+  auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::normal, n, 3);
+  payload p;
+  c.compress(g, std::as_const(from), to, {0.01, call_id{}}, p);
+  std::swap(from, to);
+  const auto before = from.e;
+  g[77] = NAN;
+  CHECK_THROWS_AS(c.compress(g, std::as_const(from), to, {0.01, call_id{}}, p), nonfinite_error);
+  CHECK(from.e == before);
 }

@@ -107,7 +107,7 @@ class compressor {
   // rejected by the selector's check() throws and leaves st as it was. An exception from
   // inside a policy's work (bad_alloc, a custom selector that throws) leaves st valid but
   // holding the accumulated gradient, and so does an accumulated value that overflows to Inf
-  // (e + g of two finite values), which is refused once the pass that adds them finds it.
+  // (e + g of two finite values), which residual feedback's pass finds and refuses afterwards.
   compress_stats compress(std::span<const T> g, state_type& st, const compress_context& ctx,
                           payload& out) {
     return compress_staged(g, nullptr, st, ctx, out);
@@ -120,9 +120,10 @@ class compressor {
   // changes nothing or everything. With a feedback that stages_accumulation (residual,
   // dgc_momentum, no_feedback) this costs no more than compress() (the accumulation writes `to`
   // instead of `from`); any other feedback's state is copied first. With residual feedback it
-  // costs less (checks_in_pass): the pass that writes `to` also refuses a NaN or Inf in g, so g
-  // is not read once more before it, and a large `to` is written with streaming stores.
-  // Refused for any reason, it leaves `from` and `out` as they were.
+  // costs less (checks_in_pass): the pass that writes `to` also refuses a NaN or Inf in g (or
+  // an e + g that overflows), so g is not read once more before it, and a large `to` is
+  // written with streaming stores. Refused for a bad argument or a non-finite value, it leaves
+  // `from` and `out` as they were.
   compress_stats compress(std::span<const T> g, const state_type& from, state_type& to,
                           const compress_context& ctx, payload& out) {
     if (&from == &to) return compress_staged(g, nullptr, to, ctx, out);
@@ -287,7 +288,6 @@ class compressor {
       const std::span<const T> e_from = from ? feedback_.in_place_accumulator(*from) : e;
       // Into scratch, so that a step refused for a non-finite sum leaves `out` as it was.
       stats.selection = selector_.select_accumulate_into(e, e_from, g, sc, picked_);
-      detail::stream_fence();
       if (refuse && stats.selection.nonfinite) throw_nonfinite(g, e, sc.id);
       start_payload(out, g.size(), index_layout::sparse);
       out.indices.swap(picked_);
@@ -370,10 +370,11 @@ class compressor {
 
  public:
   // Whether a staged compress() (from != to) needs no read of g before the step to refuse a NaN
-  // or Inf: the pass that writes the second buffer finds it (residual feedback, fused into the
-  // selector or not). A driver that checks every tensor at once before compressing any
-  // (sparsified_sgd) can leave the check to compress() then.
-  static constexpr bool checks_in_pass = fused || accumulates_in_place;
+  // or Inf: the pass that writes the second buffer finds it (residual feedback, fused into a
+  // selector that flags_nonfinite, or compressor<>'s own e += g). Either way compress()
+  // refuses them itself unless told finite_checked.
+  static constexpr bool checks_in_pass =
+      fused ? flags_nonfinite<Selector> : accumulates_in_place;
 
  private:
 

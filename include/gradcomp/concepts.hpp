@@ -242,6 +242,13 @@ concept fuses_accumulation =
       { s.select_accumulate_into(out, e, g, ctx, idx) } -> std::same_as<selection_stats>;
     };
 
+// Optional, with fuses_accumulation: the selector's select_accumulate_into sets
+// selection_stats::nonfinite when e + g holds a NaN or Inf (topk, gaussiank declare
+// `static constexpr bool flags_nonfinite = true`). compressor<> then leaves a staged step's
+// check for NaN and Inf to that pass instead of reading g first.
+template <class S>
+concept flags_nonfinite = requires { requires S::flags_nonfinite; };
+
 // Feedback: `restore(state&, indices, values) const` takes back picks that an exchange left
 // out (residual, dgc_momentum), so that they are sent later instead of lost.
 template <class F, class T = float>

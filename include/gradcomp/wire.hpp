@@ -321,6 +321,17 @@ inline void encode_wire(const payload& p, std::vector<std::byte>& out) {
 // Decodes the payload at the start of bytes (a stream of concatenated payloads may follow)
 // into out, reusing its capacity; returns the bytes consumed. Strong guarantee: on
 // payload_error (or bad_alloc) out is unchanged.
+namespace detail {
+
+// The count field of the payload at the front of `bytes` (0 when they are shorter than a
+// header), read without checking anything else: a hint for sizing, never trusted for access.
+inline std::size_t wire_count(std::span<const std::byte> bytes) {
+  if (bytes.size() < wire_header_bytes) return 0;
+  return load_le32(bytes.data() + 24);
+}
+
+}  // namespace detail
+
 inline std::size_t decode_wire(std::span<const std::byte> bytes, payload& out) {
   const detail::wire_view v = detail::parse_wire(bytes, /*exact=*/false);
   detail::assign_wire(v, out);

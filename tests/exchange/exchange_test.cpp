@@ -183,13 +183,17 @@ TEST_CASE("a payload for a tensor of another size fails on every rank") {
 
 TEST_CASE("sparse_allgather::combine: the reference mean from wire blocks; bad counts change nothing") {
   // combine() is the exchange's local work on its own (what gradcomp_bench measures): P
-  // payloads' wire bytes in rank order give the reference mean, bit for bit.
+  // payloads' wire bytes in rank order give the reference mean, bit for bit. At density 0.05
+  // the ranks' values fit in the output's size (region by region); at 0.5 and 3 or 16 ranks
+  // they do not (each block decoded and added in turn).
   compressor<topk, qsgd, residual> proto(topk{}, qsgd::with_bits(4));
+  for (const double density : {0.05, 0.5})
   for (int ranks : {1, 3, 16}) {
     // Up to an output beyond the streaming-store size (detail::rank_order_mean streams it).
     for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{4099},
                           (std::size_t{1} << 21) + 5}) {
-      if (n > 4099 && ranks > 3) continue;
+      if (n > 4099 && (ranks > 3 || density > 0.1)) continue;
+      CAPTURE(density);
       CAPTURE(ranks);
       CAPTURE(n);
       std::vector<std::byte> blocks;
@@ -197,7 +201,7 @@ TEST_CASE("sparse_allgather::combine: the reference mean from wire blocks; bad c
       for (int r = 0; r < ranks; ++r) {
         auto c = proto;
         std::vector<std::byte> one;
-        encode_wire(compress_for_rank(c, r, n, 0.05, 0), one);
+        encode_wire(compress_for_rank(c, r, n, density, 0), one);
         blocks.insert(blocks.end(), one.begin(), one.end());
         counts.push_back(one.size());
       }
@@ -205,7 +209,7 @@ TEST_CASE("sparse_allgather::combine: the reference mean from wire blocks; bad c
       std::vector<float> out(n, 7.0f);
       x.combine(proto, std::span<const std::byte>(blocks), std::span<const std::size_t>(counts),
                 std::span<float>(out));
-      const auto ref = reference_mean(proto, ranks, n, 0.05);
+      const auto ref = reference_mean(proto, ranks, n, density);
       for (std::size_t i = 0; i < n; ++i) {
         REQUIRE(std::bit_cast<std::uint32_t>(out[i]) == std::bit_cast<std::uint32_t>(ref[i]));
       }
@@ -231,9 +235,24 @@ TEST_CASE("sparse_allgather::combine: the reference mean from wire blocks; bad c
                                 std::span<const std::size_t>(), std::span<float>(out)),
                       invalid_argument);
       CHECK(out == before);
-      // The last rank's payload malformed (its second index repeats its first): refused,
-      // naming the rank, before any rank's values reach out.
+      // The last rank's payload malformed (its second index repeats its first, or its first
+      // 4-bit code is 15, more than QSGD's 7 levels allow): refused, naming the rank, before
+      // any rank's values reach out.
       if (n > 1) {
+        auto bad_code = blocks;
+        const std::size_t last_block = blocks.size() - counts.back();
+        const payload lastp = decode_wire(std::span<const std::byte>(blocks).subspan(last_block));
+        const std::size_t values_at = last_block + wire_header_bytes + 4 * lastp.indices.size() +
+                                      4 * lastp.side.size();
+        bad_code[values_at] |= std::byte{0x0f};
+        try {
+          x.combine(proto, std::span<const std::byte>(bad_code), std::span<const std::size_t>(counts),
+                    std::span<float>(out));
+          FAIL("no exception");
+        } catch (const payload_error& e) {
+          CHECK(std::string(e.what()).find(detail::concat("rank ", ranks - 1)) != std::string::npos);
+        }
+        CHECK(out == before);
         auto bad = blocks;
         const std::size_t last = blocks.size() - counts.back();
         std::memcpy(bad.data() + last + wire_header_bytes + 4, bad.data() + last + wire_header_bytes, 4);

@@ -82,56 +82,99 @@ class sparse_allgather {
                                          blocks.size(), " bytes received"));
     }
     // Every block is decoded and validated before out is written: a malformed one changes
-    // nothing.
+    // nothing. While the ranks' values together are no more than the output holds, all of them
+    // are kept and added region by region (detail::rank_order_mean); beyond that (dense
+    // payloads, or high densities at many ranks) keeping them would cost up to P times the
+    // output, so each block is decoded a second time and added into out in turn, the
+    // textbook way, with the same additions in the same order.
     const std::size_t ranks = counts.size();
-    if (received_.size() < ranks) received_.resize(ranks);
-    if (values_.size() < ranks) values_.resize(ranks);
+    std::size_t values = 0;
+    for (std::size_t r = 0, at = 0; r < ranks; at += counts[r], ++r) {
+      values += detail::wire_count(blocks.subspan(at, counts[r]));
+    }
+    const bool by_region = values <= out.size();
+    if (by_region && received_.size() < ranks) received_.resize(ranks);
+    values_.resize(by_region ? values : 0);
     runs_.resize(ranks);
     std::size_t offset = 0;
+    std::size_t stored = 0;
     for (std::size_t r = 0; r < ranks; ++r) {
-      const auto block = blocks.subspan(offset, counts[r]);
+      payload& p = by_region ? received_[r] : one_;
+      decode_block(blocks.subspan(offset, counts[r]), r, out.size(), p);
       offset += counts[r];
-      payload& p = received_[r];
-      std::size_t used = 0;
-      try {
-        used = decode_wire(block, p);
-        validate_indices("sparse_allgather::combine", p);
-      } catch (const payload_error& e) {
-        // Every rank decodes every block, so every rank throws this, naming the sender.
-        throw payload_error(detail::concat("gradcomp::sparse_allgather: the payload of rank ", r,
-                                           " is not one this build can read: ", e.what()));
+      if (!by_region) {  // its values decoded once here only to be refused before out changes
+        values_.resize(p.count);
+        decode_values(c, p, r, std::span<float>(values_));
+        continue;
       }
-      if (used != block.size()) {
-        throw payload_error(detail::concat("gradcomp::sparse_allgather: rank ", r, " sent ",
-                                           block.size(), " bytes, more than one payload"));
-      }
-      if (p.dense_size != out.size()) {
-        throw communicator_error(detail::concat(
-            "gradcomp::sparse_allgather: rank ", r, " sent a payload for a tensor of ",
-            p.dense_size, " elements; this rank's tensor has ", out.size()));
-      }
-      values_[r].resize(p.count);
-      try {
-        c.decode_values(p, values_[r]);
-      } catch (const payload_error& e) {
-        throw payload_error(detail::concat("gradcomp::sparse_allgather: the payload of rank ", r,
-                                           " does not decode: ", e.what()));
-      }
-      runs_[r] = {p.indices.data(), values_[r].data(), p.count, p.layout == index_layout::dense};
+      // wire_count read the same header field that decode_wire accepted.
+      detail::check_invariant(p.count <= values - stored, "sparse_allgather: counts as peeked");
+      float* v = values_.data() + stored;
+      decode_values(c, p, r, std::span<float>(v, p.count));
+      runs_[r] = {p.indices.data(), v, p.count, p.layout == index_layout::dense};
+      stored += p.count;
     }
-    detail::rank_order_mean<T>(out, 0, std::span<const detail::rank_values>(runs_), cursor_);
+    if (by_region) {
+      detail::rank_order_mean<T>(out, 0, std::span<const detail::rank_values>(runs_), cursor_);
+      return;
+    }
+    std::fill(out.begin(), out.end(), T(0));
+    offset = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      decode_block(blocks.subspan(offset, counts[r]), r, out.size(), one_);
+      offset += counts[r];
+      c.decompress(one_, out, decompress_mode::accumulate);
+    }
+    const T divisor = static_cast<T>(ranks);
+    for (T& x : out) x /= divisor;
   }
 
  private:
   std::vector<std::byte> send_;
   std::vector<std::byte> recv_;
   std::vector<std::size_t> counts_;
-  // combine()'s scratch, kept between calls: every rank's payload and its decoded values (all
-  // of them are decoded before the mean is written), and the mean's cursors.
+  // combine()'s scratch, kept between calls: every rank's payload (as many bytes as recv_) and
+  // their decoded values (at most the output's size), or one payload at a time; the mean's
+  // runs and cursors.
   std::vector<payload> received_;
-  std::vector<std::vector<float>> values_;
+  payload one_;
+  std::vector<float> values_;
   std::vector<detail::rank_values> runs_;
   std::vector<std::size_t> cursor_;
+
+  // Rank r's block into p, refused (naming the rank) unless it holds exactly one valid payload
+  // for a tensor of n elements.
+  static void decode_block(std::span<const std::byte> block, std::size_t r, std::size_t n,
+                           payload& p) {
+    std::size_t used = 0;
+    try {
+      used = decode_wire(block, p);
+      validate_indices("sparse_allgather::combine", p);
+    } catch (const payload_error& e) {
+      // Every rank decodes every block, so every rank throws this, naming the sender.
+      throw payload_error(detail::concat("gradcomp::sparse_allgather: the payload of rank ", r,
+                                         " is not one this build can read: ", e.what()));
+    }
+    if (used != block.size()) {
+      throw payload_error(detail::concat("gradcomp::sparse_allgather: rank ", r, " sent ",
+                                         block.size(), " bytes, more than one payload"));
+    }
+    if (p.dense_size != n) {
+      throw communicator_error(detail::concat(
+          "gradcomp::sparse_allgather: rank ", r, " sent a payload for a tensor of ",
+          p.dense_size, " elements; this rank's tensor has ", n));
+    }
+  }
+  template <class Compressor>
+  static void decode_values(const Compressor& c, const payload& p, std::size_t r,
+                            std::span<float> out) {
+    try {
+      c.decode_values(p, out);
+    } catch (const payload_error& e) {
+      throw payload_error(detail::concat("gradcomp::sparse_allgather: the payload of rank ", r,
+                                         " does not decode: ", e.what()));
+    }
+  }
 };
 
 static_assert(exchange<sparse_allgather, archetypes::compressor<false>, archetypes::communicator>);

@@ -86,6 +86,8 @@ struct gaussiank {
   double collect_margin = 0.05;
   topk exact{};  // exact Top-k: cap_at_k, non-finite input, the default form's last resort
   detail::select_scratch scratch{};  // reused between calls; not copied
+  // select_accumulate_into reports a NaN or Inf in e + g (selection_stats::nonfinite).
+  static constexpr bool flags_nonfinite = true;
 
   // The GaussianK-SGD paper's algorithm (until_in_band = false), as its measurements used it.
   static gaussiank published() {
@@ -127,6 +129,7 @@ struct gaussiank {
     selection_stats st =
         select_from(detail::accumulating_source(out, e, g, nullptr, &nonfinite), ctx, indices);
     st.nonfinite = nonfinite;
+    detail::stream_fence();  // `out` may have been written with streaming stores
     return st;
   }
 

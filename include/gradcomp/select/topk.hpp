@@ -178,6 +178,8 @@ struct topk {
   std::size_t heap_max_k = 64;
   topk_method method = topk_method::automatic;
   detail::select_scratch scratch{};  // reused between calls; not copied
+  // select_accumulate_into reports a NaN or Inf in e + g (selection_stats::nonfinite).
+  static constexpr bool flags_nonfinite = true;
 
   template <gradient_value T>
   selection_stats select(std::span<const T> g, const select_context& ctx,
@@ -214,6 +216,7 @@ struct topk {
         select_from(detail::accumulating_source(out, e, g, &energy, &nonfinite), ctx.k, indices);
     st.energy = energy;
     st.nonfinite = nonfinite;
+    detail::stream_fence();  // `out` may have been written with streaming stores
     return st;
   }
 

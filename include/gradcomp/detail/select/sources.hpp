@@ -100,20 +100,6 @@ inline bool sum_range(T* out, const T* e, const T* g, std::size_t len,
   return bad;
 }
 
-// sum_range with its squares' sum, plain stores, the flag dropped: e += g as residual feedback's
-// unfused accumulation does it.
-template <class T>
-inline void sum_into_energy(T* out, const T* e, const T* g, std::size_t len,
-                            double* energy) noexcept {
-  (void)sum_range<T, true>(out, e, g, len, energy);
-}
-
-// out[i] = e[i] + g[i] for i < len (out may be e itself: e += g).
-template <class T>
-inline void sum_into(T* out, const T* e, const T* g, std::size_t len) noexcept {
-  (void)sum_range<T, false>(out, e, g, len, nullptr);
-}
-
 // Where sum_source gathers the squares of the blocks it sums: 16-byte lanes of T (one T
 // without vector extensions), moved to double every 256 values.
 #if GRADCOMP_VECTOR_EXTENSIONS
@@ -224,7 +210,9 @@ struct sum_source {
   // hot_block's squares since they last moved to *energy, for the blocks [from, to): a
   // conversion to double and an add through `energy` per block of 32 cost more than the pass's
   // memory traffic once the step streams its output.
-  mutable square_lanes<T> squares = {};
+  // (Kept as T values, not as a vector type, so that the struct has one layout in every
+  // translation unit, with or without vector extensions: nvcc builds have none.)
+  alignas(16) mutable T squares[16 / sizeof(T)] = {};
   mutable std::size_t squares_from = 0;
   mutable std::size_t squares_to = 0;
 
@@ -251,8 +239,11 @@ struct sum_source {
     bool hot;
     if (energy != nullptr) {
       if (b != squares_to) flush_squares(b);
-      hot = stream ? sum_block_any_above<T, true, true>(o, copy, ep, gp, tt, &squares)
-                   : sum_block_any_above<T, true>(o, copy, ep, gp, tt, &squares);
+      square_lanes<T> q;
+      std::memcpy(&q, squares, sizeof(q));
+      hot = stream ? sum_block_any_above<T, true, true>(o, copy, ep, gp, tt, &q)
+                   : sum_block_any_above<T, true>(o, copy, ep, gp, tt, &q);
+      std::memcpy(squares, &q, sizeof(q));
       squares_to = b + scan_block;
       if (squares_to - squares_from >= 256) flush_squares(squares_to);
     } else {
@@ -284,15 +275,11 @@ struct sum_source {
   void flush_squares(std::size_t next = 0) const noexcept {
     if (squares_to > squares_from) {
       double lanes = 0.0;
-#if GRADCOMP_VECTOR_EXTENSIONS
-      for (std::size_t j = 0; j < 16 / sizeof(T); ++j) lanes += static_cast<double>(squares[j]);
-#else
-      lanes = static_cast<double>(squares);
-#endif
+      for (const T x : squares) lanes += static_cast<double>(x);
       add_energy(lanes, static_cast<const T*>(out.data() + squares_from), squares_to - squares_from,
                  energy);
     }
-    squares = square_lanes<T>{};
+    for (T& x : squares) x = T(0);
     squares_from = squares_to = next;
   }
   void flag(bool bad) const noexcept {
