@@ -239,31 +239,26 @@ TEST_CASE("sparse_allgather::combine: the reference mean from wire blocks; bad c
       // 4-bit code is 15, more than QSGD's 7 levels allow): refused, naming the rank, before
       // any rank's values reach out.
       if (n > 1) {
-        auto bad_code = blocks;
-        const std::size_t last_block = blocks.size() - counts.back();
-        const payload lastp = decode_wire(std::span<const std::byte>(blocks).subspan(last_block));
-        const std::size_t values_at = last_block + wire_header_bytes + 4 * lastp.indices.size() +
-                                      4 * lastp.side.size();
-        bad_code[values_at] |= std::byte{0x0f};
-        try {
-          x.combine(proto, std::span<const std::byte>(bad_code), std::span<const std::size_t>(counts),
-                    std::span<float>(out));
-          FAIL("no exception");
-        } catch (const payload_error& e) {
-          CHECK(std::string(e.what()).find(detail::concat("rank ", ranks - 1)) != std::string::npos);
-        }
-        CHECK(out == before);
-        auto bad = blocks;
+        // Refused, naming the last rank, with out unchanged.
+        auto refused = [&](const std::vector<std::byte>& bytes) {
+          try {
+            x.combine(proto, std::span<const std::byte>(bytes),
+                      std::span<const std::size_t>(counts), std::span<float>(out));
+            FAIL("no exception");
+          } catch (const payload_error& e) {
+            CHECK(std::string(e.what()).find(detail::concat("rank ", ranks - 1)) != std::string::npos);
+          }
+          CHECK(out == before);
+        };
         const std::size_t last = blocks.size() - counts.back();
+        const payload lastp = decode_wire(std::span<const std::byte>(blocks).subspan(last));
+        auto bad_code = blocks;
+        bad_code[last + wire_header_bytes + 4 * lastp.indices.size() + 4 * lastp.side.size()] |=
+            std::byte{0x0f};
+        refused(bad_code);
+        auto bad = blocks;
         std::memcpy(bad.data() + last + wire_header_bytes + 4, bad.data() + last + wire_header_bytes, 4);
-        try {
-          x.combine(proto, std::span<const std::byte>(bad), std::span<const std::size_t>(counts),
-                    std::span<float>(out));
-          FAIL("no exception");
-        } catch (const payload_error& e) {
-          CHECK(std::string(e.what()).find(detail::concat("rank ", ranks - 1)) != std::string::npos);
-        }
-        CHECK(out == before);
+        refused(bad);
       }
     }
   }
