@@ -298,8 +298,8 @@ class sparsified_sgd {
   }
 
   compress_context context_for(std::size_t t, double rho) const {
-    // The gradient's finiteness was checked for all tensors at once (check_gradient), unless the
-    // compressor checks it in its pass.
+    // The gradient's finiteness was checked for all tensors at once (check_gradient), unless
+    // the compressor is gradcomp's, which checks each tensor itself (compressor_checks).
     const bool finite_checked =
         !compressor_checks && compressor_.nonfinite() == nonfinite_policy::error;
     return compress_context{rho, call_id{opt_.seed, step_, tensors_[t].id, rank_id()}, finite_checked};

@@ -221,8 +221,7 @@ struct sum_source {
   const T* block(std::size_t b, std::size_t len) const noexcept {
     if (stream && len <= scan_block) {
       flush_squares();
-      flag(energy != nullptr ? sum_range<T, true>(copy, e.data() + b, g.data() + b, len, energy)
-                             : sum_range<T, false>(copy, e.data() + b, g.data() + b, len, nullptr));
+      sum_to<false>(copy, b, len);
       stream_copy(out.data() + b, static_cast<const T*>(copy), len);
       return copy;
     }
@@ -259,16 +258,21 @@ struct sum_source {
   void add(std::size_t b, std::size_t len) const noexcept {
     flush_squares();
     T* o = out.data() + b;
-    const T* ep = e.data() + b;
-    const T* gp = g.data() + b;
     // Streaming needs o 16-byte aligned: every b a pass calls with is a multiple of scan_block.
     if (stream && stream_aligned(o)) {
-      flag(energy != nullptr ? sum_range<T, true, true>(o, ep, gp, len, energy)
-                             : sum_range<T, false, true>(o, ep, gp, len, nullptr));
+      sum_to<true>(o, b, len);
     } else {
-      flag(energy != nullptr ? sum_range<T, true>(o, ep, gp, len, energy)
-                             : sum_range<T, false>(o, ep, gp, len, nullptr));
+      sum_to<false>(o, b, len);
     }
+  }
+  // dst[0, len) = e + g over [b, b + len), its squares added to *energy where that is set, a
+  // NaN or Inf flagged.
+  template <bool Stream>
+  void sum_to(T* dst, std::size_t b, std::size_t len) const noexcept {
+    const T* ep = e.data() + b;
+    const T* gp = g.data() + b;
+    flag(energy != nullptr ? sum_range<T, true, Stream>(dst, ep, gp, len, energy)
+                           : sum_range<T, false, Stream>(dst, ep, gp, len, nullptr));
   }
   // Moves the gathered squares to *energy (summed again in double from out where they
   // overflowed T) and starts gathering at `next`.
