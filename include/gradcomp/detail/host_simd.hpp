@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/detail/bitpack.hpp>
@@ -181,6 +182,33 @@ typedef std::uint8_t u8x4 __attribute__((vector_size(4)));
 typedef std::uint8_t u8x2 __attribute__((vector_size(2)));
 typedef std::uint64_t u64x4 __attribute__((vector_size(32)));
 
+// The per-value arithmetic below (the codecs' codes and values, and the random draw) is
+// written for lane vectors of any width: N = 16 is the chunk, N = 8 half of it. The AVX2 path
+// computes each chunk as two halves (split_chunks): GCC 12 lowers the conditional selects of a
+// 64-byte vector to pieces and element moves on AVX2, which made the AVX2 encoders of bf16,
+// QSGD and TernGrad slower than the portable loop; a 32-byte half is one register there.
+template <std::size_t N>
+struct lane_types {
+  typedef float f __attribute__((vector_size(4 * N)));
+  typedef std::uint32_t u __attribute__((vector_size(4 * N)));
+  typedef std::int32_t i __attribute__((vector_size(4 * N)));
+  typedef std::uint64_t u64 __attribute__((vector_size(8 * N)));
+};
+// The lane types of vectors with as many 4-byte lanes as V.
+template <class V>
+using lanes_like = lane_types<sizeof(V) / 4>;
+typedef lane_types<8>::f f32h;
+typedef lane_types<8>::u u32h;
+
+// {1, 2, ..., lanes of V} as a V (a constant, not a function: a wide vector returned by
+// value has an ABI that depends on the instruction set).
+template <class V, class Lanes>
+struct one_based_lanes;
+template <class V, std::size_t... J>
+struct one_based_lanes<V, std::index_sequence<J...>> {
+  static constexpr V value{static_cast<std::remove_cvref_t<decltype(V{}[0])>>(J + 1)...};
+};
+
 inline constexpr std::size_t width = 16;
 
 template <class V>
@@ -229,6 +257,34 @@ template <class V>
   }
 }
 
+// pack() for the paths that split chunks (split_chunks): codes below 8 bits are shifted to
+// their place in a 32-bit word, 8 codes to a word, and each word's 8 lanes are ORed together,
+// which stays in AVX2 registers; pack()'s narrowing to bytes does not (GCC 12 moves each
+// byte through a general register there). Same bytes as pack().
+[[gnu::always_inline]] inline void pack_halves(std::byte* out, const u32& codes, unsigned bits) {
+  if (bits >= 8) {
+    pack(out, codes, bits);
+    return;
+  }
+  u32h lo, hi;
+  std::memcpy(&lo, &codes, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&codes) + sizeof lo, sizeof hi);
+  const u32h shifts = u32h{0, 1, 2, 3, 4, 5, 6, 7} * bits;
+  auto or_lanes = [](const u32h& v) {
+    const u32x4 q = __builtin_shufflevector(v, v, 0, 1, 2, 3) | __builtin_shufflevector(v, v, 4, 5, 6, 7);
+    const u32x4 r = q | __builtin_shufflevector(q, q, 2, 3, 0, 1);
+    return static_cast<std::uint32_t>((r | __builtin_shufflevector(r, r, 1, 0, 3, 2))[0]);
+  };
+  // Codes 0-7 fill bits [0, 8 bits), codes 8-15 the next 8 bits; little-endian bytes.
+  const std::uint64_t w = static_cast<std::uint64_t>(or_lanes(lo << shifts)) |
+                          (static_cast<std::uint64_t>(or_lanes(hi << shifts)) << (8 * bits));
+  switch (bits) {  // 2 * bits bytes, in sizes the compiler can see
+    case 4: std::memcpy(out, &w, 8); break;
+    case 2: std::memcpy(out, &w, 4); break;
+    default: std::memcpy(out, &w, 2); break;  // 1
+  }
+}
+
 // The 16 codes of the 2 * bits bytes at in (bits in {1, 2, 4, 8, 16}); reads only those.
 [[gnu::always_inline]] inline void unpack(const std::byte* in, unsigned bits, u32& codes) {
   if (bits == 16) {
@@ -253,108 +309,133 @@ template <class V>
   codes = __builtin_convertvector((u64{} + w) >> shifts, u32) & ((1u << bits) - 1u);
 }
 
-// counter_rng::uniform(i) for i = first .. first + 15 (detail/random.hpp): the same mix64,
-// lane by lane.
-[[gnu::always_inline]] inline void uniform(std::uint64_t key, std::uint64_t first, f32& u) {
+// counter_rng::uniform(i) for i = first .. first + lanes - 1 (detail/random.hpp): the same
+// mix64, lane by lane.
+template <class F>
+[[gnu::always_inline]] inline void uniform(std::uint64_t key, std::uint64_t first, F& u) {
+  using U64 = typename lanes_like<F>::u64;
+  using I = typename lanes_like<F>::i;
   // key + (first + j) * c modulo 2^64, as key + first * c + j * c: one multiply per chunk.
   constexpr std::uint64_t c = 0x9e3779b97f4a7c15ULL;
-  constexpr u64 steps = u64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16} * c;
-  u64 z = (key + first * c) + steps;
+  constexpr U64 steps =
+      one_based_lanes<U64, std::make_index_sequence<sizeof(F) / 4>>::value * c;
+  U64 z = (key + first * c) + steps;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   // mix64 ends with z ^ (z >> 31), whose top 24 bits are z's own: (z >> 31) >> 40 is 0.
-  const i32 top24 = __builtin_convertvector(z >> 40, i32);  // < 2^24: exact in float
-  u = __builtin_convertvector(top24, f32) * 0x1.0p-24f;
+  const I top24 = __builtin_convertvector(z >> 40, I);  // < 2^24: exact in float
+  u = __builtin_convertvector(top24, F) * 0x1.0p-24f;
 }
 
 // detail::float_to_half_bits, lane by lane, integer-only like it.
-[[gnu::always_inline]] inline void half_bits(const f32& f, u32& out) {
-  const u32 x = __builtin_bit_cast(u32, f);
-  const u32 sign = (x >> 16) & 0x8000u;
-  const u32 ax = x & 0x7fffffffu;
-  const i32 sax = __builtin_bit_cast(i32, ax);  // < 2^31: signed comparisons order it
+template <class F>
+[[gnu::always_inline]] inline void half_bits(const F& f, typename lanes_like<F>::u& out) {
+  using U = typename lanes_like<F>::u;
+  using I = typename lanes_like<F>::i;
+  const U x = __builtin_bit_cast(U, f);
+  const U sign = (x >> 16) & 0x8000u;
+  const U ax = x & 0x7fffffffu;
+  const I sax = __builtin_bit_cast(I, ax);  // < 2^31: signed comparisons order it
   // Normal half: rebias in place, round to nearest even.
-  const u32 r = ax - 0x38000000u;
-  const u32 normal = (r + 0x0fffu + ((r >> 13) & 1u)) >> 13;
+  const U r = ax - 0x38000000u;
+  const U normal = (r + 0x0fffu + ((r >> 13) & 1u)) >> 13;
   // Subnormal half (and zero): the 24-bit significand shifted right by 126 - e, rounded to
   // nearest even; shifts of 25 and more give 0, as everything below 2^-25 rounds to zero.
-  i32 shift = 126 - __builtin_bit_cast(i32, ax >> 23);
-  shift = shift < 1 ? i32{} + 1 : shift;
-  shift = shift > 31 ? i32{} + 31 : shift;
-  const u32 sh = __builtin_bit_cast(u32, shift);
-  const u32 mant = (ax & 0x7fffffu) | 0x800000u;
-  const u32 sub = (mant + (((u32{} + 1u) << (sh - 1u)) - 1u) + ((mant >> sh) & 1u)) >> sh;
-  u32 h = sax >= 0x38800000 ? normal : sub;
-  h = sax >= 0x477ff000 ? u32{} + 0x7bffu : h;  // finite overflow saturates
-  const u32 nan_bits = __builtin_bit_cast(u32, sax > 0x7f800000) & (0x200u | ((ax >> 13) & 0x3ffu));
+  I shift = 126 - __builtin_bit_cast(I, ax >> 23);
+  shift = shift < 1 ? I{} + 1 : shift;
+  shift = shift > 31 ? I{} + 31 : shift;
+  const U sh = __builtin_bit_cast(U, shift);
+  const U mant = (ax & 0x7fffffu) | 0x800000u;
+  const U sub = (mant + (((U{} + 1u) << (sh - 1u)) - 1u) + ((mant >> sh) & 1u)) >> sh;
+  U h = sax >= 0x38800000 ? normal : sub;
+  h = sax >= 0x477ff000 ? U{} + 0x7bffu : h;  // finite overflow saturates
+  const U nan_bits = __builtin_bit_cast(U, sax > 0x7f800000) & (0x200u | ((ax >> 13) & 0x3ffu));
   h = sax >= 0x7f800000 ? 0x7c00u | nan_bits : h;
   out = sign | h;
 }
 
 // detail::half_bits_to_float, lane by lane (h below 2^16).
-[[gnu::always_inline]] inline void half_to_float(const u32& h, f32& out) {
-  const u32 sign = (h & 0x8000u) << 16;
-  const i32 e = __builtin_bit_cast(i32, (h >> 10) & 0x1fu);
-  const u32 m = h & 0x3ffu;
-  const u32 normal = ((__builtin_bit_cast(u32, e) + 112u) << 23) | (m << 13);
+template <class U>
+[[gnu::always_inline]] inline void half_to_float(const U& h, typename lanes_like<U>::f& out) {
+  using F = typename lanes_like<U>::f;
+  using I = typename lanes_like<U>::i;
+  const U sign = (h & 0x8000u) << 16;
+  const I e = __builtin_bit_cast(I, (h >> 10) & 0x1fu);
+  const U m = h & 0x3ffu;
+  const U normal = ((__builtin_bit_cast(U, e) + 112u) << 23) | (m << 13);
   // Inf, or NaN made quiet.
-  const u32 special = 0x7f800000u | (m << 13) | (__builtin_bit_cast(u32, m != 0u) & 0x400000u);
+  const U special = 0x7f800000u | (m << 13) | (__builtin_bit_cast(U, m != 0u) & 0x400000u);
   // m * 2^-24 is exact in float (m < 2^10, a normal result): the subnormal's value.
-  const u32 sub =
-      __builtin_bit_cast(u32, __builtin_convertvector(__builtin_bit_cast(i32, m), f32) * 0x1.0p-24f);
-  u32 bits = e == 0 ? sub : normal;
+  const U sub =
+      __builtin_bit_cast(U, __builtin_convertvector(__builtin_bit_cast(I, m), F) * 0x1.0p-24f);
+  U bits = e == 0 ? sub : normal;
   bits = e == 0x1f ? special : bits;
-  out = __builtin_bit_cast(f32, sign | bits);
+  out = __builtin_bit_cast(F, sign | bits);
 }
 
 // detail::float_to_bf16_bits, lane by lane.
-[[gnu::always_inline]] inline void bf16_bits(const f32& f, u32& out) {
-  const u32 x = __builtin_bit_cast(u32, f);
-  const i32 sax = __builtin_bit_cast(i32, x & 0x7fffffffu);
-  u32 b = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+template <class F>
+[[gnu::always_inline]] inline void bf16_bits(const F& f, typename lanes_like<F>::u& out) {
+  using U = typename lanes_like<F>::u;
+  using I = typename lanes_like<F>::i;
+  const U x = __builtin_bit_cast(U, f);
+  const I sax = __builtin_bit_cast(I, x & 0x7fffffffu);
+  U b = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
   b = sax >= 0x7f7f8000 ? ((x >> 16) & 0x8000u) | 0x7f7fu : b;
   b = sax == 0x7f800000 ? x >> 16 : b;
   out = sax > 0x7f800000 ? (x >> 16) | 0x40u : b;
 }
 
 // detail::qsgd_code, lane by lane, for one bucket's norm > 0.
-[[gnu::always_inline]] inline void qsgd_codes(const f32& v, float norm, std::uint32_t s,
-                                              const f32& u, u32& out) {
+template <class F>
+[[gnu::always_inline]] inline void qsgd_codes(const F& v, float norm, std::uint32_t s,
+                                              const F& u, typename lanes_like<F>::u& out) {
+  using U = typename lanes_like<F>::u;
+  using I = typename lanes_like<F>::i;
   const float fs = static_cast<float>(s);
-  const f32 absv = __builtin_bit_cast(f32, __builtin_bit_cast(u32, v) & 0x7fffffffu);
-  f32 r = fs * (absv / norm);
-  r = r <= fs ? r : f32{} + fs;                       // NaN included
-  const i32 low = __builtin_convertvector(r, i32);  // r in [0, s]: truncation is floor
-  const f32 frac = r - __builtin_convertvector(low, f32);
-  const u32 level = __builtin_bit_cast(u32, low) - __builtin_bit_cast(u32, u < frac);  // true: -1
+  const F absv = __builtin_bit_cast(F, __builtin_bit_cast(U, v) & 0x7fffffffu);
+  F r = fs * (absv / norm);
+  r = r <= fs ? r : F{} + fs;                       // NaN included
+  const I low = __builtin_convertvector(r, I);  // r in [0, s]: truncation is floor
+  const F frac = r - __builtin_convertvector(low, F);
+  const U level = __builtin_bit_cast(U, low) - __builtin_bit_cast(U, u < frac);  // true: -1
   out = v < 0.0f ? s - level : s + level;
 }
 
 // detail::qsgd_value, lane by lane.
-[[gnu::always_inline]] inline void qsgd_values(const u32& codes, float norm, std::uint32_t s,
-                                               float inv_s, f32& out) {
-  const i32 level = __builtin_bit_cast(i32, codes) - static_cast<std::int32_t>(s);
-  out = norm * (__builtin_convertvector(level, f32) * inv_s);
+template <class U>
+[[gnu::always_inline]] inline void qsgd_values(const U& codes, float norm, std::uint32_t s,
+                                               float inv_s, typename lanes_like<U>::f& out) {
+  using F = typename lanes_like<U>::f;
+  using I = typename lanes_like<U>::i;
+  const I level = __builtin_bit_cast(I, codes) - static_cast<std::int32_t>(s);
+  out = norm * (__builtin_convertvector(level, F) * inv_s);
 }
 
 // detail::terngrad_code, lane by lane, for one bucket's max > 0.
-[[gnu::always_inline]] inline void terngrad_codes(const f32& v, float max, const f32& u,
-                                                  u32& out) {
-  const f32 absv = __builtin_bit_cast(f32, __builtin_bit_cast(u32, v) & 0x7fffffffu);
-  const u32 hit = __builtin_bit_cast(u32, u < absv / max) & 1u;
-  const u32 neg = __builtin_bit_cast(u32, v < 0.0f) & 1u;
+template <class F>
+[[gnu::always_inline]] inline void terngrad_codes(const F& v, float max, const F& u,
+                                                  typename lanes_like<F>::u& out) {
+  using U = typename lanes_like<F>::u;
+  const F absv = __builtin_bit_cast(F, __builtin_bit_cast(U, v) & 0x7fffffffu);
+  const U hit = __builtin_bit_cast(U, u < absv / max) & 1u;
+  const U neg = __builtin_bit_cast(U, v < 0.0f) & 1u;
   out = hit << neg;
 }
 
 // detail::terngrad_value, lane by lane (codes <= 2).
-[[gnu::always_inline]] inline void terngrad_values(const u32& codes, float max, f32& out) {
-  const u32 keep = __builtin_bit_cast(u32, codes != 0u);
-  out = __builtin_bit_cast(f32, (__builtin_bit_cast(std::uint32_t, max) & keep) | ((codes >> 1) << 31));
+template <class U>
+[[gnu::always_inline]] inline void terngrad_values(const U& codes, float max, typename lanes_like<U>::f& out) {
+  using F = typename lanes_like<U>::f;
+  const U keep = __builtin_bit_cast(U, codes != 0u);
+  out = __builtin_bit_cast(F, (__builtin_bit_cast(std::uint32_t, max) & keep) | ((codes >> 1) << 31));
 }
 
 // detail::scaled_sign_value, lane by lane.
-[[gnu::always_inline]] inline void scaled_sign_values(const u32& codes, float mean, f32& out) {
-  out = __builtin_bit_cast(f32, __builtin_bit_cast(std::uint32_t, mean) ^ ((codes & 1u) << 31));
+template <class U>
+[[gnu::always_inline]] inline void scaled_sign_values(const U& codes, float mean, typename lanes_like<U>::f& out) {
+  using F = typename lanes_like<U>::f;
+  out = __builtin_bit_cast(F, __builtin_bit_cast(std::uint32_t, mean) ^ ((codes & 1u) << 31));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -568,21 +649,72 @@ constexpr bool packs(unsigned bits) noexcept {
   return bits == 1 || bits == 2 || bits == 4 || bits == 8 || bits == 16;
 }
 
+// Whether path Isa computes a chunk's per-value arithmetic as two halves of 8 lanes (see
+// lane_types): the AVX2 clone, and the build's own target when that has AVX2 but not AVX-512.
+template <host_isa Isa>
+inline constexpr bool split_chunks = Isa == host_isa::avx2
+#if defined(__AVX2__) && !defined(__AVX512F__)
+                                     || Isa == host_isa::baseline
+#endif
+    ;
+
+// codec.chunk_codes on the chunk of 16 values at v[i], whole or (split_chunks) as two halves.
+template <host_isa Isa, class Codec>
+[[gnu::always_inline]] inline void chunk_codes(const Codec& codec, const float* v, std::size_t i,
+                                               float sv, u32& codes) {
+  if constexpr (split_chunks<Isa>) {
+    f32h lo, hi;
+    load(lo, v + i);
+    load(hi, v + i + width / 2);
+    u32h clo, chi;
+    codec.chunk_codes(lo, sv, i, clo);
+    codec.chunk_codes(hi, sv, i + width / 2, chi);
+    std::memcpy(&codes, &clo, sizeof clo);
+    std::memcpy(reinterpret_cast<char*>(&codes) + sizeof clo, &chi, sizeof chi);
+  } else {
+    f32 x;
+    load(x, v + i);
+    codec.chunk_codes(x, sv, i, codes);
+  }
+}
+
+// codec.chunk_values of 16 codes into out[0, 16), whole or (split_chunks) as two halves.
+template <host_isa Isa, class Codec>
+[[gnu::always_inline]] inline void chunk_values(const Codec& codec, const u32& codes, float sv,
+                                                float* out) {
+  if constexpr (split_chunks<Isa>) {
+    u32h clo, chi;
+    std::memcpy(&clo, &codes, sizeof clo);
+    std::memcpy(&chi, reinterpret_cast<const char*>(&codes) + sizeof clo, sizeof chi);
+    f32h lo, hi;
+    codec.chunk_values(clo, sv, lo);
+    codec.chunk_values(chi, sv, hi);
+    store(out, lo);
+    store(out + width / 2, hi);
+  } else {
+    f32 x;
+    codec.chunk_values(codes, sv, x);
+    store(out, x);
+  }
+}
+
 // One bucket's codes, values [i, end) with side value sv: 16 at a time by
 // codec.chunk_codes(chunk, side value, index of the chunk's first value, codes), the rest by
 // codec.code(value, side value, index), the per-element function of the portable loop.
-template <class Codec>
+template <host_isa Isa, class Codec>
 [[gnu::always_inline]] inline void encode_codes(const float* v, std::size_t i, std::size_t end,
                                                 float sv, unsigned bits, std::byte* out,
                                                 const Codec& codec) {
   // A count of chunks, not i + width <= end: GCC 12 (-Warray-bounds) otherwise sees a
   // wrapped i + width and a chunk read from a 3-value vector.
   for (std::size_t chunks = (end - i) / width; chunks > 0; --chunks, i += width) {
-    f32 x;
-    load(x, v + i);
     u32 codes;
-    codec.chunk_codes(x, sv, i, codes);
-    pack(out + i * bits / 8, codes, bits);
+    chunk_codes<Isa>(codec, v, i, sv, codes);
+    if constexpr (split_chunks<Isa>) {
+      pack_halves(out + i * bits / 8, codes, bits);
+    } else {
+      pack(out + i * bits / 8, codes, bits);
+    }
   }
   if (i < end) {
     pack_codes_with(out + i * bits / 8, end - i, bits, [&](std::size_t j) {
@@ -631,7 +763,7 @@ template <host_isa Isa, class Codec>
           const float sv = codec.side_of_sum(sums[r], bucket);
           if (side != nullptr) *side++ = sv;
           const std::size_t at = first + r * bucket;
-          encode_codes(v, at, at + bucket, sv, bits, out, codec);
+          encode_codes<Isa>(v, at, at + bucket, sv, bits, out, codec);
         }
       }
     }
@@ -640,13 +772,13 @@ template <host_isa Isa, class Codec>
     const std::size_t end = n - first < bucket ? n : first + bucket;
     const float sv = bucket_side<Isa>(codec, v + first, end - first);
     if (side != nullptr) *side++ = sv;
-    encode_codes(v, first, end, sv, bits, out, codec);
+    encode_codes<Isa>(v, first, end, sv, bits, out, codec);
   }
 }
 
 // The decoders' loop, with the same preconditions: codec.chunk_values(codes, side value,
 // values) for 16 values at a time, codec.value(code, side value) for the rest.
-template <class Codec>
+template <host_isa Isa, class Codec>
 [[gnu::always_inline]] inline void decode_buckets(const std::byte* in, std::size_t n,
                                                   std::size_t bucket, unsigned bits,
                                                   const float* side, float* out,
@@ -658,9 +790,7 @@ template <class Codec>
     for (; i + width <= end; i += width) {
       u32 codes;
       unpack(in + i * bits / 8, bits, codes);
-      f32 x;
-      codec.chunk_values(codes, sv, x);
-      store(out + i, x);
+      chunk_values<Isa>(codec, codes, sv, out + i);
     }
     if (i < end) {
       unpack_codes_with(in + i * bits / 8, end - i, bits, [&](std::size_t j, std::uint32_t c) {
@@ -703,9 +833,11 @@ template <class Codec>
 // forms, for encode_buckets and decode_buckets.
 struct half_codec {
   static float side(const float*, std::size_t) { return 0.0f; }
-  [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) { half_bits(x, c); }
+  template <class F, class U>
+  [[gnu::always_inline]] static void chunk_codes(const F& x, float, std::size_t, U& c) { half_bits(x, c); }
   [[gnu::always_inline]] static std::uint32_t code(float x, float, std::size_t) { return float_to_half_bits(x); }
-  [[gnu::always_inline]] static void chunk_values(const u32& c, float, f32& x) { half_to_float(c, x); }
+  template <class U, class F>
+  [[gnu::always_inline]] static void chunk_values(const U& c, float, F& x) { half_to_float(c, x); }
   [[gnu::always_inline]] static float value(std::uint32_t c, float) {
     return half_bits_to_float(static_cast<std::uint16_t>(c));
   }
@@ -713,7 +845,8 @@ struct half_codec {
 
 struct bf16_codec {
   static float side(const float*, std::size_t) { return 0.0f; }
-  [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) { bf16_bits(x, c); }
+  template <class F, class U>
+  [[gnu::always_inline]] static void chunk_codes(const F& x, float, std::size_t, U& c) { bf16_bits(x, c); }
   [[gnu::always_inline]] static std::uint32_t code(float x, float, std::size_t) { return float_to_bf16_bits(x); }
 };
 
@@ -725,19 +858,21 @@ struct qsgd_codec {
   [[gnu::always_inline]] static float side_of_sum(double sum, std::size_t) {
     return qsgd_norm_from_sum(sum);
   }
-  [[gnu::always_inline]] void chunk_codes(const f32& x, float norm, std::size_t i, u32& c) const {
+  template <class F, class U>
+  [[gnu::always_inline]] void chunk_codes(const F& x, float norm, std::size_t i, U& c) const {
     if (!(norm > 0.0f)) {
-      c = u32{} + s;
+      c = U{} + s;
       return;
     }
-    f32 u;
+    F u;
     uniform(rng.key, i, u);
     qsgd_codes(x, norm, s, u, c);
   }
   [[gnu::always_inline]] std::uint32_t code(float x, float norm, std::size_t i) const {
     return qsgd_code(x, norm, s, rng.uniform(i));
   }
-  [[gnu::always_inline]] void chunk_values(const u32& c, float norm, f32& x) const { qsgd_values(c, norm, s, inv_s, x); }
+  template <class U, class F>
+  [[gnu::always_inline]] void chunk_values(const U& c, float norm, F& x) const { qsgd_values(c, norm, s, inv_s, x); }
   [[gnu::always_inline]] float value(std::uint32_t c, float norm) const { return qsgd_value(norm, c, s, inv_s); }
 };
 
@@ -746,19 +881,21 @@ struct terngrad_codec {
   [[gnu::always_inline]] static float side(const float* p, std::size_t n) {
     return terngrad_max_from_bits(max_abs_bits(p, n));
   }
-  [[gnu::always_inline]] void chunk_codes(const f32& x, float max, std::size_t i, u32& c) const {
+  template <class F, class U>
+  [[gnu::always_inline]] void chunk_codes(const F& x, float max, std::size_t i, U& c) const {
     if (!(max > 0.0f)) {
-      c = u32{};
+      c = U{};
       return;
     }
-    f32 u;
+    F u;
     uniform(rng.key, i, u);
     terngrad_codes(x, max, u, c);
   }
   [[gnu::always_inline]] std::uint32_t code(float x, float max, std::size_t i) const {
     return terngrad_code(x, max, rng.uniform(i));
   }
-  [[gnu::always_inline]] static void chunk_values(const u32& c, float max, f32& x) { terngrad_values(c, max, x); }
+  template <class U, class F>
+  [[gnu::always_inline]] static void chunk_values(const U& c, float max, F& x) { terngrad_values(c, max, x); }
   [[gnu::always_inline]] static float value(std::uint32_t c, float max) { return terngrad_value(c, max); }
 };
 
@@ -767,11 +904,13 @@ struct scaled_sign_codec {
   [[gnu::always_inline]] static float side_of_sum(double sum, std::size_t n) {
     return scaled_sign_mean_from_sum(sum, n);
   }
-  [[gnu::always_inline]] static void chunk_codes(const f32& x, float, std::size_t, u32& c) {
-    c = __builtin_bit_cast(u32, x < 0.0f) & 1u;
+  template <class F, class U>
+  [[gnu::always_inline]] static void chunk_codes(const F& x, float, std::size_t, U& c) {
+    c = __builtin_bit_cast(U, x < 0.0f) & 1u;
   }
   [[gnu::always_inline]] static std::uint32_t code(float x, float, std::size_t) { return scaled_sign_code(x); }
-  [[gnu::always_inline]] static void chunk_values(const u32& c, float mean, f32& x) { scaled_sign_values(c, mean, x); }
+  template <class U, class F>
+  [[gnu::always_inline]] static void chunk_values(const U& c, float mean, F& x) { scaled_sign_values(c, mean, x); }
   [[gnu::always_inline]] static float value(std::uint32_t c, float mean) { return scaled_sign_value(c, mean); }
 };
 
@@ -799,7 +938,9 @@ void encode_with(host_isa isa, const float* values, std::size_t n, std::size_t b
 template <unsigned Bits, class Codec>
 void decode_with(host_isa isa, const std::byte* in, std::size_t n, std::size_t bucket,
                  const float* side, float* out, const Codec& codec) {
-  run_vector(isa, [&](auto) { simd16::decode_buckets(in, n, bucket, Bits, side, out, codec); });
+  run_vector(isa, [&](auto tag) {
+    simd16::decode_buckets<decltype(tag)::value>(in, n, bucket, Bits, side, out, codec);
+  });
 }
 
 template <class Codec>
