@@ -257,10 +257,11 @@ template <class V>
   }
 }
 
-// pack() for the paths that split chunks (split_chunks): codes below 8 bits are shifted to
-// their place in a 32-bit word, 8 codes to a word, and each word's 8 lanes are ORed together,
-// which stays in AVX2 registers; pack()'s narrowing to bytes does not (GCC 12 moves each
-// byte through a general register there). Same bytes as pack().
+// pack() for the paths that split chunks (split_chunks): codes below 8 bits (each below
+// 2^bits, as for pack()) are shifted to their place in a 32-bit word, 8 codes to a word, and
+// each word's 8 lanes are ORed together, which stays in AVX2 registers; pack()'s narrowing to
+// bytes does not (GCC 12 moves each byte through a general register there). Same bytes as
+// pack().
 [[gnu::always_inline]] inline void pack_halves(std::byte* out, const u32& codes, unsigned bits) {
   if (bits >= 8) {
     pack(out, codes, bits);
@@ -270,10 +271,13 @@ template <class V>
   std::memcpy(&lo, &codes, sizeof lo);
   std::memcpy(&hi, reinterpret_cast<const char*>(&codes) + sizeof lo, sizeof hi);
   const u32h shifts = u32h{0, 1, 2, 3, 4, 5, 6, 7} * bits;
-  auto or_lanes = [](const u32h& v) {
-    const u32x4 q = __builtin_shufflevector(v, v, 0, 1, 2, 3) | __builtin_shufflevector(v, v, 4, 5, 6, 7);
-    const u32x4 r = q | __builtin_shufflevector(q, q, 2, 3, 0, 1);
-    return static_cast<std::uint32_t>((r | __builtin_shufflevector(r, r, 1, 0, 3, 2))[0]);
+  auto or_lanes = [](const u32h& v) {  // memcpy, not __builtin_shufflevector (GCC 12 and later)
+    u32x4 a, b;
+    std::memcpy(&a, &v, sizeof a);
+    std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof a, sizeof b);
+    const u64x2 q = __builtin_bit_cast(u64x2, a | b);
+    const std::uint64_t w = q[0] | q[1];
+    return static_cast<std::uint32_t>(w | (w >> 32));
   };
   // Codes 0-7 fill bits [0, 8 bits), codes 8-15 the next 8 bits; little-endian bytes.
   const std::uint64_t w = static_cast<std::uint64_t>(or_lanes(lo << shifts)) |
