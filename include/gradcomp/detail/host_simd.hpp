@@ -257,6 +257,20 @@ template <class V>
   }
 }
 
+// v's low and high halves (lanes [0, N/2) and [N/2, N)), and back.
+template <class V, class H>
+[[gnu::always_inline]] inline void split_halves(const V& v, H& lo, H& hi) {
+  static_assert(sizeof(V) == 2 * sizeof(H));
+  load(lo, &v);
+  load(hi, reinterpret_cast<const std::byte*>(&v) + sizeof(H));
+}
+template <class H, class V>
+[[gnu::always_inline]] inline void join_halves(const H& lo, const H& hi, V& v) {
+  static_assert(sizeof(V) == 2 * sizeof(H));
+  store(&v, lo);
+  store(reinterpret_cast<std::byte*>(&v) + sizeof(H), hi);
+}
+
 // pack() for the paths that split chunks (split_chunks): codes below 8 bits (each below
 // 2^bits, as for pack()) are shifted to their place in a 32-bit word, 8 codes to a word, and
 // each word's 8 lanes are ORed together, which stays in AVX2 registers; pack()'s narrowing to
@@ -268,13 +282,11 @@ template <class V>
     return;
   }
   u32h lo, hi;
-  std::memcpy(&lo, &codes, sizeof lo);
-  std::memcpy(&hi, reinterpret_cast<const char*>(&codes) + sizeof lo, sizeof hi);
+  split_halves(codes, lo, hi);
   const u32h shifts = u32h{0, 1, 2, 3, 4, 5, 6, 7} * bits;
   auto or_lanes = [](const u32h& v) {  // memcpy, not __builtin_shufflevector (GCC 12 and later)
     u32x4 a, b;
-    std::memcpy(&a, &v, sizeof a);
-    std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof a, sizeof b);
+    split_halves(v, a, b);
     const u64x2 q = __builtin_bit_cast(u64x2, a | b);
     const std::uint64_t w = q[0] | q[1];
     return static_cast<std::uint32_t>(w | (w >> 32));
@@ -673,8 +685,7 @@ template <host_isa Isa, class Codec>
     u32h clo, chi;
     codec.chunk_codes(lo, sv, i, clo);
     codec.chunk_codes(hi, sv, i + width / 2, chi);
-    std::memcpy(&codes, &clo, sizeof clo);
-    std::memcpy(reinterpret_cast<char*>(&codes) + sizeof clo, &chi, sizeof chi);
+    join_halves(clo, chi, codes);
   } else {
     f32 x;
     load(x, v + i);
@@ -688,8 +699,7 @@ template <host_isa Isa, class Codec>
                                                 float* out) {
   if constexpr (split_chunks<Isa>) {
     u32h clo, chi;
-    std::memcpy(&clo, &codes, sizeof clo);
-    std::memcpy(&chi, reinterpret_cast<const char*>(&codes) + sizeof clo, sizeof chi);
+    split_halves(codes, clo, chi);
     f32h lo, hi;
     codec.chunk_values(clo, sv, lo);
     codec.chunk_values(chi, sv, hi);
