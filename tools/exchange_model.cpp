@@ -157,7 +157,7 @@ void measure(mpi_comm& comm, const measure_options& mo) {
   const link_model link = measure_link(comm, link_measure_options{}, &probe);
   // The measured link without the local work.
   const link_model network{.alpha = link.alpha, .beta = link.beta, .pair_alpha = link.pair_alpha,
-                           .pair_beta = link.pair_beta};
+                           .pair_beta = link.pair_beta, .dense_beta = link.dense_beta};
   const std::size_t p = static_cast<std::size_t>(comm.size());
   if (comm.rank() == 0) {
     std::printf("\nMeasured on this machine with MPI, P = %zu:\n"
@@ -174,6 +174,10 @@ void measure(mpi_comm& comm, const measure_options& mo) {
                 link.alpha * 1e6, link.beta * 1e9, link.gamma * 1e9, link.scatter * 1e9,
                 link.small_elements, link.gamma_large * 1e9, link.scatter_large * 1e9,
                 link.large_elements, link.merge * 1e9, link.merge_log * 1e9);
+    std::printf("  allreduce of %zu bytes of floats, every rank: dense_beta = %.3g ns/byte as "
+                "2 (P-1)/P of them (%.2fx the model's beta; prices dense_allreduce)\n",
+                probe.allreduce_bytes, link.dense_beta * 1e9,
+                link.beta > 0 ? link.dense_beta / link.beta : 0.0);
   }
   if (mo.link_only) return;
   if (comm.rank() == 0) {

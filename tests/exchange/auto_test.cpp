@@ -118,6 +118,38 @@ TEST_CASE("cost formulas: gTop-k's tree on one pair's link, the collectives on t
   }
 }
 
+TEST_CASE("cost formulas: the dense allreduce at the measured allreduce's beta, nothing else") {
+  exchange_shape s{.ranks = 4, .n = 1000000, .k = 1000, .k_max = 1000, .payload_bytes = 8040};
+  const link_model ring{1e-5, 1e-9, 2e-10};  // gamma: the local work priced too
+  link_model measured = ring;
+  measured.dense_beta = 3e-9;
+  // 2 (P-1) alpha + 2 (P-1)/P m dense_beta, for the dense vector and for a summable payload.
+  CHECK(cost::dense_allreduce(s, measured) == doctest::Approx(6e-5 + 1.5 * 4e6 * 3e-9));
+  s.summed_bytes = 2000;
+  CHECK(cost::dense_allreduce(s, measured) == doctest::Approx(6e-5 + 1.5 * 2000 * 3e-9));
+  s.summed_bytes = 0;
+  // The other exchanges keep beta.
+  CHECK(cost::sparse_allgather(s, measured) == cost::sparse_allgather(s, ring));
+  CHECK(cost::topk_a2a(s, measured) == cost::topk_a2a(s, ring));
+  CHECK(cost::gtopk(s, measured) == cost::gtopk(s, ring));
+  // The reduction's pass is inside the measured allreduce: one pass of n fewer in the local
+  // work, for the dense vector, a summable sparse payload (k) and a decoded one.
+  for (std::size_t summed : {std::size_t{0}, std::size_t{4000000}, std::size_t{4000}}) {
+    CAPTURE(summed);
+    s.summed_bytes = summed;
+    s.k = summed == 4000 ? 1000.0 : 1000000.0;
+    const auto untimed = cost::local_dense_allreduce(s, false);
+    const auto timed = cost::local_dense_allreduce(s, true);
+    CHECK(untimed.elements - timed.elements == doctest::Approx(summed == 4000 ? s.k : 1e6));
+    CHECK(untimed.pairs == timed.pairs);
+    const auto dense = static_cast<unsigned>(exchange_kind::dense_allreduce);
+    CHECK(predict(s, measured).seconds[dense] ==
+          doctest::Approx(cost::dense_allreduce(s, measured) + cost::local_seconds(timed, measured, s.n)));
+    CHECK(predict(s, ring).seconds[dense] ==
+          doctest::Approx(cost::dense_allreduce(s, ring) + cost::local_seconds(untimed, ring, s.n)));
+  }
+}
+
 TEST_CASE("predict picks the cheapest candidate; TopKA2A beats allgather when rho > 1/(2(P-1))") {
   const link_model l{0.0, 1e-9};  // bandwidth only, as in the crossover rule
   exchange_shape s;
@@ -358,11 +390,11 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
       const link_model& l = got[r];
       const double fields[] = {l.alpha,       l.beta,          l.gamma,      l.scatter,
                                l.merge,       l.merge_log,     l.gamma_large, l.scatter_large,
-                               l.pair_alpha,  l.pair_beta};
+                               l.pair_alpha,  l.pair_beta,     l.dense_beta};
       const double first[] = {got[0].alpha,       got[0].beta,          got[0].gamma,
                               got[0].scatter,     got[0].merge,         got[0].merge_log,
                               got[0].gamma_large, got[0].scatter_large, got[0].pair_alpha,
-                              got[0].pair_beta};
+                              got[0].pair_beta,   got[0].dense_beta};
       for (std::size_t f = 0; f < std::size(fields); ++f) {
         CAPTURE(f);
         CHECK(fields[f] == first[f]);  // agreed
@@ -386,7 +418,11 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
       CHECK(l.pair_beta == probes[r].pingpong_beta);
       CHECK(l.pair_alpha <= l.alpha);
       CHECK(l.pair_beta <= l.beta);
+      // The allreduce is timed on the gather's large message, the probe saying so.
+      CHECK(l.dense_beta == probes[r].allreduce_beta);
+      CHECK(probes[r].allreduce_bytes == (ranks > 1 ? std::size_t{1} << 20 : 0));
     }
+    if (ranks == 1) CHECK(got[0].dense_beta == 0.0);
     if (ranks == 1) CHECK(got[0].alpha == 0.0);
     if (ranks == 1) CHECK(got[0].pair_beta == 0.0);
   }

@@ -208,9 +208,17 @@ TEST_CASE("measure_link: a ping-pong between rank 0 and the last rank, agreed ev
     CHECK(l.alpha > 0.0);
     CHECK(l.alpha < 0.05);  // shared memory on one machine: microseconds, ms if oversubscribed
     CHECK(l.beta < 1e-7);   // more than 10 MB/s
+    // The allreduce timed on the ring's largest message (1 MiB grown 4x while quick, at most
+    // 4 MiB), not free, and the model's dense_beta.
+    CHECK((probe.allreduce_bytes == std::size_t{1} << 20 || probe.allreduce_bytes == std::size_t{4} << 20));
+    CHECK(l.dense_beta == probe.allreduce_beta);
+    CHECK(l.dense_beta > 0.0);
+    CHECK(l.dense_beta < 1e-7);
   } else {
     CHECK(l.alpha == 0.0);
     CHECK(probe.ring_beta == 0.0);  // no link: the probe is zeroed
+    CHECK(probe.allreduce_bytes == 0);
+    CHECK(l.dense_beta == 0.0);
   }
   if (comm.rank() == 0) {
     MESSAGE("P=" << comm.size() << ": alpha = " << l.alpha * 1e6 << " us, beta = " << l.beta * 1e9

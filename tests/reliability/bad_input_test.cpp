@@ -1720,16 +1720,16 @@ TEST_CASE("bad input: gtopk, topk_a2a and auto_exchange settings out of range ar
   }
   for (double bad : {-1.0, nan_d, inf_d}) {
     CAPTURE(bad);
-    for (int field = 0; field < 10; ++field) {
+    for (int field = 0; field < 11; ++field) {
       CAPTURE(field);
-      link_model l{1e-6, 1e-9, 1e-10, 1e-9, 1e-8, 1e-9, 3e-10, 4e-9, 1 << 20, 1 << 25, 5e-7, 8e-10};
+      link_model l{1e-6, 1e-9, 1e-10, 1e-9, 1e-8, 1e-9, 3e-10, 4e-9, 1 << 20, 1 << 25, 5e-7, 8e-10, 2e-9};
       double* const fields[] = {&l.alpha,       &l.beta,          &l.gamma,      &l.scatter,
                                 &l.merge,       &l.merge_log,     &l.gamma_large, &l.scatter_large,
-                                &l.pair_alpha,  &l.pair_beta};
+                                &l.pair_alpha,  &l.pair_beta,     &l.dense_beta};
       const char* const names[] = {"link.alpha",       "link.beta",          "link.gamma",
                                    "link.scatter",     "link.merge",         "link.merge_log",
                                    "link.gamma_large", "link.scatter_large", "link.pair_alpha",
-                                   "link.pair_beta"};
+                                   "link.pair_beta",   "link.dense_beta"};
       *fields[field] = bad;
       auto_options o;
       o.link = l;

@@ -55,6 +55,14 @@ struct link_model {
   // 0: alpha and beta.
   double pair_alpha = 0.0;
   double pair_beta = 0.0;
+  // Seconds per byte of the communicator's own allreduce of a dense vector of m bytes, as
+  // 2 (P-1)/P m of it: the bytes it moves, the copies it makes and its reduction pass together
+  // (measure_link times one). It prices dense_allreduce, whose allreduce is the communicator's
+  // (MPI's or gradcomp's rank-order one, an alltoallv and an allgatherv of 1/P shares) and not
+  // the ring the formula assumes. Found by trying: with 4 ranks on this machine's 2 cores that
+  // allreduce took 1.2-2.3x the ring shift's beta (docs/exchanges.md). 0: beta, and the
+  // reduction's pass priced as local work.
+  double dense_beta = 0.0;
 
   // A link of `gbit_per_s` Gbit/s with `latency_s` seconds per message.
   static link_model from_gbit(double gbit_per_s, double latency_s) {
@@ -134,12 +142,14 @@ inline double local_seconds(const local_work& w, const link_model& l, std::size_
 // Copy the k wire values in, the reduction's pass inside the allreduce, the output written
 // (for a sparse summable payload: zeros, then a write at each index; the ranks agree on the
 // count, so k is every rank's). Without a summable payload: decode into zeros (an add at each
-// of the k indices), allreduce n values, scale.
-inline local_work local_dense_allreduce(const exchange_shape& s) {
+// of the k indices), allreduce n values, scale. `reduction_timed`: the reduction's pass is
+// part of a measured allreduce (link_model::dense_beta) and left out here.
+inline local_work local_dense_allreduce(const exchange_shape& s, bool reduction_timed = false) {
   const double n = static_cast<double>(s.n);
-  if (!s.summed_bytes) return {4.0 * n, s.k, 0.0};
-  if (s.k >= n) return {3.0 * n, 0.0, 0.0};
-  return {n + 2.0 * s.k, s.k, 0.0};
+  const double reduced = reduction_timed ? 0.0 : 1.0;
+  if (!s.summed_bytes) return {(3.0 + reduced) * n, s.k, 0.0};
+  if (s.k >= n) return {(2.0 + reduced) * n, 0.0, 0.0};
+  return {n + (1.0 + reduced) * s.k, s.k, 0.0};
 }
 // The passes over an output of `elements` values that detail::rank_order_mean is priced at:
 // one from detail::stream_min_bytes, where each region is built in a cached buffer and
@@ -174,10 +184,13 @@ inline local_work local_gtopk(const exchange_shape& s) {
   return {static_cast<double>(s.n) + 2.0 * k, k, rounds * 2.0 * k, k};
 }
 
-// Ring allreduce of m bytes: 2 (P-1) alpha + 2 (P-1)/P m beta.
+// The seconds per byte of an allreduce of dense values: dense_beta where measured, else beta.
+inline double dense_beta(const link_model& l) { return l.dense_beta > 0.0 ? l.dense_beta : l.beta; }
+
+// Ring allreduce of m bytes: 2 (P-1) alpha + 2 (P-1)/P m beta (dense_beta where measured).
 inline double allreduce(double p, double m, const link_model& l) {
   if (p <= 1.0) return 0.0;
-  return 2.0 * (p - 1.0) * l.alpha + 2.0 * (p - 1.0) / p * m * l.beta;
+  return 2.0 * (p - 1.0) * l.alpha + 2.0 * (p - 1.0) / p * m * dense_beta(l);
 }
 
 // S-SGD: one allreduce of the summable wire values, or of the decoded dense vector.
@@ -235,7 +248,7 @@ inline exchange_prediction predict(const exchange_shape& s, const link_model& l,
   }
   exchange_prediction p;
   const auto local = [&](const cost::local_work& w) { return cost::local_seconds(w, l, s.n); };
-  p.seconds[0] = cost::dense_allreduce(s, l) + local(cost::local_dense_allreduce(s));
+  p.seconds[0] = cost::dense_allreduce(s, l) + local(cost::local_dense_allreduce(s, l.dense_beta > 0.0));
   p.seconds[1] = cost::sparse_allgather(s, l) + local(cost::local_sparse_allgather(s));
   p.seconds[2] = cost::topk_a2a(s, l) + local(cost::local_topk_a2a(s));
   p.seconds[3] = cost::gtopk(s, l) + local(cost::local_gtopk(s));
@@ -278,6 +291,10 @@ struct link_probe {
   // and the exchanges' collectives: the link as the exchanges share it. A communicator
   // without point-to-point gets the allgather fit in both pairs.
   double ring_alpha = 0.0, ring_beta = 0.0;
+  // The communicator's allreduce of a dense float vector (link_model::dense_beta), and the
+  // bytes it was timed on.
+  double allreduce_beta = 0.0;
+  std::size_t allreduce_bytes = 0;
 };
 
 namespace detail {
@@ -403,8 +420,10 @@ inline void check_measure_options(const char* who, std::string_view name, const 
 // work's costs per item, the least of local_repeats runs on every rank at once
 // (detail::measure_local_costs), the slowest rank's (merge and merge_log fitted to the slowest
 // rank's times at two set sizes), on a vector of local_elements; gamma_large and scatter_large
-// the same on one of local_large_elements. One rank gives alpha = beta = 0. `probe`, when given,
-// receives the ping-pong's and the ring's values (zeros for one rank). Every rank must pass
+// the same on one of local_large_elements. dense_beta is the communicator's allreduce of the
+// ring's largest message (large_bytes without point-to-point) in floats, the slowest rank's
+// mean. One rank gives alpha = beta = dense_beta = 0. `probe`, when given, receives the
+// ping-pong's, the ring's and the allreduce's values (zeros for one rank). Every rank must pass
 // the same options: the ring's growth depends on them, and ranks that differ would wait for
 // each other forever.
 template <communicator Comm>
@@ -443,6 +462,7 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
   const int r = comm.rank();
   std::vector<std::byte> out(o.large_bytes, std::byte{1}), in;
   double result[4] = {0.0, 0.0, 0.0, 0.0};  // alpha, beta: ping-pong, then ring
+  std::size_t dense_bytes = o.large_bytes;   // the allreduce's message (the ring's largest)
 
   if constexpr (point_to_point<Comm, std::byte>) {
     const int peer = p - 1;
@@ -491,6 +511,7 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
       ring[1] = ring_step(ring_bytes, o.large_repeats);
       comm.allreduce(std::span<double>(ring).subspan(1), reduce_op::max);
     }
+    dense_bytes = ring_bytes;
     if (r == 0) {
       const double bytes = static_cast<double>(o.large_bytes - o.small_bytes);
       result[1] = std::max(0.0, (large - small) / bytes);
@@ -521,11 +542,31 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
     result[0] = result[2] =
         std::max(0.0, (t[0] - static_cast<double>((p - 1) * o.small_bytes) * result[1]) / rounds);
   }
-  if (probe) *probe = link_probe{result[0], result[1], result[2], result[3]};
   model.alpha = std::max(result[0], result[2]);
   model.beta = std::max(result[1], result[3]);
   model.pair_alpha = result[0];
   model.pair_beta = result[1];
+  // The communicator's own allreduce of dense_bytes of floats, as dense_allreduce runs it:
+  // dense_beta fitted to 2 (P-1) alpha + 2 (P-1)/P m dense_beta with the alpha above, the
+  // slowest rank's least time of large_repeats runs after a warm-up (an exchange is timed so;
+  // noise only adds). Zeros, so that the repeated sums stay finite.
+  std::vector<float> dense(std::max<std::size_t>(1, dense_bytes / sizeof(float)), 0.0f);
+  double reduce_time[1] = {0.0};
+  for (unsigned i = 0; i <= o.large_repeats; ++i) {
+    comm.barrier();
+    detail::stopwatch clock;
+    comm.allreduce(std::span<float>(dense), reduce_op::sum);
+    const double t = clock.lap();
+    if (i == 1 || (i > 1 && t < reduce_time[0])) reduce_time[0] = t;
+  }
+  comm.allreduce(std::span<double>(reduce_time), reduce_op::max);  // the slowest rank's pace
+  const double pd = static_cast<double>(p);
+  const double reduced = 2.0 * (pd - 1.0) / pd * static_cast<double>(dense.size() * sizeof(float));
+  model.dense_beta = std::max(0.0, (reduce_time[0] - 2.0 * (pd - 1.0) * model.alpha) / reduced);
+  if (probe) {
+    *probe = link_probe{result[0], result[1], result[2], result[3], model.dense_beta,
+                        dense.size() * sizeof(float)};
+  }
   return model;
 }
 
