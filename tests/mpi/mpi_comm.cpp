@@ -162,6 +162,46 @@ TEST_CASE("non-blocking collectives overlap with computation and complete in any
   CHECK(same_bytes(d, input<float>(0, 10, 35)));
 }
 
+TEST_CASE("rank-order allreduce: scratch kept between calls, of any size, type and overlap") {
+  // The scratch buffers are reused: sizes that grow and shrink, types in turn, two requests of
+  // one type in flight at once, chunked and not; every result the fold in rank order.
+  int me = 0, p = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  auto fold = [&](auto zero, std::size_t n, std::uint64_t seed, reduce_op op) {
+    using T = decltype(zero);
+    auto want = input<T>(0, n, seed);
+    for (int r = 1; r < p; ++r) {
+      const auto x = input<T>(r, n, seed);
+      detail::combine(want.data(), x.data(), n, op);
+    }
+    return want;
+  };
+  for (std::size_t chunk : {std::size_t{1} << 24, std::size_t{1000}}) {
+    CAPTURE(chunk);
+    mpi_comm comm(MPI_COMM_WORLD, mpi_options{.chunk_elements = chunk});
+    std::uint64_t seed = 40;
+    for (std::size_t n : {std::size_t{5000}, std::size_t{1}, std::size_t{0}, std::size_t{70001},
+                          std::size_t{333}, std::size_t{70001}}) {
+      CAPTURE(n);
+      auto a = input<float>(me, n, ++seed);
+      comm.allreduce(std::span<float>(a), reduce_op::sum);
+      CHECK(same_bytes(a, fold(0.0f, n, seed, reduce_op::sum)));
+      auto b = input<double>(me, n + 3, ++seed);
+      comm.allreduce(std::span<double>(b), reduce_op::max);
+      CHECK(same_bytes(b, fold(0.0, n + 3, seed, reduce_op::max)));
+    }
+    auto x = input<float>(me, 9000, 50);
+    auto y = input<float>(me, 12000, 51);
+    mpi_request rx = comm.iallreduce(std::span<float>(x), reduce_op::sum);
+    mpi_request ry = comm.iallreduce(std::span<float>(y), reduce_op::min);
+    ry.wait();
+    rx.wait();
+    CHECK(same_bytes(x, fold(0.0f, 9000, 50, reduce_op::sum)));
+    CHECK(same_bytes(y, fold(0.0f, 12000, 51, reduce_op::min)));
+  }
+}
+
 TEST_CASE("bad arguments throw invalid_argument before any message") {
   mpi_comm comm;
   gradcomp_test::comm_properties::bad_arguments(comm);

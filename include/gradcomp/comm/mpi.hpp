@@ -15,6 +15,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <any>
 #include <array>
 #include <chrono>
 #include <climits>
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -324,7 +326,7 @@ enum class mpi_reduction {
 struct mpi_options {
   mpi_reduction reduction = mpi_reduction::rank_order;
   // Elements per round of the rank-order allreduce; bounds its scratch memory (P shares of this
-  // many elements / P) and keeps every MPI count within int.
+  // many elements / P, kept by the mpi_comm between calls) and keeps every MPI count within int.
   std::size_t chunk_elements = std::size_t{1} << 24;
 };
 
@@ -378,7 +380,8 @@ class mpi_comm {
   mpi_comm(mpi_comm&& o) noexcept
       : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
         options_(o.options_), slots_(o.slots_), slot_owner_(std::move(o.slot_owner_)),
-        next_slot_(o.next_slot_), types_(std::move(o.types_)), ops_(std::move(o.ops_)) {
+        next_slot_(o.next_slot_), types_(std::move(o.types_)), ops_(std::move(o.ops_)),
+        scratch_(o.scratch_) {
     o.slots_.fill(MPI_COMM_NULL);
     o.slot_owner_ = {};
     o.types_.clear();
@@ -778,12 +781,67 @@ class mpi_comm {
     });
   }
 
+  // Scratch buffers of the rank-order allreduce, kept between calls: a fresh one per call (P
+  // shares of a chunk, up to chunk_elements values: 64 MB of floats) is mapped anew each time
+  // and costs a page fault per page, more than the fold itself. A request takes a buffer of its
+  // element type at its first chunk and gives it back when its last chunk is gathered (or when
+  // it is dropped), so the pool holds one buffer per type and per request in flight at once,
+  // each the largest it was asked for.
+  struct scratch_pool {
+    std::mutex mutex;
+    std::vector<std::pair<const void*, std::any>> free;  // (type key, std::vector<T>)
+  };
+  template <class T>
+  static constexpr char scratch_key = 0;  // its address tells the types apart
+  template <class T>
+  struct scratch_lease {
+    std::shared_ptr<scratch_pool> pool;
+    std::vector<T> buf;
+    bool held = false;
+    scratch_lease() = default;
+    scratch_lease(const scratch_lease&) = delete;
+    scratch_lease& operator=(const scratch_lease&) = delete;
+    ~scratch_lease() { give_back(); }
+    // At least `n` elements at data(): a buffer from the pool on first use, grown (never
+    // shrunk, so no pass re-fills what it already holds) when too small.
+    void reserve(std::size_t n) {
+      if (!held && pool) {
+        const std::lock_guard lock(pool->mutex);
+        auto& f = pool->free;
+        for (auto it = f.begin(); it != f.end(); ++it) {
+          if (it->first == &scratch_key<T>) {
+            buf = std::move(*std::any_cast<std::vector<T>>(&it->second));
+            f.erase(it);
+            break;
+          }
+        }
+      }
+      held = true;
+      if (buf.size() < n) {
+        buf.clear();  // nothing to keep: skip the copy of the old contents
+        buf.resize(n);
+      }
+    }
+    T* data() noexcept { return buf.data(); }
+    void give_back() noexcept {
+      if (!held || !pool) return;
+      held = false;
+      try {
+        const std::lock_guard lock(pool->mutex);
+        pool->free.emplace_back(&scratch_key<T>, std::move(buf));
+      } catch (...) {
+        // No memory for the pool's entry: the buffer is freed instead, as it was before.
+      }
+      buf = {};
+    }
+  };
+
   // Per chunk of the buffer: an alltoallv hands every rank its share of every rank's chunk,
   // the rank folds them in rank order, and an in-place allgatherv spreads the folded shares.
   template <class T>
   mpi_request rank_order_allreduce(std::span<T> data, reduce_op op) {
     struct state_data {
-      std::vector<T> shares;  // P blocks of this rank's share of the current chunk
+      scratch_lease<T> shares;  // P blocks of this rank's share of the current chunk
       std::vector<int> sc, sd, rc, rd, gc, gd;
       std::size_t chunk_at = 0, chunk_len = 0;
     };
@@ -791,6 +849,7 @@ class mpi_comm {
     const auto r = static_cast<std::size_t>(rank_);
     const std::size_t chunk = std::min(options_.chunk_elements, static_cast<std::size_t>(INT_MAX));
     auto d = std::make_shared<state_data>();
+    d->shares.pool = scratch_;
     for (auto* v : {&d->sc, &d->sd, &d->rc, &d->rd, &d->gc, &d->gd}) v->resize(p);
     const MPI_Datatype type = bytes_type(sizeof(T));
     return start([d, data, op, p, r, chunk, type](std::vector<MPI_Request>& reqs,
@@ -798,12 +857,15 @@ class mpi_comm {
       // Even phases scatter chunk phase/2, odd phases gather it.
       const std::size_t round = static_cast<std::size_t>(phase) / 2;
       if (phase % 2 == 0) {
-        if (round * chunk >= data.size()) return false;
+        if (round * chunk >= data.size()) {
+          d->shares.give_back();  // the last chunk is folded and gathered
+          return false;
+        }
         d->chunk_at = round * chunk;
         d->chunk_len = std::min(chunk, data.size() - d->chunk_at);
         const std::size_t n = d->chunk_len;
         const std::size_t mine = detail::share_begin(n, p, r + 1) - detail::share_begin(n, p, r);
-        d->shares.resize(p * mine);
+        d->shares.reserve(p * mine);
         for (std::size_t s = 0; s < p; ++s) {
           d->sd[s] = static_cast<int>(detail::share_begin(n, p, s));
           d->sc[s] = static_cast<int>(detail::share_begin(n, p, s + 1)) - d->sd[s];
@@ -863,6 +925,7 @@ class mpi_comm {
   std::size_t next_slot_ = 0;
   std::vector<cached_type> types_;
   std::vector<cached_op> ops_;
+  std::shared_ptr<scratch_pool> scratch_ = std::make_shared<scratch_pool>();
 };
 
 static_assert(communicator<mpi_comm>);
