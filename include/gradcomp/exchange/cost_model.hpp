@@ -59,9 +59,9 @@ struct link_model {
   // 2 (P-1)/P m of it: the bytes it moves, the copies it makes and its reduction pass together
   // (measure_link times one). It prices dense_allreduce, whose allreduce is the communicator's
   // (MPI's or gradcomp's rank-order one, an alltoallv and an allgatherv of 1/P shares) and not
-  // the ring the formula assumes. Found by trying: with 4 ranks on this machine's 2 cores that
-  // allreduce took 1.2-2.3x the ring shift's beta (docs/exchanges.md). 0: beta, and the
-  // reduction's pass priced as local work.
+  // the ring the formula assumes. Found by trying: with 4 ranks on this machine's 2 cores the
+  // dense allreduce was measured 2.0-2.1x a model priced by the ring shift's beta
+  // (docs/exchanges.md). 0: beta, and the reduction's pass priced as local work.
   double dense_beta = 0.0;
 
   // A link of `gbit_per_s` Gbit/s with `latency_s` seconds per message.
