@@ -1,8 +1,8 @@
 // allreduce_bench: mpi_comm's allreduce of n floats, in gradcomp's rank order (the default,
 // what dense_allreduce runs) and MPI's own (mpi_reduction::native), against a ring shift of
-// the same bytes on the same ranks in the same run (every rank sending 4n bytes to the next at
-// once: the bytes a ring allreduce moves in 4n / (2 (P-1)/P m) of its steps, a copy's worth
-// of traffic). Least and mean milliseconds of the repeats, the slowest rank's.
+// the same bytes on the same ranks in the same run (every rank sending its 4n bytes to the next
+// at once: what P of a ring allreduce's 2 (P-1) steps move, so an allreduce at the shift's
+// pace takes 2 (P-1)/P of it). Least and mean milliseconds of the repeats, the slowest rank's.
 //
 //   mpirun -np P allreduce_bench [--sizes N,N...] [--repeats R]
 #include <mpi.h>

@@ -182,7 +182,7 @@ void measure(mpi_comm& comm, const measure_options& mo) {
   if (mo.link_only) return;
   if (comm.rank() == 0) {
     std::printf("network: the alpha-beta model plus one header allgather (log2 P alpha + 48 (P-1) "
-                "beta); +local: plus the local work (gamma, scatter, merge);\nmeasured: least of the repeats, "
+                "beta), dense_allreduce at dense_beta (the measured allreduce, copies and sums included); +local: plus the local work (gamma, scatter, merge);\nmeasured: least of the repeats, "
                 "slowest rank. Milliseconds.\n");
     std::printf("%10s %8s  %-18s %9s %9s %9s %14s\n", "n", "density", "exchange", "network", "+local",
                 "measured", "measured/+local");

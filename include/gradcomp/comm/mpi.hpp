@@ -326,7 +326,8 @@ enum class mpi_reduction {
 struct mpi_options {
   mpi_reduction reduction = mpi_reduction::rank_order;
   // Elements per round of the rank-order allreduce; bounds its scratch memory (P shares of this
-  // many elements / P, kept by the mpi_comm between calls) and keeps every MPI count within int.
+  // many elements / P; the mpi_comm keeps up to four such buffers per element type between
+  // calls, one per request in flight, freed with it) and keeps every MPI count within int.
   std::size_t chunk_elements = std::size_t{1} << 24;
 };
 
@@ -783,16 +784,15 @@ class mpi_comm {
 
   // Scratch buffers of the rank-order allreduce, kept between calls: a fresh one per call (P
   // shares of a chunk, up to chunk_elements values: 64 MB of floats) is mapped anew each time
-  // and costs a page fault per page, more than the fold itself. A request takes a buffer of its
-  // element type at its first chunk and gives it back when its last chunk is gathered (or when
-  // it is dropped), so the pool holds one buffer per type and per request in flight at once,
-  // each the largest it was asked for.
+  // and costs a page fault per page, more than the fold itself. A request takes the largest
+  // free buffer of its element type at its first chunk and gives it back when its last chunk is
+  // gathered (or when its state is destroyed), so the pool holds, per element type, one buffer
+  // per request in flight at once (at most four: start() keeps four slots), each as large as
+  // the largest chunk it served. They are freed with the mpi_comm.
   struct scratch_pool {
     std::mutex mutex;
-    std::vector<std::pair<const void*, std::any>> free;  // (type key, std::vector<T>)
+    std::vector<std::any> free;  // each a std::vector<T>
   };
-  template <class T>
-  static constexpr char scratch_key = 0;  // its address tells the types apart
   template <class T>
   struct scratch_lease {
     std::shared_ptr<scratch_pool> pool;
@@ -808,12 +808,18 @@ class mpi_comm {
       if (!held && pool) {
         const std::lock_guard lock(pool->mutex);
         auto& f = pool->free;
+        auto best = f.end();
+        std::size_t best_size = 0;
         for (auto it = f.begin(); it != f.end(); ++it) {
-          if (it->first == &scratch_key<T>) {
-            buf = std::move(*std::any_cast<std::vector<T>>(&it->second));
-            f.erase(it);
-            break;
+          const auto* v = std::any_cast<std::vector<T>>(&*it);
+          if (v && (best == f.end() || v->size() > best_size)) {
+            best = it;
+            best_size = v->size();
           }
+        }
+        if (best != f.end()) {
+          buf = std::move(*std::any_cast<std::vector<T>>(&*best));
+          f.erase(best);
         }
       }
       held = true;
@@ -828,7 +834,7 @@ class mpi_comm {
       held = false;
       try {
         const std::lock_guard lock(pool->mutex);
-        pool->free.emplace_back(&scratch_key<T>, std::move(buf));
+        pool->free.emplace_back(std::move(buf));
       } catch (...) {
         // No memory for the pool's entry: the buffer is freed instead, as it was before.
       }

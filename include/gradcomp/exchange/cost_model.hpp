@@ -422,7 +422,7 @@ inline void check_measure_options(const char* who, std::string_view name, const 
 // rank's times at two set sizes), on a vector of local_elements; gamma_large and scatter_large
 // the same on one of local_large_elements. dense_beta is the communicator's allreduce of the
 // ring's largest message (large_bytes without point-to-point) in floats, the slowest rank's
-// mean. One rank gives alpha = beta = dense_beta = 0. `probe`, when given, receives the
+// least time. One rank gives alpha = beta = dense_beta = 0. `probe`, when given, receives the
 // ping-pong's, the ring's and the allreduce's values (zeros for one rank). Every rank must pass
 // the same options: the ring's growth depends on them, and ranks that differ would wait for
 // each other forever.
@@ -547,9 +547,11 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
   model.pair_alpha = result[0];
   model.pair_beta = result[1];
   // The communicator's own allreduce of dense_bytes of floats, as dense_allreduce runs it:
-  // dense_beta fitted to 2 (P-1) alpha + 2 (P-1)/P m dense_beta with the alpha above, the
-  // slowest rank's least time of large_repeats runs after a warm-up (an exchange is timed so;
-  // noise only adds). Zeros, so that the repeated sums stay finite.
+  // dense_beta fitted to 2 (P-1) pair_alpha + 2 (P-1)/P m dense_beta, the slowest rank's least
+  // time of large_repeats runs after a warm-up (an exchange is timed so; noise only adds). The
+  // ping-pong's alpha, a least time too: the ring's is a mean, which with ranks sharing cores
+  // can reach milliseconds and would leave nothing of the time. Zeros, so that the repeated
+  // sums stay finite.
   std::vector<float> dense(std::max<std::size_t>(1, dense_bytes / sizeof(float)), 0.0f);
   double reduce_time[1] = {0.0};
   for (unsigned i = 0; i <= o.large_repeats; ++i) {
@@ -562,7 +564,7 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
   comm.allreduce(std::span<double>(reduce_time), reduce_op::max);  // the slowest rank's pace
   const double pd = static_cast<double>(p);
   const double reduced = 2.0 * (pd - 1.0) / pd * static_cast<double>(dense.size() * sizeof(float));
-  model.dense_beta = std::max(0.0, (reduce_time[0] - 2.0 * (pd - 1.0) * model.alpha) / reduced);
+  model.dense_beta = std::max(0.0, (reduce_time[0] - 2.0 * (pd - 1.0) * model.pair_alpha) / reduced);
   if (probe) {
     *probe = link_probe{result[0], result[1], result[2], result[3], model.dense_beta,
                         dense.size() * sizeof(float)};
