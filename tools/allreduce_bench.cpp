@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <span>
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include <gradcomp/comm/mpi.hpp>
+
+#include "options.hpp"
 
 namespace {
 
@@ -44,48 +47,20 @@ timing time_it(mpi_comm& comm, int repeats, F&& f) {
   return {agreed[0], agreed[1]};
 }
 
-std::vector<std::size_t> parse_sizes(const std::string& list) {
-  std::vector<std::size_t> out;
-  std::size_t at = 0;
-  while (at <= list.size()) {
-    const std::size_t comma = std::min(list.find(',', at), list.size());
-    const std::string item = list.substr(at, comma - at);
-    std::size_t used = 0;
-    unsigned long long v = 0;
-    try {
-      v = std::stoull(item, &used);
-    } catch (const std::logic_error&) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || item[0] == '-' || v == 0 || v > (1ull << 30)) {
-      throw std::invalid_argument("--sizes: '" + item + "' is not a size in [1, 2^30]");
-    }
-    out.push_back(static_cast<std::size_t>(v));
-    at = comma + 1;
-  }
-  return out;
-}
-
 int run(int argc, char** argv) {
   std::vector<std::size_t> sizes = {std::size_t{1} << 18, std::size_t{1} << 20, std::size_t{1} << 22};
   int repeats = 10;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--sizes" && i + 1 < argc) {
-      sizes = parse_sizes(argv[++i]);
+      sizes = gradcomp_tools::parse_sizes(argv[++i], 1073741824.0, "[1, 2^30]");
     } else if (a == "--repeats" && i + 1 < argc) {
       const std::string v = argv[++i];
-      std::size_t used = 0;
-      int r = 0;
-      try {
-        r = std::stoi(v, &used);
-      } catch (const std::logic_error&) {
-        used = 0;
-      }
-      if (used != v.size() || r < 1 || r > 100000) {
+      const auto r = gradcomp_tools::whole_number(v, 1.0, 100000.0);
+      if (!r || *r != std::floor(*r)) {
         throw std::invalid_argument("--repeats: '" + v + "' is not a count in [1, 100000]");
       }
-      repeats = r;
+      repeats = static_cast<int>(*r);
     } else {
       throw std::invalid_argument("unknown argument '" + a +
                                   "'; usage: mpirun -np P allreduce_bench [--sizes N,N...] [--repeats R]");

@@ -34,6 +34,8 @@
 
 #include <gradcomp/exchange/cost_model.hpp>
 
+#include "options.hpp"
+
 #if defined(GRADCOMP_TOOL_WITH_MPI)
 #include <gradcomp/comm/mpi.hpp>
 #include <gradcomp/exchange.hpp>
@@ -242,35 +244,11 @@ void measure(mpi_comm& comm, const measure_options& mo) {
 
 #endif
 
-// The whole of `text` as a finite number in [lo, hi], or nothing (a bad character, trailing
-// text, out of range): the one check every numeric option goes through.
-std::optional<double> whole_number(const std::string& text, double lo, double hi) {
-  std::size_t used = 0;
-  double v = 0.0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::logic_error&) {
-    return std::nullopt;
-  }
-  if (used != text.size() || !std::isfinite(v) || !(v >= lo && v <= hi)) return std::nullopt;
-  return v;
-}
+using gradcomp_tools::whole_number;
 
 // "1048576,25600000" -> {1048576, 25600000}; throws on anything else.
 std::vector<std::size_t> parse_sizes(const std::string& list) {
-  std::vector<std::size_t> out;
-  std::size_t at = 0;
-  while (at <= list.size()) {
-    const std::size_t comma = std::min(list.find(',', at), list.size());
-    const std::string item = list.substr(at, comma - at);
-    const auto v = whole_number(item, 1.0, 4294967295.0);
-    if (!v || *v != std::floor(*v)) {
-      throw std::invalid_argument("--sizes: '" + item + "' is not a size in [1, 2^32 - 1]");
-    }
-    out.push_back(static_cast<std::size_t>(*v));
-    at = comma + 1;
-  }
-  return out;
+  return gradcomp_tools::parse_sizes(list, 4294967295.0, "[1, 2^32 - 1]");
 }
 
 }  // namespace
