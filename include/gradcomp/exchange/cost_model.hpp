@@ -299,6 +299,21 @@ struct link_probe {
 
 namespace detail {
 
+// The least time of `repeats` runs of f on this rank, each started after a barrier, after an
+// untimed warm-up run (noise only adds).
+template <class Comm, class F>
+double least_time_after_barrier(Comm& comm, unsigned repeats, F&& f) {
+  double best = 0.0;
+  for (unsigned i = 0; i <= repeats; ++i) {
+    comm.barrier();
+    stopwatch clock;
+    f();
+    const double t = clock.lap();
+    if (i == 1 || (i > 1 && t < best)) best = t;
+  }
+  return best;
+}
+
 // The strides of measure_local_costs' two merges on a vector of `elements`, and the k of each:
 // sets of 1024 and 16384 pairs (fewer on a vector too small for them). A merge's cost depends
 // on k, not on the vector: sets of these sizes are priced the same inside any vector.
@@ -524,15 +539,7 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
     std::vector<std::size_t> counts;
     auto gather = [&](std::size_t bytes, unsigned repeats) {
       const std::span<const std::byte> msg(out.data(), bytes);
-      double best = 0.0;
-      for (unsigned i = 0; i <= repeats; ++i) {
-        comm.barrier();
-        detail::stopwatch clock;
-        comm.allgatherv(msg, in, counts);
-        const double t = clock.lap();
-        if (i == 1 || (i > 1 && t < best)) best = t;
-      }
-      return best;
+      return detail::least_time_after_barrier(comm, repeats, [&] { comm.allgatherv(msg, in, counts); });
     };
     double t[2] = {gather(o.small_bytes, o.small_repeats), gather(o.large_bytes, o.large_repeats)};
     comm.allreduce(std::span<double>(t), reduce_op::max);  // the slowest rank sets the pace
@@ -553,14 +560,8 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
   // can reach milliseconds and would leave nothing of the time. Zeros, so that the repeated
   // sums stay finite.
   std::vector<float> dense(std::max<std::size_t>(1, dense_bytes / sizeof(float)), 0.0f);
-  double reduce_time[1] = {0.0};
-  for (unsigned i = 0; i <= o.large_repeats; ++i) {
-    comm.barrier();
-    detail::stopwatch clock;
-    comm.allreduce(std::span<float>(dense), reduce_op::sum);
-    const double t = clock.lap();
-    if (i == 1 || (i > 1 && t < reduce_time[0])) reduce_time[0] = t;
-  }
+  double reduce_time[1] = {detail::least_time_after_barrier(
+      comm, o.large_repeats, [&] { comm.allreduce(std::span<float>(dense), reduce_op::sum); })};
   comm.allreduce(std::span<double>(reduce_time), reduce_op::max);  // the slowest rank's pace
   const double pd = static_cast<double>(p);
   const double reduced = 2.0 * (pd - 1.0) / pd * static_cast<double>(dense.size() * sizeof(float));
