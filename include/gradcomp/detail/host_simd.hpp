@@ -1051,7 +1051,142 @@ inline bool cpu_has_f16c() noexcept {
     std::memcpy(out + 2 * i, &h, 2);
   }
 }
+
+// TernGrad's encoder on AVX-512 with BMI2. The generic clone spends most of its time turning
+// each chunk's 16 comparisons into a vector of codes and narrowing that to 4 bytes (about 15
+// vector instructions of some 37 per chunk, which the vector pipes execute one after another;
+// the division and the draw's four 64-bit multiplies are the rest). Here the comparisons stay
+// masks: the chunk's 32-bit word is the hit mask's bits where the value is not negative,
+// deposited at even positions (code 1), and where it is, at odd positions (code 2), two PDEPs
+// on the scalar side. The draw is counter_rng::uniform's mix64, lane by lane, on counters that
+// advance by 16 a chunk. Same bits as the generic path: the same division and comparison (a
+// hit needs |v| > 0, so the sign bit is v < 0 there), and for the bucket's max the same
+// maximum of |v|'s bits, gathered in four accumulators.
+inline bool cpu_has_bmi2() noexcept {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("bmi2") != 0;
+  }();
+  return has;
+}
+
+// Vector operators on these types rather than the shift, max and conversion intrinsics, whose
+// GCC 12 forms pass an undefined vector that -Wmaybe-uninitialized reports.
+typedef std::uint64_t u64x8 __attribute__((vector_size(64)));
+typedef std::uint32_t u32x16 __attribute__((vector_size(64)));
+typedef std::int32_t i32x16 __attribute__((vector_size(64)));
+typedef float f32x16 __attribute__((vector_size(64)));
+
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl")]] inline std::uint32_t
+max_abs_bits_avx512(const float* p, std::size_t n) {
+  u32x16 m[4] = {};
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    for (std::size_t r = 0; r < 4; ++r) {
+      u32x16 x;
+      std::memcpy(&x, p + i + 16 * r, sizeof x);
+      x &= 0x7fffffffu;
+      m[r] = x > m[r] ? x : m[r];
+    }
+  }
+  for (; i + 16 <= n; i += 16) {
+    u32x16 x;
+    std::memcpy(&x, p + i, sizeof x);
+    x &= 0x7fffffffu;
+    m[0] = x > m[0] ? x : m[0];
+  }
+  for (std::size_t r = 1; r < 4; ++r) m[0] = m[r] > m[0] ? m[r] : m[0];
+  std::uint32_t best = 0;
+  for (std::size_t j = 0; j < 16; ++j) best = m[0][j] > best ? m[0][j] : best;
+  for (; i < n; ++i) {
+    const std::uint32_t a = abs_bits(p[i]);
+    best = a > best ? a : best;
+  }
+  return best;
+}
+
+// The codes of `chunks` chunks of 16 values from v[first] (first a multiple of 16) of a
+// bucket whose max is > 0, into the 4 * chunks bytes at out + first / 4.
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,bmi2")]] inline void terngrad_chunks_avx512(
+    const float* v, std::size_t first, std::size_t chunks, float max, std::uint64_t key,
+    std::byte* out) {
+  constexpr std::uint64_t c = 0x9e3779b97f4a7c15ULL;
+  // Lane j of the chunk at i draws counter_rng::bits(i + j): mix64(key + (i + j + 1) * c).
+  u64x8 z_lo;
+  u64x8 z_hi;
+  for (std::uint64_t j = 0; j < 8; ++j) {
+    z_lo[j] = key + (first + j + 1) * c;
+    z_hi[j] = key + (first + j + 9) * c;
+  }
+  const __m512i low_halves =
+      _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const f32x16 maxv = f32x16{} + max;
+  for (std::size_t k = 0, i = first; k < chunks; ++k, i += 16) {
+    u64x8 a = z_lo;
+    u64x8 b = z_hi;
+    a = (a ^ (a >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    b = (b ^ (b >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    a = (a ^ (a >> 27)) * 0x94d049bb133111ebULL;
+    b = (b ^ (b >> 27)) * 0x94d049bb133111ebULL;
+    // mix64's last step, z ^ (z >> 31), leaves the top 24 bits as they are.
+    const __m512i top24 = _mm512_permutex2var_epi32(reinterpret_cast<__m512i>(a >> 40),
+                                                    low_halves,
+                                                    reinterpret_cast<__m512i>(b >> 40));
+    const f32x16 u =
+        __builtin_convertvector(reinterpret_cast<i32x16>(top24), f32x16) * 0x1.0p-24f;
+    u32x16 x;
+    std::memcpy(&x, v + i, sizeof x);
+    const f32x16 q = reinterpret_cast<f32x16>(x & 0x7fffffffu) / maxv;
+    const auto hit = static_cast<std::uint32_t>(
+        _mm512_cmp_ps_mask(reinterpret_cast<__m512>(u), reinterpret_cast<__m512>(q), _CMP_LT_OQ));
+    const auto neg = static_cast<std::uint32_t>(_mm512_movepi32_mask(reinterpret_cast<__m512i>(x)));
+    const std::uint32_t word =
+        _pdep_u32(hit & ~neg, 0x55555555u) | _pdep_u32(hit & neg, 0xaaaaaaaau);
+    std::memcpy(out + i / 4, &word, 4);
+    z_lo += 16 * c;
+    z_hi += 16 * c;
+  }
+}
 #endif
+
+// TernGrad's encoder on AVX-512 with BMI2: true when the active path is avx512, the CPU has
+// BMI2 and the layout is the vector paths' (vector_layout), having written the codes and one
+// max per bucket; false having done nothing otherwise.
+inline bool terngrad_encode_hardware(const float* v, std::size_t n, std::size_t bucket,
+                                     const counter_rng& rng, std::byte* out, float* side) {
+#if GRADCOMP_HOST_DISPATCH
+  if (active_host_isa() != host_isa::avx512 || !cpu_has_bmi2() ||
+      !vector_layout(n, bucket, 2)) {
+    return false;
+  }
+  for (std::size_t first = 0; first < n; first += bucket) {
+    const std::size_t end = n - first < bucket ? n : first + bucket;
+    const float max = terngrad_max_from_bits(max_abs_bits_avx512(v + first, end - first));
+    *side++ = max;
+    const std::size_t chunks = (end - first) / simd16::width;
+    if (max > 0.0f) {
+      terngrad_chunks_avx512(v, first, chunks, max, rng.key, out);
+    } else {
+      std::memset(out + first / 4, 0, 4 * chunks);
+    }
+    const std::size_t i = first + chunks * simd16::width;
+    if (i < end) {
+      pack_codes_with(out + i / 4, end - i, 2, [&](std::size_t j) {
+        return terngrad_code(v[i + j], max, rng.uniform(i + j));
+      });
+    }
+  }
+  return true;
+#else
+  (void)v;
+  (void)n;
+  (void)bucket;
+  (void)rng;
+  (void)out;
+  (void)side;
+  return false;
+#endif
+}
 
 // fp16's encoder on the hardware conversion: true when the active path has it (AVX2 or
 // AVX-512, and F16C), having written the n codes; false having done nothing otherwise.

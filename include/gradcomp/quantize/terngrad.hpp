@@ -51,6 +51,10 @@ struct terngrad {
     const std::size_t n = values.size();
     const std::size_t bucket = bucket_size_ == 0 ? n + 1 : bucket_size_;
 #if GRADCOMP_VECTOR_EXTENSIONS
+    if (detail::terngrad_encode_hardware(values.data(), n, bucket, rng, out.values.data(),
+                                         out.side.data())) {
+      return;
+    }
     if (detail::encode_vector(values.data(), n, bucket, 2, out.values.data(), out.side.data(),
                                detail::simd16::terngrad_codec{rng})) {
       return;
