@@ -10,6 +10,7 @@
 //    with zeros, subnormals, NaN, Inf and values near the 16-bit formats' limits.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -235,6 +236,81 @@ TEST_CASE("same bits: fp16's encoder on every path over the float bit patterns, 
         mismatches += h != ref[i] ? 1 : 0;
       }
       CHECK(mismatches == 0);
+    }
+  }
+}
+
+// TernGrad's encoder has a loop of its own on AVX-512 with BMI2 (detail::terngrad_encode_hardware),
+// which the avx512 limit above runs in place of the generic AVX-512 clone. Here the portable
+// loop, that loop and the generic clone (called directly) are compared with MXCSR's
+// flush-to-zero and denormals-are-zero clear and set, on inputs that include a bucket whose
+// max is a subnormal (a zero max under DAZ) and buckets of subnormals among normal values.
+TEST_CASE("same bits: TernGrad's AVX-512 loop, the generic clone and the portable loop, FTZ and DAZ too") {
+  namespace d = gradcomp::detail;
+#if GRADCOMP_HOST_DISPATCH
+  const bool own_loop = d::detected_host_isa() == d::host_isa::avx512 && d::cpu_has_bmi2();
+#else
+  const bool own_loop = false;
+#endif
+  if (!own_loop) MESSAGE("this CPU or build has no AVX-512 with BMI2: TernGrad's own loop is not run here");
+  struct restore {
+    d::host_isa isa = d::limit_host_isa(d::host_isa::portable);
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned csr = _mm_getcsr();
+    ~restore() {
+      _mm_setcsr(csr);
+      d::limit_host_isa(isa);
+    }
+#else
+    ~restore() { d::limit_host_isa(isa); }
+#endif
+  } const saved;
+  const gradcomp::call_id call{.seed = 7, .step = 3};
+  for (const std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{1000}, std::size_t{4099},
+                              (std::size_t{1} << 16) + 5}) {
+    std::vector<float> v = test_values(n, 303 + n, true);
+    // Bucket 1 (of 64 values) all subnormal, and every 7th value of bucket 3 subnormal.
+    for (std::size_t i = 64; i < 128 && i < n; ++i) {
+      const auto bits = static_cast<std::uint32_t>(((i & 1u) << 31) | (1u + 4099u * i) % 0x7fffffu);
+      std::memcpy(&v[i], &bits, 4);
+    }
+    for (std::size_t i = 192; i < 256 && i < n; i += 7) {
+      const std::uint32_t bits = 0x00012345u + static_cast<std::uint32_t>(i);
+      std::memcpy(&v[i], &bits, 4);
+    }
+    for (const unsigned bucket : {0u, 64u}) {
+      const gradcomp::terngrad q(bucket);
+      for (const bool flush : {false, true}) {
+#if defined(__x86_64__) || defined(__i386__)
+        _mm_setcsr(flush ? saved.csr | 0x8040u : saved.csr);  // FTZ and DAZ
+#else
+        if (flush) continue;
+#endif
+        CAPTURE(n);
+        CAPTURE(bucket);
+        CAPTURE(flush);
+        d::limit_host_isa(d::host_isa::portable);
+        payload ref = blank(n);
+        q.encode(v, call, ref);
+        d::limit_host_isa(d::host_isa::avx512);
+        payload p = blank(n);
+        q.encode(v, call, p);
+        CHECK(p.values == ref.values);
+        REQUIRE(p.side.size() == ref.side.size());
+        CHECK(same_bytes(p.side.data(), ref.side.data(), p.side.size() * sizeof(float)));
+#if GRADCOMP_VECTOR_EXTENSIONS
+        // The generic clone of the active path, as encode() ran it before the loop of its own.
+        std::fill(p.values.begin(), p.values.end(), std::byte{0xff});
+        std::fill(p.side.begin(), p.side.end(), -1.0f);
+        const std::size_t b = bucket == 0 ? n + 1 : bucket;
+        const d::counter_rng rng{d::stream_key(call, d::stream_tag::quantize)};
+        if (d::encode_vector(v.data(), n, b, 2, p.values.data(), p.side.data(),
+                             d::simd16::terngrad_codec{rng})) {
+          CHECK(p.values == ref.values);
+          CHECK(same_bytes(p.side.data(), ref.side.data(), p.side.size() * sizeof(float)));
+        }
+#endif
+      }
     }
   }
 }

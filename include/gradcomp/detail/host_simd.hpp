@@ -7,11 +7,14 @@
 //
 // Every path computes the same bits as the portable per-element loop (the device kernels'
 // arithmetic, detail/quantize_math.hpp and detail/float16.hpp): integer and exactly-rounded
-// float operations only, nothing that depends on the rounding mode, flush-to-zero or a fused
-// multiply-add (the one hardware conversion used, fp16's F16C encoder, takes its rounding
-// from its operand and ignores flush-to-zero; see half_encode_hardware, a function of its
-// own per instruction set). The bucket sums, which GCC's vector extensions compile badly,
-// use the AVX2 and AVX-512 intrinsics of the clone they run in (isa_tag).
+// float operations only, each the one the portable loop performs, and no fused multiply-add,
+// so that the paths agree under any MXCSR setting (QSGD's and TernGrad's divisions follow its
+// rounding mode and flush-to-zero on every path alike). The one hardware conversion used,
+// fp16's F16C encoder, takes its rounding from its operand and ignores flush-to-zero (see
+// half_encode_hardware, a function of its own per instruction set). The bucket sums, which
+// GCC's vector extensions compile badly, use the AVX2 and AVX-512 intrinsics of the clone they
+// run in (isa_tag), and TernGrad's encoder has a loop of its own on AVX-512 with BMI2
+// (terngrad_encode_hardware).
 // tests/quantize/same_bits_test.cpp runs every path against the portable one and against
 // hashes recorded before the vector paths existed.
 //
@@ -1052,16 +1055,7 @@ inline bool cpu_has_f16c() noexcept {
   }
 }
 
-// TernGrad's encoder on AVX-512 with BMI2. The generic clone spends most of its time turning
-// each chunk's 16 comparisons into a vector of codes and narrowing that to 4 bytes (about 15
-// vector instructions of some 37 per chunk, which the vector pipes execute one after another;
-// the division and the draw's four 64-bit multiplies are the rest). Here the comparisons stay
-// masks: the chunk's 32-bit word is the hit mask's bits where the value is not negative,
-// deposited at even positions (code 1), and where it is, at odd positions (code 2), two PDEPs
-// on the scalar side. The draw is counter_rng::uniform's mix64, lane by lane, on counters that
-// advance by 16 a chunk. Same bits as the generic path: the same division and comparison (a
-// hit needs |v| > 0, so the sign bit is v < 0 there), and for the bucket's max the same
-// maximum of |v|'s bits, gathered in four accumulators.
+// Whether the CPU has BMI2 (PDEP), for TernGrad's encoder below.
 inline bool cpu_has_bmi2() noexcept {
   static const bool has = [] {
     __builtin_cpu_init();
@@ -1105,6 +1099,17 @@ max_abs_bits_avx512(const float* p, std::size_t n) {
   return best;
 }
 
+// TernGrad's encoder on AVX-512 with BMI2. The generic clone spends most of its time turning
+// each chunk's 16 comparisons into a vector of codes and narrowing that to 4 bytes (about 15
+// vector instructions of some 37 per chunk, which the vector pipes execute one after another;
+// the division and the draw's four 64-bit multiplies are the rest). Here the comparisons stay
+// masks: the chunk's 32-bit word is the hit mask's bits where the value is not negative,
+// deposited at even positions (code 1), and where it is, at odd positions (code 2), two PDEPs
+// on the scalar side. The draw is counter_rng::uniform's mix64, lane by lane, on counters that
+// advance by 16 a chunk. Same bits as the generic path: the same division and comparison (a
+// hit needs |v| > 0, so the sign bit is v < 0 there), and for the bucket's max the same
+// maximum of |v|'s bits, gathered in four accumulators.
+//
 // The codes of `chunks` chunks of 16 values from v[first] (first a multiple of 16) of a
 // bucket whose max is > 0, into the 4 * chunks bytes at out + first / 4.
 [[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,bmi2")]] inline void terngrad_chunks_avx512(
@@ -1112,8 +1117,8 @@ max_abs_bits_avx512(const float* p, std::size_t n) {
     std::byte* out) {
   constexpr std::uint64_t c = 0x9e3779b97f4a7c15ULL;
   // Lane j of the chunk at i draws counter_rng::bits(i + j): mix64(key + (i + j + 1) * c).
-  u64x8 z_lo;
-  u64x8 z_hi;
+  u64x8 z_lo{};
+  u64x8 z_hi{};
   for (std::uint64_t j = 0; j < 8; ++j) {
     z_lo[j] = key + (first + j + 1) * c;
     z_hi[j] = key + (first + j + 9) * c;
