@@ -126,6 +126,25 @@ void check_paths(const Q& q, std::size_t n, bool special) {
   d::limit_host_isa(before);
 }
 
+// Sets the ISA limit to portable and, on x86, remembers MXCSR; puts both back when it goes
+// out of scope (also when a REQUIRE throws). `csr` is the caller's MXCSR, for setting FTZ and
+// DAZ on top of it.
+struct isa_and_mxcsr {
+  gradcomp::detail::host_isa isa = gradcomp::detail::limit_host_isa(gradcomp::detail::host_isa::portable);
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned csr = _mm_getcsr();
+  ~isa_and_mxcsr() {
+    _mm_setcsr(csr);
+    gradcomp::detail::limit_host_isa(isa);
+  }
+#else
+  ~isa_and_mxcsr() { gradcomp::detail::limit_host_isa(isa); }
+#endif
+  isa_and_mxcsr() = default;
+  isa_and_mxcsr(const isa_and_mxcsr&) = delete;
+  isa_and_mxcsr& operator=(const isa_and_mxcsr&) = delete;
+};
+
 template <class Q>
 void check_all_paths(const Q& q) {
   for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16},
@@ -202,19 +221,7 @@ TEST_CASE("same bits: fp16's encoder on every path over the float bit patterns, 
   }
   std::vector<std::uint16_t> ref(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) ref[i] = d::float_to_half_bits(v[i]);
-  // Restores the ISA limit and MXCSR also when a REQUIRE below throws.
-  struct restore {
-    d::host_isa isa = d::limit_host_isa(d::host_isa::portable);
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned csr = _mm_getcsr();
-    ~restore() {
-      _mm_setcsr(csr);
-      d::limit_host_isa(isa);
-    }
-#else
-    ~restore() { d::limit_host_isa(isa); }
-#endif
-  } const saved;
+  const isa_and_mxcsr saved;  // restored also when a REQUIRE below throws
   for (const bool flush : {false, true}) {
 #if defined(__x86_64__) || defined(__i386__)
     _mm_setcsr(flush ? saved.csr | 0x8040u : saved.csr);  // FTZ and DAZ
@@ -253,18 +260,7 @@ TEST_CASE("same bits: TernGrad's AVX-512 loop, the generic clone and the portabl
   const bool own_loop = false;
 #endif
   if (!own_loop) MESSAGE("this CPU or build has no AVX-512 with BMI2: TernGrad's own loop is not run here");
-  struct restore {
-    d::host_isa isa = d::limit_host_isa(d::host_isa::portable);
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned csr = _mm_getcsr();
-    ~restore() {
-      _mm_setcsr(csr);
-      d::limit_host_isa(isa);
-    }
-#else
-    ~restore() { d::limit_host_isa(isa); }
-#endif
-  } const saved;
+  const isa_and_mxcsr saved;
   const gradcomp::call_id call{.seed = 7, .step = 3};
   for (const std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{1000}, std::size_t{4099},
                               (std::size_t{1} << 16) + 5}) {
