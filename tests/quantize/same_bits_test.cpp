@@ -128,7 +128,7 @@ void check_paths(const Q& q, std::size_t n, bool special) {
 
 // Sets the ISA limit to portable and, on x86, remembers MXCSR; puts both back when it goes
 // out of scope (also when a REQUIRE throws). `csr` is the caller's MXCSR, for setting FTZ and
-// DAZ on top of it.
+// DAZ on top of it (set_flush).
 struct isa_and_mxcsr {
   gradcomp::detail::host_isa isa = gradcomp::detail::limit_host_isa(gradcomp::detail::host_isa::portable);
 #if defined(__x86_64__) || defined(__i386__)
@@ -140,6 +140,16 @@ struct isa_and_mxcsr {
 #else
   ~isa_and_mxcsr() { gradcomp::detail::limit_host_isa(isa); }
 #endif
+  // MXCSR as the caller had it, with FTZ and DAZ set when `flush`; false (nothing set) where
+  // there is no MXCSR to set them in and `flush` is asked for.
+  bool set_flush(bool flush) const {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(flush ? csr | 0x8040u : csr);
+    return true;
+#else
+    return !flush;
+#endif
+  }
   isa_and_mxcsr() = default;
   isa_and_mxcsr(const isa_and_mxcsr&) = delete;
   isa_and_mxcsr& operator=(const isa_and_mxcsr&) = delete;
@@ -223,11 +233,7 @@ TEST_CASE("same bits: fp16's encoder on every path over the float bit patterns, 
   for (std::size_t i = 0; i < v.size(); ++i) ref[i] = d::float_to_half_bits(v[i]);
   const isa_and_mxcsr saved;  // restored also when a REQUIRE below throws
   for (const bool flush : {false, true}) {
-#if defined(__x86_64__) || defined(__i386__)
-    _mm_setcsr(flush ? saved.csr | 0x8040u : saved.csr);  // FTZ and DAZ
-#else
-    if (flush) continue;
-#endif
+    if (!saved.set_flush(flush)) continue;
     for (const d::host_isa isa : {d::host_isa::portable, d::host_isa::baseline, d::host_isa::avx2,
                                   d::host_isa::avx512}) {
       d::limit_host_isa(isa);
@@ -277,11 +283,7 @@ TEST_CASE("same bits: TernGrad's AVX-512 loop, the generic clone and the portabl
     for (const unsigned bucket : {0u, 64u}) {
       const gradcomp::terngrad q(bucket);
       for (const bool flush : {false, true}) {
-#if defined(__x86_64__) || defined(__i386__)
-        _mm_setcsr(flush ? saved.csr | 0x8040u : saved.csr);  // FTZ and DAZ
-#else
-        if (flush) continue;
-#endif
+        if (!saved.set_flush(flush)) continue;
         CAPTURE(n);
         CAPTURE(bucket);
         CAPTURE(flush);
