@@ -1064,40 +1064,12 @@ inline bool cpu_has_bmi2() noexcept {
   return has;
 }
 
-// Vector operators on these types rather than the shift, max and conversion intrinsics, whose
+// Vector operators on these types rather than the shift and conversion intrinsics, whose
 // GCC 12 forms pass an undefined vector that -Wmaybe-uninitialized reports.
 typedef std::uint64_t u64x8 __attribute__((vector_size(64)));
 typedef std::uint32_t u32x16 __attribute__((vector_size(64)));
 typedef std::int32_t i32x16 __attribute__((vector_size(64)));
 typedef float f32x16 __attribute__((vector_size(64)));
-
-[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl")]] inline std::uint32_t
-max_abs_bits_avx512(const float* p, std::size_t n) {
-  u32x16 m[4] = {};
-  std::size_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    for (std::size_t r = 0; r < 4; ++r) {
-      u32x16 x;
-      std::memcpy(&x, p + i + 16 * r, sizeof x);
-      x &= 0x7fffffffu;
-      m[r] = x > m[r] ? x : m[r];
-    }
-  }
-  for (; i + 16 <= n; i += 16) {
-    u32x16 x;
-    std::memcpy(&x, p + i, sizeof x);
-    x &= 0x7fffffffu;
-    m[0] = x > m[0] ? x : m[0];
-  }
-  for (std::size_t r = 1; r < 4; ++r) m[0] = m[r] > m[0] ? m[r] : m[0];
-  std::uint32_t best = 0;
-  for (std::size_t j = 0; j < 16; ++j) best = m[0][j] > best ? m[0][j] : best;
-  for (; i < n; ++i) {
-    const std::uint32_t a = abs_bits(p[i]);
-    best = a > best ? a : best;
-  }
-  return best;
-}
 
 // TernGrad's encoder on AVX-512 with BMI2. The generic clone spends most of its time turning
 // each chunk's 16 comparisons into a vector of codes and narrowing that to 4 bytes (about 15
@@ -1107,8 +1079,8 @@ max_abs_bits_avx512(const float* p, std::size_t n) {
 // deposited at even positions (code 1), and where it is, at odd positions (code 2), two PDEPs
 // on the scalar side. The draw is counter_rng::uniform's mix64, lane by lane, on counters that
 // advance by 16 a chunk. Same bits as the generic path: the same division and comparison (a
-// hit needs |v| > 0, so the sign bit is v < 0 there), and for the bucket's max the same
-// maximum of |v|'s bits, gathered in four accumulators.
+// hit needs |v| > 0, so the sign bit is v < 0 there), and the bucket's max is the codec's own
+// (terngrad_codec::side, run in the AVX-512 clone).
 //
 // The codes of `chunks` chunks of 16 values from v[first] (first a multiple of 16) of a
 // bucket whose max is > 0, into the 4 * chunks bytes at out + first / 4.
@@ -1166,7 +1138,8 @@ inline bool terngrad_encode_hardware(const float* v, std::size_t n, std::size_t 
   }
   for (std::size_t first = 0; first < n; first += bucket) {
     const std::size_t end = n - first < bucket ? n : first + bucket;
-    const float max = terngrad_max_from_bits(max_abs_bits_avx512(v + first, end - first));
+    float max = 0.0f;
+    run_avx512([&](auto) { max = simd16::terngrad_codec::side(v + first, end - first); });
     *side++ = max;
     const std::size_t chunks = (end - first) / simd16::width;
     if (max > 0.0f) {
