@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh [BIN_DIR] [OUT_DIR]: on a machine with a CUDA GPU, runs every CUDA test
+# (cuda_*_test), then gradcomp_cuda_bench over all its families (3 repetitions, JSON), then the
+# CUDA tests again under compute-sanitizer's memcheck where that tool is found. Logs and the
+# JSON go to OUT_DIR (default gpu-check). BIN_DIR (default build/default) is a build tree or a
+# flat folder of those executables (what a GPU machine without this machine's toolchain gets:
+# the binaries built here, with LD_LIBRARY_PATH naming a folder of the libraries they need).
+# Prints a summary last; exits 77 when there is no CUDA device (the tests' skip code), 1 when a
+# test failed or a tool reported an error.
+set -uo pipefail
+
+bin=${1:-build/default}
+out=${2:-gpu-check}
+mkdir -p "$out"
+
+find_exe() {  # find_exe NAME: the executable NAME in bin (flat) or its build tree
+  local p
+  for p in "$bin/$1" "$bin/tests/cuda/$1" "$bin/bench/$1"; do
+    [[ -x $p ]] && { echo "$p"; return 0; }
+  done
+  return 1
+}
+
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+fi
+
+tests=()
+for p in "$bin"/cuda_*_test "$bin"/tests/cuda/cuda_*_test; do
+  [[ -x $p ]] && tests+=("$(basename "$p")")
+done
+status=0
+summary=()
+[[ ${#tests[@]} -gt 0 ]] || { summary+=("no cuda_*_test in $bin"); status=1; }
+for name in "${tests[@]}"; do
+  exe=$(find_exe "$name") || { summary+=("$name: not built"); status=1; continue; }
+  start=$SECONDS
+  timeout 120 "$exe" > "$out/$name.log" 2>&1
+  rc=$?
+  summary+=("$name: rc $rc, $((SECONDS - start)) s, $(grep -E '^\[doctest\] (test cases|assertions)' "$out/$name.log" | tr -s ' ' | tr '\n' ' ')")
+  if [[ $rc -eq 77 ]]; then  # the tests' "no CUDA device" exit
+    printf '%s\n' "${summary[@]}" "no CUDA device here: nothing was run ($out/$name.log)" |
+      tee "$out/summary.txt"
+    exit 77
+  fi
+  [[ $rc -eq 0 ]] || status=1
+done
+
+if exe=$(find_exe gradcomp_cuda_bench); then
+  start=$SECONDS
+  timeout 240 "$exe" --benchmark_repetitions=3 --benchmark_min_time=0.05 \
+    --benchmark_report_aggregates_only=true --benchmark_out="$out/cuda_bench.json" \
+    --benchmark_out_format=json > "$out/cuda_bench.log" 2>&1
+  rc=$?
+  summary+=("gradcomp_cuda_bench: rc $rc, $((SECONDS - start)) s")
+  [[ $rc -eq 0 ]] || status=1
+else
+  summary+=("gradcomp_cuda_bench: not built")
+fi
+
+if command -v compute-sanitizer > /dev/null; then
+  for name in "${tests[@]}"; do
+    exe=$(find_exe "$name") || continue
+    start=$SECONDS
+    timeout 90 compute-sanitizer --tool memcheck --error-exitcode 99 "$exe" \
+      > "$out/$name.memcheck.log" 2>&1
+    rc=$?
+    summary+=("memcheck $name: rc $rc, $((SECONDS - start)) s, $(grep -E 'ERROR SUMMARY' "$out/$name.memcheck.log" | tail -1)")
+    [[ $rc -eq 0 ]] || status=1
+  done
+else
+  summary+=("compute-sanitizer: not found, memcheck not run")
+fi
+
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+exit $status
