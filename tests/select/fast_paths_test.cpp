@@ -6,11 +6,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <string>
 #include <vector>
 
+#include <gradcomp/detail/host_dispatch.hpp>
 #include <gradcomp/feedback/residual.hpp>
 #include <gradcomp/quantize/identity.hpp>
 #include <gradcomp/quantize/qsgd.hpp>
@@ -51,6 +53,74 @@ TEST_CASE("topk select_accumulate: bracket hit, forced miss and tie overflow") {
   for (std::size_t i = 0; i < n; ++i) g[i] = (i % 2) ? 0.125 : -0.625;  // |e + g| = 0.375
   gradcomp::topk sel;
   CHECK(gt::check_accumulate(sel, e, g, n / 100).fallback);
+}
+
+// Top-k's bracket pass and Gaussian-k's statistics pass run in the widest instruction-set
+// clone the CPU offers (detail/host_dispatch.hpp). Every clone must give what the build's own
+// target gives, bit for bit: the indices and stats of select(), and of select_accumulate_into()
+// also the sums it writes (streamed from 8 MiB on), the energy (whose squares an AVX-512 clone
+// could fuse into FMAs) and the non-finite flag. Paths the CPU lacks run the widest it has.
+template <class Selector>
+void check_isa_paths() {
+  namespace d = gradcomp::detail;
+  struct restore {
+    d::host_isa isa;
+    ~restore() { d::limit_host_isa(isa); }
+  } guard{d::limit_host_isa(d::host_isa::portable)};
+  MESSAGE("widest path on this CPU: " << d::host_isa_name(d::detected_host_isa()));
+  struct result {
+    std::vector<std::uint32_t> plain, fused;
+    gradcomp::selection_stats plain_st, fused_st;
+    std::vector<float> sums;
+  };
+  const auto run = [](const std::vector<float>& e, const std::vector<float>& g, std::size_t k) {
+    result r;
+    Selector sel;
+    const gradcomp::select_context ctx{k, 0.0, {}};
+    r.plain_st = sel.select(std::span<const float>(g), ctx, r.plain);
+    r.sums.assign(g.size(), -1.0f);
+    r.fused_st = sel.select_accumulate_into(std::span<float>(r.sums), std::span<const float>(e),
+                                            std::span<const float>(g), ctx, r.fused);
+    return r;
+  };
+  const auto same_double = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  for (const std::size_t n : {std::size_t{70001}, (std::size_t{1} << 21) + 3}) {
+    for (const gt::dist dist : gt::all_dists) {
+      auto e = gt::make_input<float>(dist, n, 300 + n);
+      const auto g = gt::make_input<float>(dist, n, 400 + n);
+      if (dist == gt::dist::outliers) e[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      for (const std::size_t k : {n / 1000, n / 100}) {
+        const std::string dist_name = gt::name(dist);
+        CAPTURE(dist_name);
+        CAPTURE(n);
+        CAPTURE(k);
+        d::limit_host_isa(d::host_isa::portable);
+        const result ref = run(e, g, k);
+        for (const d::host_isa isa : {d::host_isa::baseline, d::host_isa::avx2, d::host_isa::avx512}) {
+          d::limit_host_isa(isa);
+          const std::string path = d::host_isa_name(d::active_host_isa());
+          CAPTURE(path);
+          const result got = run(e, g, k);
+          CHECK(got.plain == ref.plain);
+          gt::check_same_stats(got.plain_st, ref.plain_st);
+          CHECK(same_double(got.plain_st.energy, ref.plain_st.energy));
+          CHECK(got.fused == ref.fused);
+          gt::check_same_stats(got.fused_st, ref.fused_st);
+          CHECK(gt::same_bits(got.sums, ref.sums));
+          CHECK(same_double(got.fused_st.energy, ref.fused_st.energy));
+          CHECK(got.fused_st.nonfinite == ref.fused_st.nonfinite);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("topk: every instruction-set path of the bracket pass gives the same bits") {
+  check_isa_paths<gradcomp::topk>();
+}
+
+TEST_CASE("gaussiank: every instruction-set path of the statistics pass gives the same bits") {
+  check_isa_paths<gradcomp::gaussiank>();
 }
 
 TEST_CASE("topk select_accumulate: argument errors leave e unchanged") {

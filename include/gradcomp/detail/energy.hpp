@@ -45,8 +45,8 @@ inline void add_squares(const T* x, std::size_t m, double* energy) noexcept {
       v a, b;
       std::memcpy(&a, x + i, sizeof(v));
       std::memcpy(&b, x + i + w, sizeof(v));
-      q0 += a * a;
-      q1 += b * b;
+      q0 += square_unfused(a);
+      q1 += square_unfused(b);
     }
     q0 += q1;
     for (std::size_t j = 0; j < w; ++j) chunk += static_cast<double>(q0[j]);

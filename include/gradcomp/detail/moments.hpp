@@ -48,13 +48,13 @@ mean_sd mean_and_sd_double(std::span<const T> g) {
     for (std::size_t j = 0; j < 4; ++j) {
       const double d = static_cast<double>(g[i + j]) - shift;
       s1[j] += d;
-      s2[j] += d * d;
+      s2[j] += square_unfused(d);
     }
   }
   for (; i < n; ++i) {
     const double d = static_cast<double>(g[i]) - shift;
     s1[0] += d;
-    s2[0] += d * d;
+    s2[0] += square_unfused(d);
   }
   const double sum = (s1[0] + s1[1]) + (s1[2] + s1[3]);
   const double sq = (s2[0] + s2[1]) + (s2[2] + s2[3]);
@@ -145,7 +145,8 @@ mean_sd moments_pass(const Source& source, [[maybe_unused]] signed_key_t<T> t,
         x2 -= sh;
         x3 -= sh;
         a += (x0 + x1) + (x2 + x3);
-        q += (x0 * x0 + x1 * x1) + (x2 * x2 + x3 * x3);
+        q += (square_unfused(x0) + square_unfused(x1)) +
+             (square_unfused(x2) + square_unfused(x3));
       }
       if constexpr (Collect) {
         if (any_negative(any)) {
@@ -171,7 +172,7 @@ mean_sd moments_pass(const Source& source, [[maybe_unused]] signed_key_t<T> t,
     for (std::size_t j = 0; j < len; ++j) {
       const double dd = static_cast<double>(p[j]) - shift_d;
       sum += dd;
-      sq += dd * dd;
+      sq += square_unfused(dd);
       if constexpr (Count) *counted += signed_abs_key(p[j]) > tc;
     }
     if constexpr (Collect) {

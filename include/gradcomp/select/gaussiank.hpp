@@ -15,6 +15,7 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
+#include <gradcomp/detail/host_dispatch.hpp>
 #include <gradcomp/detail/moments.hpp>
 #include <gradcomp/detail/normal.hpp>
 #include <gradcomp/detail/select/compaction.hpp>
@@ -273,15 +274,24 @@ struct gaussiank {
       detail::ensure_size(above, pl.cap + detail::moments_chunk);
       detail::ensure_size(above_keys, pl.cap + detail::moments_chunk);
       list = {above.data(), above_keys.data(), pl.cap, 0, false};
-      if (pl.bound > 0.0) {
-        t_bound = detail::key_threshold_above<T>(pl.bound);
+      if (pl.bound > 0.0) t_bound = detail::key_threshold_above<T>(pl.bound);
+    }
+    // The statistics pass runs in the widest clone the CPU offers, like top-k's bracket pass
+    // (the same operations on every path, squares unfused: the same moments and list).
+    const auto pass = [&](auto) {
+      if (!collect) {
+        ms = detail::moments_pass<T, false, false>(src, t_list, nullptr, 0, nullptr);
+      } else if (pl.bound > 0.0) {
         ms = detail::moments_pass<T, true, true>(src, t_list, &list, t_bound, &bound_count);
       } else {
         ms = detail::moments_pass<T, true, false>(src, t_list, &list, 0, nullptr);
       }
-    } else {
-      ms = detail::moments_pass<T, false, false>(src, t_list, nullptr, 0, nullptr);
-    }
+    };
+#if GRADCOMP_VECTOR_EXTENSIONS
+    detail::run_vector(detail::active_host_isa(), pass);
+#else
+    pass(0);
+#endif
     const std::span<const T> g = src.values();  // e + g once the pass is done
     const bool list_ok = collect && !list.overflow;
     const double nd = static_cast<double>(n);

@@ -25,6 +25,7 @@
 #include <gradcomp/detail/select/scan.hpp>
 #include <gradcomp/detail/select/scratch.hpp>
 #include <gradcomp/detail/select/sources.hpp>
+#include <gradcomp/detail/host_dispatch.hpp>
 
 namespace gradcomp {
 
@@ -349,7 +350,16 @@ struct topk {
     detail::ensure_size(cand, budget + detail::scan_block);
     detail::ensure_size(cand_keys, budget + detail::scan_block);
     detail::bracket_lists<T> lists{sure.data(), k, cand.data(), cand_keys.data(), budget};
-    const bool pass_ok = detail::bracket_pass<T>(src, lo, hi, lists);
+    // The pass runs in the widest clone the CPU offers (detail/host_dispatch.hpp), where its
+    // 16-byte vectors take the VEX/EVEX forms: the same operations, so the same selection, sums
+    // and energy on every path (square_unfused keeps an AVX-512 clone from fusing the squares).
+    bool pass_ok = false;
+    const auto pass = [&](auto) { pass_ok = detail::bracket_pass<T>(src, lo, hi, lists); };
+#if GRADCOMP_VECTOR_EXTENSIONS
+    detail::run_vector(detail::active_host_isa(), pass);
+#else
+    pass(0);
+#endif
     const std::size_t ns = lists.n_sure;
     const std::size_t nc = lists.n_cand;
     const std::span<const T> values = src.values();  // e + g once the pass is done

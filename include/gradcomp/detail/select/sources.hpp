@@ -76,8 +76,8 @@ inline bool sum_range(T* out, const T* e, const T* g, std::size_t len,
       std::memcpy(&kc, &c, sizeof(v));
       f |= (fm - (ka & mm)) | (fm - (kc & mm));  // negative lanes: key > finite_key_max
       if constexpr (Energy) {
-        q0 += a * a;
-        q1 += c * c;
+        q0 += square_unfused(a);
+        q1 += square_unfused(c);
       }
     }
     bad = bad || any_negative(f);
@@ -150,8 +150,8 @@ inline bool sum_block_any_above(T* out, [[maybe_unused]] T* copy, const T* e, co
     a |= tt - (kx & mm);
     b |= tt - (ky & mm);
     if constexpr (Energy) {
-      q0 += x * x;
-      q1 += y * y;
+      q0 += square_unfused(x);
+      q1 += square_unfused(y);
     }
   }
   if constexpr (Energy) *q += q0 + q1;
