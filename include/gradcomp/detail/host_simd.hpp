@@ -13,8 +13,9 @@
 // fp16's F16C encoder, takes its rounding from its operand and ignores flush-to-zero (see
 // half_encode_hardware, a function of its own per instruction set). The bucket sums, which
 // GCC's vector extensions compile badly, use the AVX2 and AVX-512 intrinsics of the clone they
-// run in (isa_tag), and TernGrad's encoder has a loop of its own on AVX-512 with BMI2
-// (terngrad_encode_hardware).
+// run in (isa_tag), TernGrad's encoder has a loop of its own on AVX-512 with BMI2
+// (terngrad_encode_hardware), and scaled sign's codes on AVX-512 are one compare into a mask
+// register per 16 values (sign_codes_avx512).
 // tests/quantize/same_bits_test.cpp runs every path against the portable one and against
 // hashes recorded before the vector paths existed.
 //
@@ -599,10 +600,32 @@ template <host_isa Isa, class Codec>
 // One bucket's codes, values [i, end) with side value sv: 16 at a time by
 // codec.chunk_codes(chunk, side value, index of the chunk's first value, codes), the rest by
 // codec.code(value, side value, index), the per-element function of the portable loop.
+#if GRADCOMP_HOST_DISPATCH
+// Scaled sign's codes on AVX-512, `chunks` chunks of 16 values: code j is v < 0 (an ordered
+// compare, so -0 and NaN give 0, as scaled_sign_code does), and a chunk's 16 codes are its two
+// bytes with code j in bit j, the packing's order. One compare into a mask register per chunk,
+// where the generic clone builds a vector of codes and gathers their bits with a multiply.
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl")]] inline void sign_codes_avx512(
+    const float* v, std::size_t chunks, std::byte* out) {
+  for (std::size_t c = 0; c < chunks; ++c) {
+    const auto word = static_cast<std::uint16_t>(
+        _mm512_cmp_ps_mask(_mm512_loadu_ps(v + width * c), _mm512_setzero_ps(), _CMP_LT_OQ));
+    std::memcpy(out + 2 * c, &word, sizeof word);
+  }
+}
+#endif
+
 template <host_isa Isa, class Codec>
 [[gnu::always_inline]] inline void encode_codes(const float* v, std::size_t i, std::size_t end,
                                                 float sv, unsigned bits, std::byte* out,
                                                 const Codec& codec) {
+#if GRADCOMP_HOST_DISPATCH
+  if constexpr (Isa == host_isa::avx512 && requires { Codec::sign_compare; }) {  // bits == 1
+    const std::size_t chunks = (end - i) / width;
+    sign_codes_avx512(v + i, chunks, out + i / 8);
+    i += chunks * width;
+  }
+#endif
   // A count of chunks, not i + width <= end: GCC 12 (-Warray-bounds) otherwise sees a
   // wrapped i + width and a chunk read from a 3-value vector.
   for (std::size_t chunks = (end - i) / width; chunks > 0; --chunks, i += width) {
@@ -799,6 +822,7 @@ struct terngrad_codec {
 
 struct scaled_sign_codec {
   static constexpr bool squares = false;
+  static constexpr bool sign_compare = true;  // its code is v < 0: sign_codes_avx512
   [[gnu::always_inline]] static float side_of_sum(double sum, std::size_t n) {
     return scaled_sign_mean_from_sum(sum, n);
   }
