@@ -31,7 +31,10 @@ for p in "$bin"/cuda_*_test "$bin"/tests/cuda/cuda_*_test; do
 done
 status=0
 summary=()
-[[ ${#tests[@]} -gt 0 ]] || { summary+=("no cuda_*_test in $bin"); status=1; }
+if [[ ${#tests[@]} -eq 0 ]]; then
+  echo "no cuda_*_test in $bin" | tee "$out/summary.txt"
+  exit 1
+fi
 for name in "${tests[@]}"; do
   exe=$(find_exe "$name") || { summary+=("$name: not built"); status=1; continue; }
   start=$SECONDS

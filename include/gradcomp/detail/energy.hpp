@@ -17,7 +17,7 @@ namespace gradcomp::detail {
 template <class T>
 inline double squares_in_double(const T* x, std::size_t m) noexcept {
   double s = 0.0;
-  for (std::size_t i = 0; i < m; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (std::size_t i = 0; i < m; ++i) s += square_unfused(static_cast<double>(x[i]));
   return s;
 }
 
@@ -51,7 +51,7 @@ inline void add_squares(const T* x, std::size_t m, double* energy) noexcept {
     q0 += q1;
     for (std::size_t j = 0; j < w; ++j) chunk += static_cast<double>(q0[j]);
 #endif
-    for (; i < c; ++i) chunk += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    for (; i < c; ++i) chunk += square_unfused(static_cast<double>(x[i]));
     add_energy(chunk, x, c, energy);
     x += c;
     m -= c;

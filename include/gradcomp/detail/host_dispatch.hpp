@@ -3,7 +3,8 @@
 // target and, on x86, also for AVX2 and for AVX-512 (F, BW, DQ, VL) by run_vector, which
 // inlines the whole loop into a clone with that target; the widest clone the CPU offers runs,
 // capped by a process-wide ceiling (limit_host_isa, or GRADCOMP_HOST_ISA in the environment).
-// Used by the quantizers (detail/host_simd.hpp) and by top-k's bracket pass (select/topk.hpp).
+// Used by the quantizers (detail/host_simd.hpp), top-k's bracket pass (select/topk.hpp) and
+// Gaussian-k's statistics pass (select/gaussiank.hpp).
 #pragma once
 
 #include <atomic>
@@ -14,7 +15,8 @@
 
 #include <gradcomp/detail/simd.hpp>
 
-#if GRADCOMP_VECTOR_EXTENSIONS && (defined(__x86_64__) || defined(__i386__))
+// On 32-bit x86 only with SSE2: x87 arithmetic would not give the clones' bits anyway.
+#if GRADCOMP_VECTOR_EXTENSIONS && (defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__)))
 #define GRADCOMP_HOST_DISPATCH 1
 #include <cpuid.h>
 #include <immintrin.h>
@@ -108,7 +110,8 @@ inline host_isa limit_host_isa(host_isa ceiling) noexcept {
 template <host_isa Isa>
 using isa_tag = std::integral_constant<host_isa, Isa>;
 
-// Runs k(isa_tag<path>{}) compiled for path `isa` (not portable). Every call inside k is inlined
+// Runs k(isa_tag<path>{}) compiled for path `isa`; portable and baseline run the build's own
+// target (run_baseline). Every call inside k is inlined
 // into the clone (flatten), so the vector code takes the clone's instruction set.
 #if GRADCOMP_HOST_DISPATCH
 template <class K>

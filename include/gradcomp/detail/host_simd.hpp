@@ -620,10 +620,12 @@ template <host_isa Isa, class Codec>
                                                 float sv, unsigned bits, std::byte* out,
                                                 const Codec& codec) {
 #if GRADCOMP_HOST_DISPATCH
-  if constexpr (Isa == host_isa::avx512 && requires { Codec::sign_compare; }) {  // bits == 1
-    const std::size_t chunks = (end - i) / width;
-    sign_codes_avx512(v + i, chunks, out + i / 8);
-    i += chunks * width;
+  if constexpr (Isa == host_isa::avx512 && requires { requires Codec::sign_compare; }) {
+    if (bits == 1) {  // i is a bucket's start: a multiple of 16 (vector_layout)
+      const std::size_t chunks = (end - i) / width;
+      sign_codes_avx512(v + i, chunks, out + i / 8);
+      i += chunks * width;
+    }
   }
 #endif
   // A count of chunks, not i + width <= end: GCC 12 (-Warray-bounds) otherwise sees a

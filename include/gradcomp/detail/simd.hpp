@@ -51,16 +51,16 @@ inline bool any_negative(V a) noexcept {
 // x * x, rounded on its own: the empty asm keeps the compiler from fusing it with the add that
 // follows into one FMA, which a clone with AVX-512 (or a build for a target with FMA: GCC
 // contracts across statements by default in C++) would otherwise do, making a sum of squares
-// depend on the instruction set it was compiled for.
-// Works on a 16-byte vector and on a scalar float or double.
+// depend on the instruction set it was compiled for. Works on a 16-byte vector and on a scalar
+// float or double (a double's square is rounded too).
 template <class V>
 inline V square_unfused(const V& x) noexcept {
   V s = x * x;
-#if defined(__CUDA_ARCH__)
-  // (host loops only: no barrier in a device compilation pass)
-#elif defined(__GNUC__) && defined(__SSE2__)
+#if !GRADCOMP_VECTOR_EXTENSIONS
+  // no clones to agree with (and no barrier in nvcc's passes)
+#elif defined(__SSE2__)
   __asm__("" : "+x"(s));
-#elif defined(__GNUC__) && defined(__aarch64__)
+#elif defined(__aarch64__)
   __asm__("" : "+w"(s));
 #endif
   return s;

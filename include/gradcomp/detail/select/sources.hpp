@@ -89,7 +89,7 @@ inline bool sum_range(T* out, const T* e, const T* g, std::size_t len,
     for (; i < m; ++i) {
       out[i] = e[i] + g[i];
       bad = bad || signed_abs_key(out[i]) > finite_key_max<T>;
-      if constexpr (Energy) chunk += static_cast<double>(out[i]) * static_cast<double>(out[i]);
+      if constexpr (Energy) chunk += square_unfused(static_cast<double>(out[i]));  // T = double
     }
     if constexpr (Energy) add_energy(chunk, static_cast<const T*>(out), m, energy);
     out += m;
