@@ -103,16 +103,16 @@ inline host_isa limit_host_isa(host_isa ceiling) noexcept {
       host_isa_ceiling().exchange(static_cast<int>(ceiling), std::memory_order_relaxed));
 }
 
-#if GRADCOMP_VECTOR_EXTENSIONS
-
 // Which clone a loop is compiled in, for the few places that use that clone's intrinsics
 // (a target attribute is not visible to the preprocessor).
 template <host_isa Isa>
 using isa_tag = std::integral_constant<host_isa, Isa>;
 
+#if GRADCOMP_VECTOR_EXTENSIONS
+
 // Runs k(isa_tag<path>{}) compiled for path `isa`; portable and baseline run the build's own
-// target (run_baseline). Every call inside k is inlined
-// into the clone (flatten), so the vector code takes the clone's instruction set.
+// target (run_baseline). Every call inside k is inlined into the clone (flatten), so the
+// vector code takes the clone's instruction set.
 #if GRADCOMP_HOST_DISPATCH
 template <class K>
 [[gnu::target("avx512f,avx512bw,avx512dq,avx512vl"), gnu::flatten]] inline void run_avx512(
@@ -141,5 +141,16 @@ void run_vector(host_isa isa, const K& k) {
   run_baseline(k);
 }
 #endif  // GRADCOMP_VECTOR_EXTENSIONS
+
+// Runs k on the active path (run_vector), or, in a build without vector extensions, as it
+// is: the selectors' passes, which have no portable loops of their own to fall back to.
+template <class K>
+void run_active(const K& k) {
+#if GRADCOMP_VECTOR_EXTENSIONS
+  run_vector(active_host_isa(), k);
+#else
+  k(isa_tag<host_isa::portable>{});
+#endif
+}
 
 }  // namespace gradcomp::detail

@@ -597,9 +597,6 @@ template <host_isa Isa, class Codec>
   }
 }
 
-// One bucket's codes, values [i, end) with side value sv: 16 at a time by
-// codec.chunk_codes(chunk, side value, index of the chunk's first value, codes), the rest by
-// codec.code(value, side value, index), the per-element function of the portable loop.
 #if GRADCOMP_HOST_DISPATCH
 // Scaled sign's codes on AVX-512, `chunks` chunks of 16 values: code j is v < 0 (an ordered
 // compare, so -0 and NaN give 0, as scaled_sign_code does), and a chunk's 16 codes are its two
@@ -615,6 +612,9 @@ template <host_isa Isa, class Codec>
 }
 #endif
 
+// One bucket's codes, values [i, end) with side value sv: 16 at a time by
+// codec.chunk_codes(chunk, side value, index of the chunk's first value, codes), the rest by
+// codec.code(value, side value, index), the per-element function of the portable loop.
 template <host_isa Isa, class Codec>
 [[gnu::always_inline]] inline void encode_codes(const float* v, std::size_t i, std::size_t end,
                                                 float sv, unsigned bits, std::byte* out,

@@ -287,11 +287,7 @@ struct gaussiank {
         ms = detail::moments_pass<T, true, false>(src, t_list, &list, 0, nullptr);
       }
     };
-#if GRADCOMP_VECTOR_EXTENSIONS
-    detail::run_vector(detail::active_host_isa(), pass);
-#else
-    pass(0);
-#endif
+    detail::run_active(pass);
     const std::span<const T> g = src.values();  // e + g once the pass is done
     const bool list_ok = collect && !list.overflow;
     const double nd = static_cast<double>(n);

@@ -355,11 +355,7 @@ struct topk {
     // and energy on every path (square_unfused keeps an AVX-512 clone from fusing the squares).
     bool pass_ok = false;
     const auto pass = [&](auto) { pass_ok = detail::bracket_pass<T>(src, lo, hi, lists); };
-#if GRADCOMP_VECTOR_EXTENSIONS
-    detail::run_vector(detail::active_host_isa(), pass);
-#else
-    pass(0);
-#endif
+    detail::run_active(pass);
     const std::size_t ns = lists.n_sure;
     const std::size_t nc = lists.n_cand;
     const std::span<const T> values = src.values();  // e + g once the pass is done
