@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Configures, builds and tests every preset (default: Release; asan: Debug with
 # AddressSanitizer + UBSan; tsan: Debug with ThreadSanitizer, only the tests labelled
-# `threads`). Stops at the first failure with a non-zero status.
+# `threads`). Stops at the first failure with a non-zero status. Tests run one per core
+# (ctest --parallel): a test that starts several ranks or processes declares them (the
+# PROCESSORS property) and then runs with nothing beside it on a machine of that many cores
+# or fewer; the emulated-cluster tests share one lock (RESOURCE_LOCK gradcomp_cluster).
 # Usage: scripts/test.sh [preset...]   (default: default asan tsan)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,6 +26,6 @@ for preset in "${presets[@]}"; do
   echo "=== preset ${preset} ==="
   cmake --preset "$preset"
   cmake --build --preset "$preset" --parallel "$(nproc)"
-  ctest --preset "$preset"
+  ctest --preset "$preset" --parallel "$(nproc)"
 done
 echo "=== all presets passed: ${presets[*]} ==="
