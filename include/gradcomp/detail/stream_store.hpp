@@ -1,8 +1,10 @@
 // gradcomp/detail/stream_store.hpp: writes of a large output that bypass the caches. A plain
 // store to a line that is not cached first reads the line from memory (to own it), so writing
 // a vector that the caches cannot hold costs a read and a write of it; a streaming
-// (non-temporal) store writes the line without reading it. On the development machine
-// (docs/performance.md) a streaming fill of 102 MB took about a third of a plain one.
+// (non-temporal) store writes the line without reading it. On an earlier session's machine a
+// streaming fill of 102 MB took about a third of a plain one; on the 2026-11-26 machine
+// 16-byte streaming stores were slower than plain ones and 64-byte ones faster, in most runs
+// (docs/performance.md), hence stream_lines_avx512 below.
 #pragma once
 
 #include <cstddef>
