@@ -2,9 +2,11 @@
 # Configures, builds and tests every preset (default: Release; asan: Debug with
 # AddressSanitizer + UBSan; tsan: Debug with ThreadSanitizer, only the tests labelled
 # `threads`). Stops at the first failure with a non-zero status. Tests run one per core
-# (ctest --parallel): a test that starts several ranks or processes declares them (the
-# PROCESSORS property) and then runs with nothing beside it on a machine of that many cores
-# or fewer; the emulated-cluster tests share one lock (RESOURCE_LOCK gradcomp_cluster).
+# (ctest --parallel): the tests that start MPI ranks or other processes declare them (the
+# PROCESSORS property, at most 2 for the 4-rank Python tests), so on 2 cores they run with
+# nothing beside them; the emulated-cluster tests share one lock (RESOURCE_LOCK
+# gradcomp_cluster). Tests whose ranks are threads in one process run beside another test;
+# the few time limits they check are several times what they take alone.
 # Usage: scripts/test.sh [preset...]   (default: default asan tsan)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -65,12 +65,22 @@ TEST_CASE_TEMPLATE("stream_copy, stream_scaled: a plain loop's bits on every pat
   for (T& x : src) x = odd_value<T>(rng);
   const T sentinel = T(-12.25);
 
+  if (gradcomp::detail::detected_host_isa() != host_isa::avx512) {
+    MESSAGE("this CPU has no AVX-512: the 64-byte streaming stores are not tested here");
+  }
   for (const host_isa isa : {host_isa::portable, host_isa::baseline, host_isa::avx2, host_isa::avx512}) {
     if (static_cast<int>(isa) > static_cast<int>(gradcomp::detail::detected_host_isa())) continue;
     const isa_ceiling ceiling(isa);
     CAPTURE(gradcomp::detail::host_isa_name(isa));
     for (const std::size_t len : {std::size_t{0}, std::size_t{1}, std::size_t{3}, line - 1, line, line + 1,
                                   std::size_t{37}, wide - 1, wide, wide + 1, 3 * wide + line + 5, biggest}) {
+      // The 64-byte stores take exactly the ranges of 4 KiB or more, on the AVX-512 path
+      // (where the build has streaming stores at all).
+      if (GRADCOMP_STREAM_STORES && GRADCOMP_HOST_DISPATCH) {
+        CHECK(gradcomp::detail::stream_lines_used<T>(len) == (isa == host_isa::avx512 && len >= wide));
+      } else {
+        CHECK_FALSE(gradcomp::detail::stream_lines_used<T>(len));
+      }
       // Every offset from a 64-byte boundary for the short lengths, a few for the long ones.
       const std::size_t offsets = len <= 4 * wide ? line : 3;
       for (std::size_t off = 0; off < offsets; ++off) {

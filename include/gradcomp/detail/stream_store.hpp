@@ -78,13 +78,14 @@ inline void stream_transform(T* dst, const T* src, std::size_t len, F f) noexcep
 #if GRADCOMP_STREAM_STORES && GRADCOMP_HOST_DISPATCH
 // stream_transform for the two functions below with 64-byte streaming stores, a whole cache
 // line per store, from dst's first 64-byte boundary (plain stores before it and for a tail of
-// less than 64 bytes). On the development machine a streaming fill of 102 MB, 64 KiB at a
+// less than 64 bytes). On the 2026-11-26 machine a streaming fill of 102 MB, 64 KiB at a
 // time from a cached buffer, took about 0.7x as long with 64-byte stores as with 16-byte ones
-// (docs/performance.md). Each lane is the same IEEE operation as in stream_transform, so the
-// results are the same bits.
+// in 5 of 7 runs, 0.75-0.83x in the other 2 (docs/performance.md). Each lane is the same IEEE
+// operation as in stream_transform, so the results are the same bits.
 template <bool Scaled, class T>
 [[gnu::target("avx512f")]] inline void stream_lines_avx512(T* dst, const T* src, std::size_t len,
                                                            T scale) noexcept {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
   const auto f = [scale](T x) { return Scaled ? x * scale : x; };
   std::size_t i = 0;
   for (; i < len && reinterpret_cast<std::uintptr_t>(dst + i) % 64 != 0; ++i) dst[i] = f(src[i]);
@@ -114,11 +115,22 @@ template <bool Scaled, class T>
 // partial lines at the ends of 64-byte-aligned stretches would each be read from memory.
 inline constexpr std::size_t stream_lines_min_bytes = 4096;
 
+// Whether stream_copy and stream_scaled write len values of T with 64-byte stores now.
+template <class T>
+inline bool stream_lines_used(std::size_t len) noexcept {
+#if GRADCOMP_STREAM_STORES && GRADCOMP_HOST_DISPATCH
+  return len * sizeof(T) >= stream_lines_min_bytes && active_host_isa() == host_isa::avx512;
+#else
+  (void)len;
+  return false;
+#endif
+}
+
 // dst[0, len) = src[0, len), bit for bit.
 template <class T>
 inline void stream_copy(T* dst, const T* src, std::size_t len) noexcept {
 #if GRADCOMP_STREAM_STORES && GRADCOMP_HOST_DISPATCH
-  if (len * sizeof(T) >= stream_lines_min_bytes && active_host_isa() == host_isa::avx512) {
+  if (stream_lines_used<T>(len)) {
     stream_lines_avx512<false>(dst, src, len, T(1));
     return;
   }
@@ -130,7 +142,7 @@ inline void stream_copy(T* dst, const T* src, std::size_t len) noexcept {
 template <class T>
 inline void stream_scaled(T* dst, const T* src, std::size_t len, T scale) noexcept {
 #if GRADCOMP_STREAM_STORES && GRADCOMP_HOST_DISPATCH
-  if (len * sizeof(T) >= stream_lines_min_bytes && active_host_isa() == host_isa::avx512) {
+  if (stream_lines_used<T>(len)) {
     stream_lines_avx512<true>(dst, src, len, scale);
     return;
   }
