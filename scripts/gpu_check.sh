@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh [BIN_DIR] [OUT_DIR]: on a machine with a CUDA GPU, runs every CUDA test
-# (cuda_*_test), then gradcomp_cuda_bench over all its families (3 repetitions, JSON), then the
-# CUDA tests again under compute-sanitizer's memcheck where that tool is found. Logs and the
+# (cuda_*_test) and the NCCL communicator's one-process test (nccl_comm_local, which needs
+# libnccl.so.2 on LD_LIBRARY_PATH, no MPI), then gradcomp_cuda_bench over all its families (3
+# repetitions, JSON; GPU_CHECK_BENCH=0 leaves it out), then the CUDA tests again under
+# compute-sanitizer's memcheck where that tool is found. Logs and the
 # JSON go to OUT_DIR (default gpu-check). BIN_DIR (default build/default) is a build tree or a
 # flat folder of those executables (what a GPU machine without this machine's toolchain gets:
 # the binaries built here, with LD_LIBRARY_PATH naming a folder of the libraries they need).
@@ -49,7 +51,19 @@ for name in "${tests[@]}"; do
   [[ $rc -eq 0 ]] || status=1
 done
 
-if exe=$(find_exe gradcomp_cuda_bench); then
+if exe=$(find_exe nccl_comm_local); then
+  start=$SECONDS
+  timeout 120 "$exe" > "$out/nccl_comm_local.log" 2>&1
+  rc=$?
+  summary+=("nccl_comm_local: rc $rc, $((SECONDS - start)) s, $(tail -1 "$out/nccl_comm_local.log")")
+  [[ $rc -eq 0 ]] || status=1
+else
+  summary+=("nccl_comm_local: not built")
+fi
+
+if [[ ${GPU_CHECK_BENCH:-1} == 0 ]]; then
+  summary+=("gradcomp_cuda_bench: left out (GPU_CHECK_BENCH=0)")
+elif exe=$(find_exe gradcomp_cuda_bench); then
   start=$SECONDS
   timeout 240 "$exe" --benchmark_repetitions=3 --benchmark_min_time=0.05 \
     --benchmark_report_aggregates_only=true --benchmark_out="$out/cuda_bench.json" \

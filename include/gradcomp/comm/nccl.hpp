@@ -3,8 +3,11 @@
 // stream; its host API stages through device buffers and models gradcomp::communicator, so
 // that every exchange runs over NCCL unchanged. NCCL has no allgatherv or alltoallv: the
 // counts are exchanged first, then grouped ncclBroadcast / ncclSend+ncclRecv move exactly
-// the data, with no padding. Bootstrapped through MPI (rank 0's ncclUniqueId is broadcast).
-// Needs the CUDA runtime and NCCL (link CUDA::cudart and libnccl) and MPI for from_mpi().
+// the data, with no padding. Bootstrapped through MPI (from_mpi: rank 0's ncclUniqueId is
+// broadcast), or from an ncclUniqueId the caller hands to every rank (from_unique_id: threads
+// of one process, one per GPU, or any other channel). Needs the CUDA runtime and NCCL (link
+// CUDA::cudart and libnccl) and MPI's header; MPI's library only for from_mpi() (a program that
+// never calls it, linked with --as-needed, runs without libmpi: tests/cuda/nccl_local.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -95,8 +98,23 @@ class nccl_comm {
     ncclUniqueId id{};
     if (mpi.rank() == 0) detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     mpi.broadcast(std::span<std::byte>(reinterpret_cast<std::byte*>(&id), sizeof(id)), 0);
+    return from_unique_id(id, mpi.size(), mpi.rank(), stream);
+  }
+
+  // Rank `rank` of `size` ranks that share `id` (from one ncclGetUniqueId call, handed to every
+  // rank by the caller), on the current CUDA device. Every rank must call it, concurrently
+  // (ncclCommInitRank blocks until all have joined): from its own thread or process. Checks
+  // size >= 1 and 0 <= rank < size before NCCL sees them.
+  static nccl_comm from_unique_id(const ncclUniqueId& id, int size, int rank, cudaStream_t stream) {
+    if (size < 1) {
+      detail::throw_invalid_argument("nccl_comm::from_unique_id", "size", size, "size >= 1");
+    }
+    if (rank < 0 || rank >= size) {
+      detail::throw_invalid_argument("nccl_comm::from_unique_id", "rank", rank,
+                                     detail::concat("0 <= rank < size = ", size));
+    }
     ncclComm_t comm = nullptr;
-    detail::nccl_check(ncclCommInitRank(&comm, mpi.size(), id, mpi.rank()), "ncclCommInitRank");
+    detail::nccl_check(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
     return nccl_comm(comm, stream, /*owns=*/true);
   }
 

@@ -1,0 +1,105 @@
+// nccl_comm without MPI: one process, one thread per CUDA device, each thread a rank of one
+// NCCL communicator made by nccl_comm::from_unique_id from a shared ncclUniqueId. Runs the
+// checks of tests/support/nccl_checks.cuh (the device collectives and every exchange through
+// the host API). First, on any machine, it checks that from_unique_id rejects a bad size or
+// rank before NCCL sees it. `nccl_comm_local [ranks]` uses that many devices (default: all).
+// Without a CUDA device it then prints "SKIPPED: ..." and exits with 77, which ctest reports
+// as skipped (a failed argument check fails it even there). On one GPU the
+// communicator has one rank (NCCL allows one rank per device in a communicator).
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gradcomp/comm/nccl.hpp>
+#include <gradcomp/error.hpp>
+
+#include "../support/nccl_checks.cuh"
+
+namespace {
+
+using namespace gradcomp;
+using gradcomp_test::nccl_checks::check;
+
+// Each bad (size, rank) must throw gradcomp::invalid_argument naming the argument.
+void bad_arguments(const ncclUniqueId& id) {
+  struct bad_case {
+    int size, rank;
+    const char* names;
+  };
+  for (const bad_case c : {bad_case{0, 0, "'size' = 0"}, bad_case{-1, 0, "'size' = -1"},
+                           bad_case{2, 2, "'rank' = 2"}, bad_case{2, -1, "'rank' = -1"}}) {
+    std::string what;
+    try {
+      const nccl_comm comm = nccl_comm::from_unique_id(id, c.size, c.rank, nullptr);
+      what = "no exception";
+    } catch (const invalid_argument& e) {
+      what = e.what();
+    } catch (const std::exception& e) {
+      what = std::string("another exception: ") + e.what();
+    }
+    check(what.find(c.names) != std::string::npos,
+          "from_unique_id(size " + std::to_string(c.size) + ", rank " + std::to_string(c.rank) +
+              ") should reject " + c.names + "; got: " + what,
+          -1);
+  }
+}
+
+void run_rank(const ncclUniqueId& id, int size, int rank) {
+  try {
+    detail::cuda_check(cudaSetDevice(rank), "cudaSetDevice");
+    cudaStream_t stream = nullptr;
+    detail::cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    {
+      nccl_comm comm = nccl_comm::from_unique_id(id, size, rank, stream);
+      check(comm.rank() == rank && comm.size() == size, "rank() and size()", rank);
+      gradcomp_test::nccl_checks::device_collectives(comm);
+      gradcomp_test::nccl_checks::exchanges(comm);
+    }
+    detail::cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  } catch (const std::exception& e) {
+    check(false, std::string("exception: ") + e.what(), rank);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bad_arguments(ncclUniqueId{});  // rejected before NCCL or a device is needed
+  if (gradcomp_test::nccl_checks::failures.load() != 0) return 1;
+  int devices = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&devices);
+  if (rc != cudaSuccess || devices == 0) {
+    std::printf("SKIPPED: no CUDA device (cudaGetDeviceCount: %s)\n",
+                rc == cudaSuccess ? "0 devices" : cudaGetErrorString(rc));
+    return 77;
+  }
+  int ranks = devices;
+  if (argc > 1) {
+    ranks = std::atoi(argv[1]);
+    if (ranks < 1 || ranks > devices) {
+      std::fprintf(stderr, "nccl_comm_local: ranks = %s; allowed: 1 to %d (the CUDA devices)\n",
+                   argv[1], devices);
+      return 2;
+    }
+  }
+  int version = 0;
+  ncclGetVersion(&version);
+  std::printf("NCCL %d, %d CUDA device(s), %d rank(s)\n", version, devices, ranks);
+
+  ncclUniqueId id{};
+  detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) threads.emplace_back(run_rank, std::cref(id), ranks, r);
+  for (auto& t : threads) t.join();
+
+  const int failed = gradcomp_test::nccl_checks::failures.load();
+  std::printf("nccl_comm_local test on %d rank(s): %s\n", ranks, failed ? "FAILED" : "passed");
+  return failed ? 1 : 0;
+}
