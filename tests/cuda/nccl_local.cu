@@ -3,6 +3,7 @@
 // checks of tests/support/nccl_checks.cuh (the device collectives and every exchange through
 // the host API). First, on any machine, it checks that from_unique_id rejects a bad size or
 // rank before NCCL sees it. `nccl_comm_local [ranks]` uses that many devices (default: all).
+// A rank that throws ends the process at once (exit 1): the others would wait for it forever.
 // Without a CUDA device it then prints "SKIPPED: ..." and exits with 77, which ctest reports
 // as skipped (a failed argument check fails it even there). On one GPU the
 // communicator has one rank (NCCL allows one rank per device in a communicator).
@@ -64,7 +65,11 @@ void run_rank(const ncclUniqueId& id, int size, int rank) {
     }
     detail::cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   } catch (const std::exception& e) {
-    check(false, std::string("exception: ") + e.what(), rank);
+    // The other ranks would block in NCCL waiting for this one: end the process now.
+    std::fprintf(stderr, "nccl_comm_local, rank %d: FAILED: exception: %s\n", rank, e.what());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(1);
   }
 }
 

@@ -11,7 +11,10 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,7 +28,6 @@
 #include "exchange_reference.hpp"
 
 namespace gradcomp_test::nccl_checks {
-
 
 using namespace gradcomp;
 namespace gt = gradcomp_test;
@@ -65,8 +67,9 @@ inline void device_collectives(nccl_comm& comm) {
   }
   check(off == 0, "device allreduce sum", me);
 
-  // allgatherv: rank r sends r * 3 elements (rank 0 nothing) of value r.
-  std::vector<float> mine(static_cast<std::size_t>(me) * 3, static_cast<float>(me));
+  // allgatherv: rank r sends (r + 1) * 3 elements of value r (so one rank alone still
+  // broadcasts).
+  std::vector<float> mine(static_cast<std::size_t>(me + 1) * 3, static_cast<float>(me));
   device_buffer<float> send(mine.size());
   if (!mine.empty()) cudaMemcpy(send.data(), mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice);
   device_buffer<float> recv;
@@ -76,7 +79,7 @@ inline void device_collectives(nccl_comm& comm) {
   std::vector<float> got(recv.size());
   if (!got.empty()) cudaMemcpy(got.data(), recv.data(), got.size() * sizeof(float), cudaMemcpyDeviceToHost);
   std::vector<float> want;
-  for (int r = 0; r < p; ++r) want.insert(want.end(), static_cast<std::size_t>(r) * 3, static_cast<float>(r));
+  for (int r = 0; r < p; ++r) want.insert(want.end(), static_cast<std::size_t>(r + 1) * 3, static_cast<float>(r));
   check(got == want, "device allgatherv", me);
 
   // alltoallv: block (s -> d) holds s + d + 1 copies of 100 s + d.

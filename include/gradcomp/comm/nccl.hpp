@@ -7,7 +7,8 @@
 // broadcast), or from an ncclUniqueId the caller hands to every rank (from_unique_id: threads
 // of one process, one per GPU, or any other channel). Needs the CUDA runtime and NCCL (link
 // CUDA::cudart and libnccl) and MPI's header; MPI's library only for from_mpi() (a program that
-// never calls it, linked with --as-needed, runs without libmpi: tests/cuda/nccl_local.cu).
+// calls nothing from comm/mpi.hpp, linked with --as-needed, runs without libmpi: checked with
+// GCC and Open MPI, tests/cuda/nccl_local.cu).
 #pragma once
 
 #include <cuda_runtime.h>
