@@ -6,8 +6,8 @@
 # PROCESSORS property, at most 2 for the 4-rank Python tests), so on 2 cores they run with
 # nothing beside them; the emulated-cluster tests share one lock (RESOURCE_LOCK
 # gradcomp_cluster), and the CUDA and NCCL tests another (gpu), so that on a GPU machine they
-# take the device one at a time. Tests whose ranks are threads in one process run beside another test;
-# the few time limits they check are several times what they take alone.
+# take the device one at a time. Tests whose ranks are threads in one process run beside
+# another test; the few time limits they check are several times what they take alone.
 # Usage: scripts/test.sh [preset...]   (default: default asan tsan)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

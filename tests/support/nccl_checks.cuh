@@ -71,7 +71,7 @@ inline void device_collectives(nccl_comm& comm) {
   // broadcasts).
   std::vector<float> mine(static_cast<std::size_t>(me + 1) * 3, static_cast<float>(me));
   device_buffer<float> send(mine.size());
-  if (!mine.empty()) cudaMemcpy(send.data(), mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice);
+  cudaMemcpy(send.data(), mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice);
   device_buffer<float> recv;
   std::vector<std::size_t> counts;
   comm.allgatherv(device_span<const float>(send.data(), mine.size()), recv, counts);
