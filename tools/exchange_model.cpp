@@ -159,7 +159,8 @@ void measure(mpi_comm& comm, const measure_options& mo) {
   const link_model link = measure_link(comm, link_measure_options{}, &probe);
   // The measured link without the local work.
   const link_model network{.alpha = link.alpha, .beta = link.beta, .pair_alpha = link.pair_alpha,
-                           .pair_beta = link.pair_beta, .dense_beta = link.dense_beta};
+                           .pair_beta = link.pair_beta, .dense_beta = link.dense_beta,
+                           .burst_bytes = link.burst_bytes};
   const std::size_t p = static_cast<std::size_t>(comm.size());
   if (comm.rank() == 0) {
     std::printf("\nMeasured on this machine with MPI, P = %zu:\n"
@@ -180,6 +181,9 @@ void measure(mpi_comm& comm, const measure_options& mo) {
                 "2 (P-1)/P of them (%.2fx the model's beta; prices dense_allreduce)\n",
                 probe.allreduce_bytes, link.dense_beta * 1e9,
                 link.beta > 0 ? link.dense_beta / link.beta : 0.0);
+    std::printf("  ping-pongs after an idle pause: burst = %.0f bytes sent before the rate applies "
+                "(%.3g us at the ping-pong's beta; freed from each exchange's first message)\n",
+                link.burst_bytes, link.burst_bytes * link.pair_beta * 1e6);
   }
   if (mo.link_only) return;
   if (comm.rank() == 0) {

@@ -26,22 +26,30 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 RATE_BITS = {"100mbit": 1e8, "1gbit": 1e9, "10gbit": 1e10}
+# The token bucket scripts/cluster.sh gives each shaped port at that rate.
+BUCKET_BYTES = {"100mbit": 3028, "1gbit": 16384, "10gbit": 32768}
 
 
 def calibration(d: str) -> List[str]:
-    rows = ["| configured rate | alpha (us) | beta (ns/byte) | measured rate (Mbit/s) | measured / configured |",
-            "|---|---|---|---|---|"]
+    rows = ["| configured rate | alpha (us) | beta (ns/byte) | measured rate (Mbit/s) | measured / configured "
+            "| burst (bytes) | bucket (bytes) |",
+            "|---|---|---|---|---|---|---|"]
     pat = re.compile(r"alpha = ([0-9.e+-]+) us, beta = ([0-9.e+-]+) ns/byte")
+    burst_pat = re.compile(r"burst = ([0-9.e+-]+) bytes")
     for rate in ("100mbit", "1gbit", "10gbit"):
         path = os.path.join(d, f"calibrate_{rate}.txt")
         if not os.path.exists(path):
             continue
-        m = pat.search(open(path).read())
+        text = open(path).read()
+        m = pat.search(text)
         if not m:
             raise SystemExit(f"summarize.py: no alpha/beta line in {path}")
         alpha, beta = float(m.group(1)), float(m.group(2))
         mbit = 8e3 / beta if beta > 0 else float("inf")  # bytes/ns -> Mbit/s
-        rows.append(f"| {rate} | {alpha:.3g} | {beta:.4g} | {mbit:.4g} | {mbit * 1e6 / RATE_BITS[rate]:.2f} |")
+        b = burst_pat.search(text)  # logs before the burst was measured have none
+        burst = f"{float(b.group(1)):.0f}" if b else "-"
+        rows.append(f"| {rate} | {alpha:.3g} | {beta:.4g} | {mbit:.4g} | {mbit * 1e6 / RATE_BITS[rate]:.2f} "
+                    f"| {burst} | {BUCKET_BYTES[rate]} |")
     return rows
 
 

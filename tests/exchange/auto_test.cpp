@@ -374,6 +374,59 @@ TEST_CASE("auto_exchange chooses by the model: latency-bound small tensors, band
   for (auto c : res.choice) CHECK(c == res.choice[0]);
 }
 
+TEST_CASE("predict: a burst frees the first bytes of each sender, never more than it sends") {
+  const auto at = [](const exchange_prediction& p, exchange_kind k) {
+    return p.seconds[static_cast<unsigned>(k)];
+  };
+  for (std::size_t ranks : {2, 3, 4, 16}) {
+    for (double k : {0.0, 1.0, 1000.0, 12345.0}) {
+      for (double burst : {0.0, 1.0, 3028.0, 16384.0, 1e9}) {
+        CAPTURE(ranks);
+        CAPTURE(k);
+        CAPTURE(burst);
+        exchange_shape s;
+        s.ranks = ranks;
+        s.n = 1 << 20;
+        s.k = k;
+        s.k_max = static_cast<std::size_t>(k);
+        s.payload_bytes = 40.0 + 8.0 * k;
+        link_model paced{1e-5, 1e-9};
+        paced.pair_alpha = 5e-6;
+        paced.pair_beta = 5e-10;
+        paced.dense_beta = 2e-9;
+        link_model bursty = paced;
+        bursty.burst_bytes = burst;
+        const auto a = predict(s, paced), b = predict(s, bursty);
+        const double p = static_cast<double>(ranks);
+        const double rounds = std::ceil(std::log2(p));
+        // The reference: the allgather's first payload, TopKA2A's first pairs, gTop-k's
+        // message once per round up the tree and once for the broadcast, each up to the burst.
+        const double gather = std::min(burst, s.payload_bytes) * 1e-9;
+        const double a2a = std::min(burst, 8.0 * k * (p - 1.0) / p) * 1e-9;
+        const double message = 8.0 * (k + 1.0);
+        const double tree = (rounds + 1.0) * std::min(burst, message) * 5e-10;
+        CHECK(at(a, exchange_kind::sparse_allgather) - at(b, exchange_kind::sparse_allgather) ==
+              doctest::Approx(gather));
+        CHECK(at(a, exchange_kind::topk_a2a) - at(b, exchange_kind::topk_a2a) == doctest::Approx(a2a));
+        CHECK(at(a, exchange_kind::gtopk) - at(b, exchange_kind::gtopk) == doctest::Approx(tree));
+        CHECK(at(b, exchange_kind::dense_allreduce) == at(a, exchange_kind::dense_allreduce));
+        // Latency stays: a burst larger than every message leaves the alpha terms and the
+        // bytes after each sender's first.
+        for (unsigned e = 0; e < exchange_kinds; ++e) {
+          CHECK(b.seconds[e] <= a.seconds[e]);
+          CHECK(b.seconds[e] >= 0.0);
+        }
+        if (burst >= 1e9) {
+          CHECK(at(b, exchange_kind::sparse_allgather) ==
+                doctest::Approx(rounds * 1e-5 + (p - 2.0) * s.payload_bytes * 1e-9));
+          CHECK(at(b, exchange_kind::gtopk) ==
+                doctest::Approx(2.0 * rounds * 5e-6 + (rounds - 1.0) * message * 5e-10));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("measure_link: positive values, the same on every rank") {
   for (int ranks : {1, 2, 3}) {
     std::vector<link_model> got(static_cast<std::size_t>(ranks));
@@ -390,11 +443,11 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
       const link_model& l = got[r];
       const double fields[] = {l.alpha,       l.beta,          l.gamma,      l.scatter,
                                l.merge,       l.merge_log,     l.gamma_large, l.scatter_large,
-                               l.pair_alpha,  l.pair_beta,     l.dense_beta};
+                               l.pair_alpha,  l.pair_beta,     l.dense_beta,  l.burst_bytes};
       const double first[] = {got[0].alpha,       got[0].beta,          got[0].gamma,
                               got[0].scatter,     got[0].merge,         got[0].merge_log,
                               got[0].gamma_large, got[0].scatter_large, got[0].pair_alpha,
-                              got[0].pair_beta,   got[0].dense_beta};
+                              got[0].pair_beta,   got[0].dense_beta,    got[0].burst_bytes};
       for (std::size_t f = 0; f < std::size(fields); ++f) {
         CAPTURE(f);
         CHECK(fields[f] == first[f]);  // agreed
@@ -421,7 +474,10 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
       // The allreduce is timed on the gather's large message, the probe saying so.
       CHECK(l.dense_beta == probes[r].allreduce_beta);
       CHECK(probes[r].allreduce_bytes == (ranks > 1 ? std::size_t{1} << 20 : 0));
+      // The burst is at most the largest message it was timed with.
+      CHECK(l.burst_bytes <= static_cast<double>(link_measure_options{}.burst_max_bytes));
     }
+    if (ranks == 1) CHECK(got[0].burst_bytes == 0.0);
     if (ranks == 1) CHECK(got[0].dense_beta == 0.0);
     if (ranks == 1) CHECK(got[0].alpha == 0.0);
     if (ranks == 1) CHECK(got[0].pair_beta == 0.0);
@@ -435,6 +491,15 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
     CHECK(one.gamma > 0.0);
     CHECK(one.large_elements == 0);
     CHECK(one.gamma_large == 0.0);
+  });
+  // Without the burst's ping-pongs: 0, and the rest as measured.
+  run_in_process(2, [](in_process_comm& comm) {
+    const link_model l = measure_link(
+        comm, link_measure_options{.small_repeats = 3, .large_repeats = 2,
+                                   .local_elements = std::size_t{1} << 14, .local_large_elements = 0,
+                                   .burst_max_bytes = 0});
+    CHECK(l.burst_bytes == 0.0);
+    CHECK(l.beta > 0.0);
   });
 }
 

@@ -1720,16 +1720,16 @@ TEST_CASE("bad input: gtopk, topk_a2a and auto_exchange settings out of range ar
   }
   for (double bad : {-1.0, nan_d, inf_d}) {
     CAPTURE(bad);
-    for (int field = 0; field < 11; ++field) {
+    for (int field = 0; field < 12; ++field) {
       CAPTURE(field);
-      link_model l{1e-6, 1e-9, 1e-10, 1e-9, 1e-8, 1e-9, 3e-10, 4e-9, 1 << 20, 1 << 25, 5e-7, 8e-10, 2e-9};
+      link_model l{1e-6, 1e-9, 1e-10, 1e-9, 1e-8, 1e-9, 3e-10, 4e-9, 1 << 20, 1 << 25, 5e-7, 8e-10, 2e-9, 3028.0};
       double* const fields[] = {&l.alpha,       &l.beta,          &l.gamma,      &l.scatter,
                                 &l.merge,       &l.merge_log,     &l.gamma_large, &l.scatter_large,
-                                &l.pair_alpha,  &l.pair_beta,     &l.dense_beta};
+                                &l.pair_alpha,  &l.pair_beta,     &l.dense_beta,  &l.burst_bytes};
       const char* const names[] = {"link.alpha",       "link.beta",          "link.gamma",
                                    "link.scatter",     "link.merge",         "link.merge_log",
                                    "link.gamma_large", "link.scatter_large", "link.pair_alpha",
-                                   "link.pair_beta",   "link.dense_beta"};
+                                   "link.pair_beta",   "link.dense_beta",    "link.burst_bytes"};
       *fields[field] = bad;
       auto_options o;
       o.link = l;
@@ -1753,6 +1753,28 @@ TEST_CASE("bad input: gtopk, topk_a2a and auto_exchange settings out of range ar
     o = auto_options{};
     o.measure.large_repeats = 0;
     CHECK_THROWS_AS(auto_exchange{o}, gradcomp::invalid_argument);
+    // The burst's ping-pongs: at least one each, a pause of 0 to 60 s; anything goes when they
+    // are off (burst_max_bytes = 0).
+    for (int which = 0; which < 4; ++which) {
+      CAPTURE(which);
+      o = auto_options{};
+      if (which == 0) o.measure.burst_repeats = 0;
+      if (which == 1) o.measure.burst_pause_s = -1e-3;
+      if (which == 2) o.measure.burst_pause_s = nan_d;
+      if (which == 3) o.measure.burst_pause_s = 61.0;
+      std::string what;
+      try {
+        auto_exchange x(o);
+      } catch (const gradcomp::invalid_argument& e) {
+        what = e.what();
+      }
+      CHECK(contains(what, "measure.burst_repeats, measure.burst_pause_s"));
+      CHECK(contains(what, "allowed: "));
+      gradcomp_test::solo_comm comm;
+      CHECK_THROWS_AS(measure_link(comm, o.measure), gradcomp::invalid_argument);
+      o.measure.burst_max_bytes = 0;
+      CHECK_NOTHROW(auto_exchange{o});
+    }
     // The large vector's size must be above the small one's (or 0: one size), in the link
     // and in the measurement's options.
     for (std::size_t large : {std::size_t{1} << 20, std::size_t{1000}}) {

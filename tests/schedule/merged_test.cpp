@@ -32,6 +32,17 @@ TEST_CASE("tiny layers on a high-latency link merge into one group") {
   CHECK(!plan.completes(3).has_value());
 }
 
+TEST_CASE("merge_cost prices every byte: no burst between groups sent back to back") {
+  link_model bursty{1e-4, 1e-9};
+  bursty.burst_bytes = 1e6;
+  const merge_cost paced{link_model{1e-4, 1e-9}, 4, 0.01, 1e-10};
+  const merge_cost with_burst{bursty, 4, 0.01, 1e-10};
+  for (std::size_t elements : {1, 100, 12345, 1 << 20}) {
+    CAPTURE(elements);
+    CHECK(with_burst.seconds(elements) == paced.seconds(elements));
+  }
+}
+
 TEST_CASE("huge layers on a link without latency stay apart") {
   const std::vector<std::size_t> sizes(4, 10'000'000);
   const std::vector<double> backward(4, 0.05);

@@ -71,6 +71,7 @@ class auto_exchange {
       check_time("link.pair_alpha", o.link->pair_alpha);
       check_time("link.pair_beta", o.link->pair_beta);
       check_time("link.dense_beta", o.link->dense_beta);
+      check_time("link.burst_bytes", o.link->burst_bytes);
       if (o.link->large_elements != 0 && o.link->large_elements <= o.link->small_elements) {
         detail::throw_invalid_argument("auto_exchange", "link.large_elements",
                                        detail::concat(o.link->large_elements, " (small_elements ",

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
@@ -63,6 +65,14 @@ struct link_model {
   // dense allreduce was measured 2.0-2.1x a model priced by the ring shift's beta
   // (docs/exchanges.md). 0: beta, and the reduction's pass priced as local work.
   double dense_beta = 0.0;
+  // Bytes a port sends at once after it has been idle, before beta applies: what a token
+  // bucket holds, as the emulated cluster's shaped ports have (docs/cluster.md; 3028 bytes at
+  // 100 Mbit/s, 16 KiB at 1 Gbit/s). A switch port serializes every byte at its rate, so a real
+  // link measures about 0. The model frees the first burst_bytes that a rank sends in an
+  // exchange, and in gTop-k the first of each sender on its longest path (cost::burst_free);
+  // an exchange starts after the step's computation, which leaves the port idle. measure_link
+  // times ping-pongs after an idle pause to find it. 0: every byte at beta.
+  double burst_bytes = 0.0;
 
   // A link of `gbit_per_s` Gbit/s with `latency_s` seconds per message.
   static link_model from_gbit(double gbit_per_s, double latency_s) {
@@ -184,6 +194,10 @@ inline local_work local_gtopk(const exchange_shape& s) {
   return {static_cast<double>(s.n) + 2.0 * k, k, rounds * 2.0 * k, k};
 }
 
+// The bytes of a message of `bytes` that cross free (link_model::burst_bytes) when it is the
+// first its sender sends after idling.
+inline double burst_free(const link_model& l, double bytes) { return std::clamp(l.burst_bytes, 0.0, bytes); }
+
 // The seconds per byte of an allreduce of dense values: dense_beta where measured, else beta.
 inline double dense_beta(const link_model& l) { return l.dense_beta > 0.0 ? l.dense_beta : l.beta; }
 
@@ -193,41 +207,51 @@ inline double allreduce(double p, double m, const link_model& l) {
   return 2.0 * (p - 1.0) * l.alpha + 2.0 * (p - 1.0) / p * m * dense_beta(l);
 }
 
-// S-SGD: one allreduce of the summable wire values, or of the decoded dense vector.
+// S-SGD: one allreduce of the summable wire values, or of the decoded dense vector. No burst:
+// dense_beta comes from an allreduce timed as a whole (measure_link), and a gradient-sized
+// allreduce makes the bucket's bytes a small share anyway.
 inline double dense_allreduce(const exchange_shape& s, const link_model& l) {
   const double m = s.summed_bytes ? static_cast<double>(s.summed_bytes)
                                   : static_cast<double>(s.n * s.value_bytes);
   return allreduce(static_cast<double>(s.ranks), m, l);
 }
 
-// TopK-SGD: an allgather(v) of every rank's payload: log2 P alpha + (P-1) b beta.
+// TopK-SGD: an allgather(v) of every rank's payload: log2 P alpha + ((P-1) b - f) beta, f the
+// burst's share of the first payload a rank sends (burst_free).
 inline double sparse_allgather(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;
-  return std::ceil(std::log2(p)) * l.alpha + (p - 1.0) * s.payload_bytes * l.beta;
+  const double bytes = (p - 1.0) * s.payload_bytes - burst_free(l, s.payload_bytes);
+  return std::ceil(std::log2(p)) * l.alpha + bytes * l.beta;
 }
 
 // gTop-k: ceil(log2 P) rounds up the tree with k pairs of 8 bytes (and a status pair), then a
 // binomial broadcast of k pairs (and a count pair): 2 ceil(log2 P) alpha +
 // 2 ceil(log2 P) 8 (k + 1) beta (an alpha term of log P, as often quoted, counts the tree only),
-// with the link of one pair (pair_alpha and pair_beta, where given).
+// with the link of one pair (pair_alpha and pair_beta, where given). The burst (burst_free)
+// counts ceil(log2 P) + 1 times: each round up the tree has a sender that has only received so
+// far, and the broadcast's first round is the root's first send; its later rounds follow the
+// root's first at once.
 inline double gtopk(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;
   const double rounds = std::ceil(std::log2(p));
   const double alpha = l.pair_alpha > 0.0 ? l.pair_alpha : l.alpha;
   const double beta = l.pair_beta > 0.0 ? l.pair_beta : l.beta;
-  return 2.0 * rounds * alpha + 2.0 * rounds * 8.0 * (static_cast<double>(s.k_max) + 1.0) * beta;
+  const double message = 8.0 * (static_cast<double>(s.k_max) + 1.0);
+  return 2.0 * rounds * alpha + (2.0 * rounds * message - (rounds + 1.0) * burst_free(l, message)) * beta;
 }
 
 // TopKA2A: header-free alltoallv of the pairs plus allgather of the shards:
-// 3 (P-1) alpha + (8k + n v)(P-1)/P beta, v the bytes of a dense element (4 for float, which gives
-// (2k + n)(P-1)/P 4 beta).
+// 3 (P-1) alpha + ((8k + n v)(P-1)/P - f) beta, v the bytes of a dense element (4 for float,
+// which gives (2k + n)(P-1)/P 4 beta), f the burst's share of the pairs a rank sends first
+// (burst_free).
 inline double topk_a2a(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;
-  const double bytes = 8.0 * s.k + static_cast<double>(s.n * s.value_bytes);
-  return 3.0 * (p - 1.0) * l.alpha + bytes * (p - 1.0) / p * l.beta;
+  const double pairs = 8.0 * s.k * (p - 1.0) / p;
+  const double bytes = (8.0 * s.k + static_cast<double>(s.n * s.value_bytes)) * (p - 1.0) / p;
+  return 3.0 * (p - 1.0) * l.alpha + (bytes - burst_free(l, pairs)) * l.beta;
 }
 
 }  // namespace cost
@@ -281,6 +305,13 @@ struct link_measure_options {
   // than ring_grow_below_s (see measure_link).
   std::size_t ring_max_bytes = std::size_t{16} << 20;
   double ring_grow_below_s = 4e-3;
+  // The burst (link_model::burst_bytes), with point-to-point: ping-pongs of small_bytes and of
+  // burst_max_bytes / 16, / 4 and / 1, each after rank 0 has idled for burst_pause_s (longer
+  // where the measured beta takes longer to send 2 burst_max_bytes, so that a bucket of that
+  // size refills), the least of burst_repeats. 0: not measured, burst_bytes = 0.
+  std::size_t burst_max_bytes = std::size_t{64} << 10;
+  unsigned burst_repeats = 4;
+  double burst_pause_s = 2e-3;
 };
 
 // What measure_link() measured on the way to its link_model.
@@ -412,6 +443,12 @@ inline void check_measure_options(const char* who, std::string_view name, const 
                                   " / ", o.large_repeats, " repeats"),
                            "small_bytes < large_bytes and repeats >= 1");
   }
+  if (o.burst_max_bytes != 0 && (o.burst_repeats == 0 || !(o.burst_pause_s >= 0.0) ||
+                                 !(o.burst_pause_s <= 60.0))) {
+    throw_invalid_argument(who, concat(name, ".burst_repeats, ", name, ".burst_pause_s"),
+                           concat(o.burst_repeats, ", ", o.burst_pause_s, " s"),
+                           "burst_repeats >= 1 and 0 <= burst_pause_s <= 60 (or burst_max_bytes = 0)");
+  }
   if (o.local_large_elements != 0 && o.local_large_elements <= o.local_elements) {
     throw_invalid_argument(who, concat(name, ".local_large_elements"),
                            concat(o.local_large_elements, " (local_elements ", o.local_elements, ")"),
@@ -428,7 +465,8 @@ inline void check_measure_options(const char* who, std::string_view name, const 
 // the extra time per byte of large_bytes, the ring's when larger (ranks that share a machine
 // share its memory bus and cores, and the exchanges' collectives send on every rank at once;
 // the ring's message grows while a step is quick, see ring_max_bytes); pair_alpha and
-// pair_beta are the ping-pong's.
+// pair_beta are the ping-pong's, burst_bytes found by ping-pongs after an idle pause
+// (link_measure_options::burst_max_bytes; 0 without point-to-point).
 // Without point-to-point, allgathers of both sizes are timed and fitted to
 // log2 P alpha + (P-1) b beta. The least time of the repeats counts for the ping-pong (noise
 // only adds), the slowest rank's mean for the ring. gamma, scatter and merge are the local
@@ -476,7 +514,7 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
   if (p == 1) return model;
   const int r = comm.rank();
   std::vector<std::byte> out(o.large_bytes, std::byte{1}), in;
-  double result[4] = {0.0, 0.0, 0.0, 0.0};  // alpha, beta: ping-pong, then ring
+  double result[5] = {0.0, 0.0, 0.0, 0.0, 0.0};  // alpha, beta: ping-pong, then ring; burst
   std::size_t dense_bytes = o.large_bytes;   // the allreduce's message (the ring's largest)
 
   if constexpr (point_to_point<Comm, std::byte>) {
@@ -513,6 +551,44 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
     comm.barrier();
     const double small = round_trip(o.small_bytes, o.small_repeats);
     const double large = round_trip(o.large_bytes, o.large_repeats);
+    // The burst: one-way times of ping-pongs after rank 0 idled (rank P-1 idles meanwhile,
+    // waiting), small_bytes first for the latency after idling. A message of m bytes takes
+    // alpha + (m - b) beta when a bucket of b bytes sends its start at once: b = m - (t -
+    // alpha) / beta, at most m; the largest over the sizes. Its error in seconds (b beta) is
+    // the timing's, so a fast link's noisy b costs next to nothing.
+    const double probe_beta = std::max(0.0, (large - small) / static_cast<double>(o.large_bytes - o.small_bytes));
+    double burst = 0.0;
+    if (o.burst_max_bytes != 0) {
+      const double pause = std::max(o.burst_pause_s, 2.0 * static_cast<double>(o.burst_max_bytes) * probe_beta);
+      if (out.size() < o.burst_max_bytes) out.resize(o.burst_max_bytes, std::byte{1});
+      auto after_pause = [&](std::size_t bytes) {
+        const std::span<const std::byte> msg(out.data(), bytes);
+        double best = 0.0;
+        for (unsigned i = 0; i < o.burst_repeats; ++i) {
+          if (r == 0) std::this_thread::sleep_for(std::chrono::duration<double>(pause));
+          detail::stopwatch clock;
+          if (r == 0) {
+            comm.sendrecv(msg, peer, in, -1);
+            comm.sendrecv(std::span<const std::byte>(), -1, in, peer);
+          } else if (r == peer) {
+            comm.sendrecv(std::span<const std::byte>(), -1, in, 0);
+            comm.sendrecv(msg, 0, in, -1);
+          }
+          const double t = clock.lap();
+          if (i == 0 || t < best) best = t;
+        }
+        return best / 2.0;
+      };
+      const double idle_alpha = after_pause(o.small_bytes) - static_cast<double>(o.small_bytes) * probe_beta;
+      for (std::size_t m : {o.burst_max_bytes / 16, o.burst_max_bytes / 4, o.burst_max_bytes}) {
+        if (m <= o.small_bytes) continue;
+        const double t = after_pause(m);
+        if (probe_beta > 0.0) {
+          const double md = static_cast<double>(m);
+          burst = std::max(burst, std::clamp(md - (t - idle_alpha) / probe_beta, 0.0, md));
+        }
+      }
+    }
     double ring[2] = {ring_step(o.small_bytes, o.small_repeats),
                       ring_step(o.large_bytes, o.large_repeats)};
     comm.allreduce(std::span<double>(ring), reduce_op::max);  // the slowest rank sets the pace
@@ -528,8 +604,8 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
     }
     dense_bytes = ring_bytes;
     if (r == 0) {
-      const double bytes = static_cast<double>(o.large_bytes - o.small_bytes);
-      result[1] = std::max(0.0, (large - small) / bytes);
+      result[4] = burst;
+      result[1] = probe_beta;
       result[0] = std::max(0.0, small - static_cast<double>(o.small_bytes) * result[1]);
       result[3] = std::max(0.0, (ring[1] - ring[0]) / static_cast<double>(ring_bytes - o.small_bytes));
       result[2] = std::max(0.0, ring[0] - static_cast<double>(o.small_bytes) * result[3]);
@@ -553,6 +629,7 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
   model.beta = std::max(result[1], result[3]);
   model.pair_alpha = result[0];
   model.pair_beta = result[1];
+  model.burst_bytes = result[4];
   // The communicator's own allreduce of dense_bytes of floats, as dense_allreduce runs it:
   // dense_beta fitted to 2 (P-1) pair_alpha + 2 (P-1)/P m dense_beta, the slowest rank's least
   // time of large_repeats runs after a warm-up (an exchange is timed so; noise only adds). The

@@ -21,7 +21,9 @@ namespace gradcomp {
 
 // What one group's communication costs: selection over all its elements, then a sparse
 // allgather of its payload (k = density * elements index/value pairs of 8 bytes plus the
-// 40-byte wire header) among `ranks` ranks over `link`.
+// 40-byte wire header) among `ranks` ranks over `link`, every byte at beta: the groups go out
+// one after another during the backward pass, with no idle time that a burst
+// (link_model::burst_bytes) could be counted on.
 struct merge_cost {
   link_model link{};
   int ranks = 2;
@@ -36,8 +38,10 @@ struct merge_cost {
     shape.k = k;
     shape.k_max = static_cast<std::size_t>(k);
     shape.payload_bytes = 8.0 * k + 40.0;
+    link_model paced = link;
+    paced.burst_bytes = 0.0;
     return select_seconds_per_element * static_cast<double>(elements) +
-           cost::sparse_allgather(shape, link);
+           cost::sparse_allgather(shape, paced);
   }
 };
 
