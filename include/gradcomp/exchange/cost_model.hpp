@@ -50,11 +50,14 @@ struct link_model {
   std::size_t large_elements = 0;
   // alpha and beta are the link as the collectives use it, every rank sending at once;
   // pair_alpha and pair_beta as one pair of ranks sees it while the others wait (measure_link's
-  // ping-pong). gTop-k's tree is priced with them: at most half the ranks send in a round of
-  // it, in most rounds fewer. They differ where ranks share cores or a memory bus (4 hosts of
-  // the emulated cluster on 2 cores at 1 Gbit/s, over three runs: 62-129 us and
-  // 14-17 ns/byte with every rank sending, 16-22 us and 8.2-8.4 alone, docs/cluster.md).
-  // 0: alpha and beta.
+  // ping-pong). gTop-k's tree pays pair_beta per byte, since at most half the ranks send in a
+  // round of it, but alpha per message: up to P/2 messages are in flight in a round, and where
+  // ranks share cores each costs more than a lone one (on the emulated cluster with 4 hosts on
+  // 2 cores, gTop-k at n = 1M, density 0.001, measured 1.15-2.01x a model with pair_alpha and
+  // 0.69-1.40x one with alpha, in six runs' logs; docs/cluster.md). They differ where ranks
+  // share cores or a memory bus (4 hosts at 1 Gbit/s, over three runs: 62-129 us and
+  // 14-17 ns/byte with every rank sending, 16-22 us and 8.2-8.4 alone). pair_alpha also fits
+  // dense_beta. 0: alpha and beta.
   double pair_alpha = 0.0;
   double pair_beta = 0.0;
   // Seconds per byte of the communicator's own allreduce of a dense vector of m bytes, as
@@ -228,18 +231,17 @@ inline double sparse_allgather(const exchange_shape& s, const link_model& l) {
 // gTop-k: ceil(log2 P) rounds up the tree with k pairs of 8 bytes (and a status pair), then a
 // binomial broadcast of k pairs (and a count pair): 2 ceil(log2 P) alpha +
 // 2 ceil(log2 P) 8 (k + 1) beta (an alpha term of log P, as often quoted, counts the tree only),
-// with the link of one pair (pair_alpha and pair_beta, where given). The burst (burst_free)
-// counts ceil(log2 P) + 1 times: each round up the tree has a sender that has only received so
-// far, and the broadcast's first round is the root's first send; its later rounds follow the
-// root's first at once.
+// each byte at one pair's beta (pair_beta, where given; see link_model::pair_alpha). The burst
+// (burst_free) counts ceil(log2 P) + 1 times: each round up the tree has a sender that has only
+// received so far, and the broadcast's first round is the root's first send; its later rounds
+// follow the root's first at once.
 inline double gtopk(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;
   const double rounds = std::ceil(std::log2(p));
-  const double alpha = l.pair_alpha > 0.0 ? l.pair_alpha : l.alpha;
   const double beta = l.pair_beta > 0.0 ? l.pair_beta : l.beta;
   const double message = 8.0 * (static_cast<double>(s.k_max) + 1.0);
-  return 2.0 * rounds * alpha + (2.0 * rounds * message - (rounds + 1.0) * burst_free(l, message)) * beta;
+  return 2.0 * rounds * l.alpha + (2.0 * rounds * message - (rounds + 1.0) * burst_free(l, message)) * beta;
 }
 
 // TopKA2A: header-free alltoallv of the pairs plus allgather of the shards:
