@@ -53,8 +53,8 @@ struct link_model {
   // ping-pong). gTop-k's tree pays pair_beta per byte, since at most half the ranks send in a
   // round of it, but alpha per message: up to P/2 messages are in flight in a round, and where
   // ranks share cores each costs more than a lone one (on the emulated cluster with 4 hosts on
-  // 2 cores, gTop-k at n = 1M, density 0.001, measured 1.15-2.01x a model with pair_alpha and
-  // 0.69-1.40x one with alpha, in six runs' logs; docs/cluster.md). They differ where ranks
+  // 2 cores, gTop-k at n = 1M, density 0.001, measured 1.07-2.01x a model with pair_alpha and
+  // 0.69-1.40x one with alpha, in five runs' logs; docs/cluster.md). They differ where ranks
   // share cores or a memory bus (4 hosts at 1 Gbit/s, over three runs: 62-129 us and
   // 14-17 ns/byte with every rank sending, 16-22 us and 8.2-8.4 alone). pair_alpha also fits
   // dense_beta. 0: alpha and beta.
