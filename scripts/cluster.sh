@@ -103,8 +103,8 @@ is_up() { [ -f "$state/hosts" ]; }
 # and a 16 KiB bucket (0.13 ms at 1 Gbit/s); from 4 Gbit/s 16 KiB packets and a 32 KiB bucket
 # (26 us at 10 Gbit/s). Found by trying, with the hosts on loss-based TCP (congestion_control
 # below): 4 hosts sending at once at 1 Gbit/s ran at 13.4 ns/byte with 8 KiB packets and at
-# 20 with 4 KiB ones. The cost model uses the measured beta, and docs/cluster.md gives it next
-# to the configured rate.
+# 20 with 4 KiB ones. The cost model uses the measured beta and the bucket's burst as
+# measure_link finds it, and docs/cluster.md gives both next to what is configured.
 needs_small_frames() {  # rate in bit/s
   [ "$1" -lt 512000000 ]
 }

@@ -4,7 +4,8 @@
 // ResNet-50 (25.6M) and a BERT-large (340M) gradient at densities 0.001 and 0.01, and the
 // winner (network terms only). Started under mpirun (P <= 4 here), it then measures the link
 // with measure_link() (alpha and beta by ping-pong and by a ring with every rank sending at
-// once; the local work's gamma, scatter and merge costs on every rank at once), times every
+// once, the communicator's allreduce, the burst by ping-pongs after an idle pause; the local
+// work's gamma, scatter and merge costs on every rank at once), times every
 // exchange over MPI and prints the predictions and the measurement side by side.
 //   exchange_model                     the planning tables only
 //   mpirun -np 4 exchange_model        the tables, then model against measurement
@@ -166,8 +167,8 @@ void measure(mpi_comm& comm, const measure_options& mo) {
     std::printf("\nMeasured on this machine with MPI, P = %zu:\n"
                 "  ping-pong between ranks 0 and %zu: alpha = %.3g us, beta = %.3g ns/byte (%.3g GB/s)\n"
                 "  ring, every rank at once:        alpha = %.3g us, beta = %.3g ns/byte (%.3g GB/s)\n"
-                "  model: alpha = %.3g us, beta = %.3g ns/byte (the larger of each; gTop-k's tree: the "
-                "ping-pong's); local work on "
+                "  model: alpha = %.3g us, beta = %.3g ns/byte (the larger of each; gTop-k's bytes: the "
+                "ping-pong's beta); local work on "
                 "every rank at once: gamma = %.3g ns/element streamed, scatter = %.3g ns/pair "
                 "(on %zu elements), gamma = %.3g, scatter = %.3g (on %zu elements), "
                 "merge = %.3g + %.3g log2(k + 1) ns/pair\n",
@@ -182,7 +183,8 @@ void measure(mpi_comm& comm, const measure_options& mo) {
                 probe.allreduce_bytes, link.dense_beta * 1e9,
                 link.beta > 0 ? link.dense_beta / link.beta : 0.0);
     std::printf("  ping-pongs after an idle pause: burst = %.0f bytes sent before the rate applies "
-                "(%.3g us at the ping-pong's beta; freed from each exchange's first message)\n",
+                "(%.3g us at the ping-pong's beta; freed from the first message each rank sends in the "
+                "sparse exchanges, in gTop-k from each round's sender and the broadcast's first)\n",
                 link.burst_bytes, link.burst_bytes * link.pair_beta * 1e6);
   }
   if (mo.link_only) return;

@@ -5,7 +5,8 @@
 
 --check: exit 1 unless DIR/summary.md is what the logs give (ctest cluster_summarize).
 
-calibration: alpha and beta measured at each configured rate; exchanges: the cost model
+calibration: alpha, beta and the burst measured at each configured rate, next to the rate and
+the token bucket scripts/cluster.sh configures; exchanges: the cost model
 (+local) against the measurement for every exchange, P, n and density, and whether the
 model's pick was the fastest (or within 10% of it); time to accuracy: for each method the
 training seconds (the eval lines' clock, which leaves the evaluations out), steps and bytes

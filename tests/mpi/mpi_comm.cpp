@@ -220,14 +220,19 @@ TEST_CASE("measure_link: a ping-pong between rank 0 and the last rank, agreed ev
                            .local_large_elements = std::size_t{1} << 21,
                            .ring_max_bytes = std::size_t{4} << 20},
       &probe);
-  double mine[2] = {l.alpha, l.beta};
+  double mine[3] = {l.alpha, l.beta, l.burst_bytes};
   std::vector<double> all;
   std::vector<std::size_t> counts;
   comm.allgatherv(std::span<const double>(mine), all, counts);
   for (int r = 0; r < comm.size(); ++r) {
-    CHECK(all[2 * static_cast<std::size_t>(r)] == l.alpha);
-    CHECK(all[2 * static_cast<std::size_t>(r) + 1] == l.beta);
+    CHECK(all[3 * static_cast<std::size_t>(r)] == l.alpha);
+    CHECK(all[3 * static_cast<std::size_t>(r) + 1] == l.beta);
+    CHECK(all[3 * static_cast<std::size_t>(r) + 2] == l.burst_bytes);
   }
+  // The burst: within what its ping-pongs sent, 0 for one rank.
+  CHECK(l.burst_bytes >= 0.0);
+  CHECK(l.burst_bytes <= static_cast<double>(link_measure_options{}.burst_max_bytes));
+  if (comm.size() == 1) CHECK(l.burst_bytes == 0.0);
   // The model takes the larger of the ping-pong's and the ring's values; the local work's
   // costs are measured.
   CHECK(l.alpha == std::max(probe.pingpong_alpha, probe.ring_alpha));
@@ -262,6 +267,14 @@ TEST_CASE("measure_link: a ping-pong between rank 0 and the last rank, agreed ev
   }
   if (comm.rank() == 0) {
     MESSAGE("P=" << comm.size() << ": alpha = " << l.alpha * 1e6 << " us, beta = " << l.beta * 1e9
-                 << " ns/byte (" << (l.beta > 0 ? 1e-9 / l.beta : 0.0) << " GB/s)");
+                 << " ns/byte (" << (l.beta > 0 ? 1e-9 / l.beta : 0.0) << " GB/s), burst = "
+                 << l.burst_bytes << " bytes");
   }
+  // Without the burst's ping-pongs: 0, and the rest still measured.
+  const link_model off = measure_link(
+      comm, link_measure_options{.small_repeats = 3, .large_repeats = 2,
+                                 .local_elements = std::size_t{1} << 14, .local_large_elements = 0,
+                                 .burst_max_bytes = 0});
+  CHECK(off.burst_bytes == 0.0);
+  if (comm.size() > 1) CHECK(off.pair_beta > 0.0);
 }

@@ -1775,6 +1775,25 @@ TEST_CASE("bad input: gtopk, topk_a2a and auto_exchange settings out of range ar
       o.measure.burst_max_bytes = 0;
       CHECK_NOTHROW(auto_exchange{o});
     }
+    // The largest ping-pong: above small_bytes, at most ring_max_bytes (which bounds the pause).
+    for (std::size_t bytes : {std::size_t{1}, std::size_t{8}, (std::size_t{16} << 20) + 1}) {
+      CAPTURE(bytes);
+      o = auto_options{};
+      o.measure.burst_max_bytes = bytes;
+      std::string what;
+      try {
+        auto_exchange x(o);
+      } catch (const gradcomp::invalid_argument& e) {
+        what = e.what();
+      }
+      CHECK(contains(what, "measure.burst_max_bytes"));
+      CHECK(contains(what, "allowed: "));
+      gradcomp_test::solo_comm comm;
+      CHECK_THROWS_AS(measure_link(comm, o.measure), gradcomp::invalid_argument);
+    }
+    o = auto_options{};
+    o.measure.burst_max_bytes = 9;  // just above small_bytes
+    CHECK_NOTHROW(auto_exchange{o});
     // The large vector's size must be above the small one's (or 0: one size), in the link
     // and in the measurement's options.
     for (std::size_t large : {std::size_t{1} << 20, std::size_t{1000}}) {

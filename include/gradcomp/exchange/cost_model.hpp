@@ -50,14 +50,15 @@ struct link_model {
   std::size_t large_elements = 0;
   // alpha and beta are the link as the collectives use it, every rank sending at once;
   // pair_alpha and pair_beta as one pair of ranks sees it while the others wait (measure_link's
-  // ping-pong). gTop-k's tree pays pair_beta per byte, since at most half the ranks send in a
-  // round of it, but alpha per message: up to P/2 messages are in flight in a round, and where
-  // ranks share cores each costs more than a lone one (on the emulated cluster with 4 hosts on
-  // 2 cores, gTop-k at n = 1M, density 0.001, measured 1.07-2.01x a model with pair_alpha and
-  // 0.69-1.40x one with alpha, in five runs' logs; docs/cluster.md). They differ where ranks
-  // share cores or a memory bus (4 hosts at 1 Gbit/s, over three runs: 62-129 us and
-  // 14-17 ns/byte with every rank sending, 16-22 us and 8.2-8.4 alone). pair_alpha also fits
-  // dense_beta. 0: alpha and beta.
+  // ping-pong). They differ where ranks share cores or a memory bus (the emulated cluster's
+  // 4 hosts on 2 cores at 1 Gbit/s, in seven kept logs: 65-152 us and 13.9-20.5 ns/byte with
+  // every rank sending, 16-32 us and 8.3-9.4 alone, docs/cluster.md). gTop-k's tree pays
+  // pair_beta per byte, since at most half the ranks send in a round of it, but alpha per
+  // message: up to P/2 messages are in flight in a round, and where ranks share cores each
+  // costs more than a lone one (on that cluster gTop-k at n = 1M, density 0.001, measured
+  // 1.07-2.01x a model with pair_alpha and 0.69-1.40x one with alpha, in five runs' logs).
+  // The burst (burst_bytes) is freed at pair_beta, the rate it was measured at. No formula
+  // reads pair_alpha: measure_link fits dense_beta with it. pair_beta 0: beta.
   double pair_alpha = 0.0;
   double pair_beta = 0.0;
   // Seconds per byte of the communicator's own allreduce of a dense vector of m bytes, as
@@ -68,13 +69,18 @@ struct link_model {
   // dense allreduce was measured 2.0-2.1x a model priced by the ring shift's beta
   // (docs/exchanges.md). 0: beta, and the reduction's pass priced as local work.
   double dense_beta = 0.0;
-  // Bytes a port sends at once after it has been idle, before beta applies: what a token
+  // Bytes a port sends at once after it has been idle, before its rate applies: what a token
   // bucket holds, as the emulated cluster's shaped ports have (docs/cluster.md; 3028 bytes at
-  // 100 Mbit/s, 16 KiB at 1 Gbit/s). A switch port serializes every byte at its rate, so a real
-  // link measures about 0. The model frees the first burst_bytes that a rank sends in an
-  // exchange, and in gTop-k the first of each sender on its longest path (cost::burst_free);
-  // an exchange starts after the step's computation, which leaves the port idle. measure_link
-  // times ping-pongs after an idle pause to find it. 0: every byte at beta.
+  // 100 Mbit/s, 16 KiB at 1 Gbit/s). A switch port serializes every byte at its rate and has
+  // none; measure_link times ping-pongs after an idle pause to find it, and whatever those
+  // find on a link without a bucket (the caches, the timing's noise) is priced at pair_beta,
+  // so it stays small in seconds. The model frees up to burst_bytes of the first message a
+  // rank sends in an exchange (the allgather's payload, TopKA2A's pairs; in gTop-k, each
+  // round's sender up the tree and the broadcast's first round: cost::burst_free), at
+  // pair_beta. It assumes the port idled before the exchange, as it does after a step's
+  // computation; several exchanges in a row (tensors one after another, auto_exchange on
+  // each) each get it, where only the first would. merge_cost prices every byte.
+  // 0: every byte at the rate.
   double burst_bytes = 0.0;
 
   // A link of `gbit_per_s` Gbit/s with `latency_s` seconds per message.
@@ -197,9 +203,13 @@ inline local_work local_gtopk(const exchange_shape& s) {
   return {static_cast<double>(s.n) + 2.0 * k, k, rounds * 2.0 * k, k};
 }
 
-// The bytes of a message of `bytes` that cross free (link_model::burst_bytes) when it is the
-// first its sender sends after idling.
-inline double burst_free(const link_model& l, double bytes) { return std::clamp(l.burst_bytes, 0.0, bytes); }
+// The seconds saved on a message of `bytes` that is the first its sender sends after idling:
+// the share of it within the burst (link_model::burst_bytes) at the rate the burst was measured
+// at (pair_beta, where given, else beta).
+inline double burst_free(const link_model& l, double bytes) {
+  const double rate = l.pair_beta > 0.0 ? l.pair_beta : l.beta;
+  return std::clamp(l.burst_bytes, 0.0, std::max(0.0, bytes)) * rate;
+}
 
 // The seconds per byte of an allreduce of dense values: dense_beta where measured, else beta.
 inline double dense_beta(const link_model& l) { return l.dense_beta > 0.0 ? l.dense_beta : l.beta; }
@@ -219,13 +229,13 @@ inline double dense_allreduce(const exchange_shape& s, const link_model& l) {
   return allreduce(static_cast<double>(s.ranks), m, l);
 }
 
-// TopK-SGD: an allgather(v) of every rank's payload: log2 P alpha + ((P-1) b - f) beta, f the
-// burst's share of the first payload a rank sends (burst_free).
+// TopK-SGD: an allgather(v) of every rank's payload: log2 P alpha + (P-1) b beta - f, f the
+// burst's seconds on the first payload a rank sends (burst_free).
 inline double sparse_allgather(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;
-  const double bytes = (p - 1.0) * s.payload_bytes - burst_free(l, s.payload_bytes);
-  return std::ceil(std::log2(p)) * l.alpha + bytes * l.beta;
+  return std::ceil(std::log2(p)) * l.alpha + (p - 1.0) * s.payload_bytes * l.beta -
+         burst_free(l, s.payload_bytes);
 }
 
 // gTop-k: ceil(log2 P) rounds up the tree with k pairs of 8 bytes (and a status pair), then a
@@ -241,19 +251,19 @@ inline double gtopk(const exchange_shape& s, const link_model& l) {
   const double rounds = std::ceil(std::log2(p));
   const double beta = l.pair_beta > 0.0 ? l.pair_beta : l.beta;
   const double message = 8.0 * (static_cast<double>(s.k_max) + 1.0);
-  return 2.0 * rounds * l.alpha + (2.0 * rounds * message - (rounds + 1.0) * burst_free(l, message)) * beta;
+  return 2.0 * rounds * l.alpha + 2.0 * rounds * message * beta - (rounds + 1.0) * burst_free(l, message);
 }
 
 // TopKA2A: header-free alltoallv of the pairs plus allgather of the shards:
-// 3 (P-1) alpha + ((8k + n v)(P-1)/P - f) beta, v the bytes of a dense element (4 for float,
-// which gives (2k + n)(P-1)/P 4 beta), f the burst's share of the pairs a rank sends first
+// 3 (P-1) alpha + (8k + n v)(P-1)/P beta - f, v the bytes of a dense element (4 for float,
+// which gives (2k + n)(P-1)/P 4 beta), f the burst's seconds on the pairs a rank sends first
 // (burst_free).
 inline double topk_a2a(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;
   const double pairs = 8.0 * s.k * (p - 1.0) / p;
   const double bytes = (8.0 * s.k + static_cast<double>(s.n * s.value_bytes)) * (p - 1.0) / p;
-  return 3.0 * (p - 1.0) * l.alpha + (bytes - burst_free(l, pairs)) * l.beta;
+  return 3.0 * (p - 1.0) * l.alpha + bytes * l.beta - burst_free(l, pairs);
 }
 
 }  // namespace cost
@@ -310,7 +320,8 @@ struct link_measure_options {
   // The burst (link_model::burst_bytes), with point-to-point: ping-pongs of small_bytes and of
   // burst_max_bytes / 16, / 4 and / 1, each after rank 0 has idled for burst_pause_s (longer
   // where the measured beta takes longer to send 2 burst_max_bytes, so that a bucket of that
-  // size refills), the least of burst_repeats. 0: not measured, burst_bytes = 0.
+  // size refills), the least of burst_repeats. 0: not measured, burst_bytes = 0; else more
+  // than small_bytes and at most ring_max_bytes.
   std::size_t burst_max_bytes = std::size_t{64} << 10;
   unsigned burst_repeats = 4;
   double burst_pause_s = 2e-3;
@@ -445,6 +456,12 @@ inline void check_measure_options(const char* who, std::string_view name, const 
                                   " / ", o.large_repeats, " repeats"),
                            "small_bytes < large_bytes and repeats >= 1");
   }
+  if (o.burst_max_bytes != 0 && (o.burst_max_bytes <= o.small_bytes || o.burst_max_bytes > o.ring_max_bytes)) {
+    throw_invalid_argument(who, concat(name, ".burst_max_bytes"),
+                           concat(o.burst_max_bytes, " (small_bytes ", o.small_bytes, ", ring_max_bytes ",
+                                  o.ring_max_bytes, ")"),
+                           "0, or small_bytes < burst_max_bytes <= ring_max_bytes");
+  }
   if (o.burst_max_bytes != 0 && (o.burst_repeats == 0 || !(o.burst_pause_s >= 0.0) ||
                                  !(o.burst_pause_s <= 60.0))) {
     throw_invalid_argument(who, concat(name, ".burst_repeats, ", name, ".burst_pause_s"),
@@ -477,7 +494,7 @@ inline void check_measure_options(const char* who, std::string_view name, const 
 // rank's times at two set sizes), on a vector of local_elements; gamma_large and scatter_large
 // the same on one of local_large_elements. dense_beta is the communicator's allreduce of the
 // ring's largest message (large_bytes without point-to-point) in floats, the slowest rank's
-// least time. One rank gives alpha = beta = dense_beta = 0. `probe`, when given, receives the
+// least time. One rank gives alpha = beta = dense_beta = burst_bytes = 0. `probe`, when given, receives the
 // ping-pong's, the ring's and the allreduce's values (zeros for one rank). Every rank must pass
 // the same options: the ring's growth depends on them, and ranks that differ would wait for
 // each other forever.
