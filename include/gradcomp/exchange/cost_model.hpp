@@ -538,19 +538,23 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
 
   if constexpr (point_to_point<Comm, std::byte>) {
     const int peer = p - 1;
-    auto round_trip = [&](std::size_t bytes, unsigned repeats) {
+    // `bytes` from rank 0 to rank P-1 and back; the other ranks pass. Its seconds on this rank.
+    auto ping_pong = [&](std::size_t bytes) {
       const std::span<const std::byte> msg(out.data(), bytes);
+      detail::stopwatch clock;
+      if (r == 0) {
+        comm.sendrecv(msg, peer, in, -1);
+        comm.sendrecv(std::span<const std::byte>(), -1, in, peer);
+      } else if (r == peer) {
+        comm.sendrecv(std::span<const std::byte>(), -1, in, 0);
+        comm.sendrecv(msg, 0, in, -1);
+      }
+      return clock.lap();
+    };
+    auto round_trip = [&](std::size_t bytes, unsigned repeats) {
       double best = 0.0;
       for (unsigned i = 0; i <= repeats; ++i) {  // the first round warms up the connection
-        detail::stopwatch clock;
-        if (r == 0) {
-          comm.sendrecv(msg, peer, in, -1);
-          comm.sendrecv(std::span<const std::byte>(), -1, in, peer);
-        } else if (r == peer) {
-          comm.sendrecv(std::span<const std::byte>(), -1, in, 0);
-          comm.sendrecv(msg, 0, in, -1);
-        }
-        const double t = clock.lap();
+        const double t = ping_pong(bytes);
         if (i == 1 || (i > 1 && t < best)) best = t;
       }
       return best / 2.0;
@@ -581,19 +585,10 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
       const double pause = std::max(o.burst_pause_s, 2.0 * static_cast<double>(o.burst_max_bytes) * probe_beta);
       if (out.size() < o.burst_max_bytes) out.resize(o.burst_max_bytes, std::byte{1});
       auto after_pause = [&](std::size_t bytes) {
-        const std::span<const std::byte> msg(out.data(), bytes);
         double best = 0.0;
         for (unsigned i = 0; i < o.burst_repeats; ++i) {
           if (r == 0) std::this_thread::sleep_for(std::chrono::duration<double>(pause));
-          detail::stopwatch clock;
-          if (r == 0) {
-            comm.sendrecv(msg, peer, in, -1);
-            comm.sendrecv(std::span<const std::byte>(), -1, in, peer);
-          } else if (r == peer) {
-            comm.sendrecv(std::span<const std::byte>(), -1, in, 0);
-            comm.sendrecv(msg, 0, in, -1);
-          }
-          const double t = clock.lap();
+          const double t = ping_pong(bytes);
           if (i == 0 || t < best) best = t;
         }
         return best / 2.0;
