@@ -428,11 +428,17 @@ TEST_CASE("predict: a burst frees the first bytes of each sender, never more tha
                 near(2.0 * rounds * 1e-5 + (rounds - 1.0) * message * 5e-10 +
                      cost::local_seconds(cost::local_gtopk(s), bursty, s.n)));
         }
-        // Without a pair's beta the burst is freed at beta.
+        // Without a pair's beta the burst is freed at beta; with a pair's beta above beta (a
+        // given link), at beta: never more than the bytes were priced at.
         link_model one_beta{1e-5, 1e-9};
         one_beta.burst_bytes = burst;
         CHECK(cost::sparse_allgather(s, link_model{1e-5, 1e-9}) - cost::sparse_allgather(s, one_beta) ==
               near(std::min(burst, s.payload_bytes) * 1e-9));
+        link_model slow_pair = one_beta;
+        slow_pair.pair_beta = 4e-9;
+        CHECK(cost::sparse_allgather(s, slow_pair) == cost::sparse_allgather(s, one_beta));
+        CHECK(cost::topk_a2a(s, slow_pair) == cost::topk_a2a(s, one_beta));
+        CHECK(cost::sparse_allgather(s, slow_pair) >= std::ceil(std::log2(p)) * 1e-5);
       }
     }
   }

@@ -203,11 +203,12 @@ inline local_work local_gtopk(const exchange_shape& s) {
   return {static_cast<double>(s.n) + 2.0 * k, k, rounds * 2.0 * k, k};
 }
 
-// The seconds saved on a message of `bytes` that is the first its sender sends after idling:
-// the share of it within the burst (link_model::burst_bytes) at the rate the burst was measured
-// at (pair_beta, where given, else beta).
-inline double burst_free(const link_model& l, double bytes) {
-  const double rate = l.pair_beta > 0.0 ? l.pair_beta : l.beta;
+// The seconds saved on a message of `bytes`, priced at `priced_beta` per byte, that is the
+// first its sender sends after idling: the share of it within the burst
+// (link_model::burst_bytes) at the rate the burst was measured at (pair_beta, where given, else
+// beta), never more than the message was priced at.
+inline double burst_free(const link_model& l, double bytes, double priced_beta) {
+  const double rate = std::min(l.pair_beta > 0.0 ? l.pair_beta : l.beta, priced_beta);
   return std::clamp(l.burst_bytes, 0.0, std::max(0.0, bytes)) * rate;
 }
 
@@ -235,7 +236,7 @@ inline double sparse_allgather(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;
   return std::ceil(std::log2(p)) * l.alpha + (p - 1.0) * s.payload_bytes * l.beta -
-         burst_free(l, s.payload_bytes);
+         burst_free(l, s.payload_bytes, l.beta);
 }
 
 // gTop-k: ceil(log2 P) rounds up the tree with k pairs of 8 bytes (and a status pair), then a
@@ -251,7 +252,7 @@ inline double gtopk(const exchange_shape& s, const link_model& l) {
   const double rounds = std::ceil(std::log2(p));
   const double beta = l.pair_beta > 0.0 ? l.pair_beta : l.beta;
   const double message = 8.0 * (static_cast<double>(s.k_max) + 1.0);
-  return 2.0 * rounds * l.alpha + 2.0 * rounds * message * beta - (rounds + 1.0) * burst_free(l, message);
+  return 2.0 * rounds * l.alpha + 2.0 * rounds * message * beta - (rounds + 1.0) * burst_free(l, message, beta);
 }
 
 // TopKA2A: header-free alltoallv of the pairs plus allgather of the shards:
@@ -263,7 +264,7 @@ inline double topk_a2a(const exchange_shape& s, const link_model& l) {
   if (p <= 1.0) return 0.0;
   const double pairs = 8.0 * s.k * (p - 1.0) / p;
   const double bytes = (8.0 * s.k + static_cast<double>(s.n * s.value_bytes)) * (p - 1.0) / p;
-  return 3.0 * (p - 1.0) * l.alpha + bytes * l.beta - burst_free(l, pairs);
+  return 3.0 * (p - 1.0) * l.alpha + bytes * l.beta - burst_free(l, pairs, l.beta);
 }
 
 }  // namespace cost
