@@ -53,6 +53,10 @@ auto_run<C> run_auto(const C& proto, int ranks, std::size_t n, double density, a
   return res;
 }
 
+
+// Seconds equal to 1e-9 relative (1e-18 s absolute). doctest::Approx alone has an absolute
+// tolerance of about 1e-5, which would pass most of the model's times whatever they were.
+doctest::Approx same_seconds(double x) { return doctest::Approx(x).epsilon(1e-9).scale(1e-9); }
 }  // namespace
 
 TEST_CASE("cost formulas of exchange/cost_model.hpp") {
@@ -65,20 +69,20 @@ TEST_CASE("cost formulas of exchange/cost_model.hpp") {
   s.k_max = 1200;
   s.payload_bytes = 8040;
   // 2(P-1) alpha + 2(P-1)/P m beta
-  CHECK(cost::dense_allreduce(s, l) == doctest::Approx(6e-5 + 1.5 * 4e6 * 1e-9));
+  CHECK(cost::dense_allreduce(s, l) == same_seconds(6e-5 + 1.5 * 4e6 * 1e-9));
   s.summed_bytes = 2000;
-  CHECK(cost::dense_allreduce(s, l) == doctest::Approx(6e-5 + 1.5 * 2000 * 1e-9));
+  CHECK(cost::dense_allreduce(s, l) == same_seconds(6e-5 + 1.5 * 2000 * 1e-9));
   s.summed_bytes = 0;
   // log2 P alpha + (P-1) b beta
-  CHECK(cost::sparse_allgather(s, l) == doctest::Approx(2e-5 + 3 * 8040 * 1e-9));
-  // 2 ceil(log2 P) alpha + 2 ceil(log2 P) 8 k beta
-  CHECK(cost::gtopk(s, l) == doctest::Approx(4e-5 + 4 * 8 * 1200 * 1e-9));
+  CHECK(cost::sparse_allgather(s, l) == same_seconds(2e-5 + 3 * 8040 * 1e-9));
+  // 2 ceil(log2 P) alpha + 2 ceil(log2 P) 8 (k + 1) beta
+  CHECK(cost::gtopk(s, l) == same_seconds(4e-5 + 4 * 8 * 1201 * 1e-9));
   // 3(P-1) alpha + (8k + 4n)(P-1)/P beta
-  CHECK(cost::topk_a2a(s, l) == doctest::Approx(9e-5 + (8000 + 4e6) * 0.75 * 1e-9));
+  CHECK(cost::topk_a2a(s, l) == same_seconds(9e-5 + (8000 + 4e6) * 0.75 * 1e-9));
   s.ranks = 1;
   CHECK(cost::dense_allreduce(s, l) == 0.0);
   CHECK(cost::gtopk(s, l) == 0.0);
-  CHECK(link_model::from_gbit(10, 2e-6).beta == doctest::Approx(0.8e-9));
+  CHECK(link_model::from_gbit(10, 2e-6).beta == same_seconds(0.8e-9));
   CHECK_THROWS_AS(link_model::from_gbit(0, 1e-6), invalid_argument);
   CHECK_THROWS_AS(link_model::from_gbit(std::numeric_limits<double>::infinity(), 1e-6),
                   invalid_argument);
@@ -98,7 +102,7 @@ TEST_CASE("cost formulas: gTop-k's bytes at one pair's beta, everything else on 
     link_model one = link_model{1e-5, 4e-10};
     // gTop-k's bytes at the pair's beta, its messages at the shared alpha: as on a link that
     // has only those.
-    CHECK(cost::gtopk(s, both) == doctest::Approx(cost::gtopk(s, one)));
+    CHECK(cost::gtopk(s, both) == same_seconds(cost::gtopk(s, one)));
     CHECK(cost::gtopk(s, both) < cost::gtopk(s, shared));
     // The collectives keep alpha and beta.
     CHECK(cost::dense_allreduce(s, both) == cost::dense_allreduce(s, shared));
@@ -112,10 +116,10 @@ TEST_CASE("cost formulas: gTop-k's bytes at one pair's beta, everything else on 
     const double rounds = std::ceil(std::log2(static_cast<double>(ranks)));
     CHECK(cost::gtopk(s, alpha_only) == cost::gtopk(s, shared));  // pair_alpha is not used
     CHECK(cost::gtopk(s, shared) - cost::gtopk(s, beta_only) ==
-          doctest::Approx(2.0 * rounds * 8.0 * 1001.0 * 6e-10));
+          same_seconds(2.0 * rounds * 8.0 * 1001.0 * 6e-10));
     // predict uses the same terms.
     CHECK(predict(s, both).seconds[static_cast<unsigned>(exchange_kind::gtopk)] ==
-          doctest::Approx(cost::gtopk(s, both) + cost::local_seconds(cost::local_gtopk(s), both, s.n)));
+          same_seconds(cost::gtopk(s, both) + cost::local_seconds(cost::local_gtopk(s), both, s.n)));
   }
 }
 
@@ -125,9 +129,9 @@ TEST_CASE("cost formulas: the dense allreduce at the measured allreduce's beta, 
   link_model measured = ring;
   measured.dense_beta = 3e-9;
   // 2 (P-1) alpha + 2 (P-1)/P m dense_beta, for the dense vector and for a summable payload.
-  CHECK(cost::dense_allreduce(s, measured) == doctest::Approx(6e-5 + 1.5 * 4e6 * 3e-9));
+  CHECK(cost::dense_allreduce(s, measured) == same_seconds(6e-5 + 1.5 * 4e6 * 3e-9));
   s.summed_bytes = 2000;
-  CHECK(cost::dense_allreduce(s, measured) == doctest::Approx(6e-5 + 1.5 * 2000 * 3e-9));
+  CHECK(cost::dense_allreduce(s, measured) == same_seconds(6e-5 + 1.5 * 2000 * 3e-9));
   s.summed_bytes = 0;
   // The other exchanges keep beta.
   CHECK(cost::sparse_allgather(s, measured) == cost::sparse_allgather(s, ring));
@@ -145,9 +149,9 @@ TEST_CASE("cost formulas: the dense allreduce at the measured allreduce's beta, 
     CHECK(untimed.pairs == timed.pairs);
     const auto dense = static_cast<unsigned>(exchange_kind::dense_allreduce);
     CHECK(predict(s, measured).seconds[dense] ==
-          doctest::Approx(cost::dense_allreduce(s, measured) + cost::local_seconds(timed, measured, s.n)));
+          same_seconds(cost::dense_allreduce(s, measured) + cost::local_seconds(timed, measured, s.n)));
     CHECK(predict(s, ring).seconds[dense] ==
-          doctest::Approx(cost::dense_allreduce(s, ring) + cost::local_seconds(untimed, ring, s.n)));
+          same_seconds(cost::dense_allreduce(s, ring) + cost::local_seconds(untimed, ring, s.n)));
   }
 }
 
@@ -230,7 +234,7 @@ TEST_CASE("predict: each local-work term prices its own kind of work") {
   for (unsigned k = 0; k < exchange_kinds; ++k) {
     const double local = 1e-10 * stream.seconds[k] + 3e-9 * pairs.seconds[k] +
                          1e-8 * merges.seconds[k];  // (2e-8, 5e-9) = 1e-8 (2, 0.5)
-    CHECK(all.seconds[k] == doctest::Approx(net.seconds[k] + local));
+    CHECK(all.seconds[k] == same_seconds(net.seconds[k] + local));
   }
 }
 
@@ -379,9 +383,6 @@ TEST_CASE("predict: a burst frees the first bytes of each sender, never more tha
   const auto at = [](const exchange_prediction& p, exchange_kind k) {
     return p.seconds[static_cast<unsigned>(k)];
   };
-  // Relative, with 1e-18 s absolute: doctest's default scale of 1 would pass any difference
-  // below 1e-5 s.
-  const auto near = [](double x) { return doctest::Approx(x).epsilon(1e-9).scale(1e-9); };
   for (std::size_t ranks : {2, 3, 4, 16}) {
     for (double k : {0.0, 1.0, 1000.0, 12345.0}) {
       for (double burst : {0.0, 1.0, 3028.0, 16384.0, 1e9}) {
@@ -411,9 +412,9 @@ TEST_CASE("predict: a burst frees the first bytes of each sender, never more tha
         const double message = 8.0 * (k + 1.0);
         const double tree = (rounds + 1.0) * std::min(burst, message) * 5e-10;
         CHECK(at(a, exchange_kind::sparse_allgather) - at(b, exchange_kind::sparse_allgather) ==
-              near(gather));
-        CHECK(at(a, exchange_kind::topk_a2a) - at(b, exchange_kind::topk_a2a) == near(a2a));
-        CHECK(at(a, exchange_kind::gtopk) - at(b, exchange_kind::gtopk) == near(tree));
+              same_seconds(gather));
+        CHECK(at(a, exchange_kind::topk_a2a) - at(b, exchange_kind::topk_a2a) == same_seconds(a2a));
+        CHECK(at(a, exchange_kind::gtopk) - at(b, exchange_kind::gtopk) == same_seconds(tree));
         CHECK(at(b, exchange_kind::dense_allreduce) == at(a, exchange_kind::dense_allreduce));
         // Latency stays: a burst larger than every message leaves the alpha terms and the
         // bytes after each sender's first.
@@ -423,10 +424,10 @@ TEST_CASE("predict: a burst frees the first bytes of each sender, never more tha
         }
         if (burst >= 1e9) {
           CHECK(at(b, exchange_kind::sparse_allgather) ==
-                near(rounds * 1e-5 + (p - 1.0) * s.payload_bytes * 1e-9 - s.payload_bytes * 5e-10 +
+                same_seconds(rounds * 1e-5 + (p - 1.0) * s.payload_bytes * 1e-9 - s.payload_bytes * 5e-10 +
                      cost::local_seconds(cost::local_sparse_allgather(s), bursty, s.n)));
           CHECK(at(b, exchange_kind::gtopk) ==
-                near(2.0 * rounds * 1e-5 + (rounds - 1.0) * message * 5e-10 +
+                same_seconds(2.0 * rounds * 1e-5 + (rounds - 1.0) * message * 5e-10 +
                      cost::local_seconds(cost::local_gtopk(s), bursty, s.n)));
         }
         // Without a pair's beta the burst is freed at beta; with a pair's beta above beta (a
@@ -434,7 +435,7 @@ TEST_CASE("predict: a burst frees the first bytes of each sender, never more tha
         link_model one_beta{1e-5, 1e-9};
         one_beta.burst_bytes = burst;
         CHECK(cost::sparse_allgather(s, link_model{1e-5, 1e-9}) - cost::sparse_allgather(s, one_beta) ==
-              near(std::min(burst, s.payload_bytes) * 1e-9));
+              same_seconds(std::min(burst, s.payload_bytes) * 1e-9));
         link_model slow_pair = one_beta;
         slow_pair.pair_beta = 4e-9;
         CHECK(cost::sparse_allgather(s, slow_pair) == cost::sparse_allgather(s, one_beta));
