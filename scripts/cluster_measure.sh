@@ -6,7 +6,8 @@
 #
 #   calibrate  alpha and beta by ping-pong between 2 hosts at 100 Mbit/s, 1 and 10 Gbit/s
 #   exchanges  every exchange at P = 2 and 4, n = 1M and 25.6M, density 0.001 and 0.01, against
-#              the cost model, on 100 Mbit/s and 1 Gbit/s links (tools/exchange_model)
+#              the cost model, on 100 Mbit/s and 1 Gbit/s links (tools/exchange_model; the
+#              link measured 3 times, each cost the median; the exchanges timed in turns)
 #   lags       LAGS-SGD on Fashion-MNIST, 4 hosts at 100 Mbit/s: planned and measured overlap
 #   tta        time to accuracy on Fashion-MNIST, 4 hosts at 100 Mbit/s: dense, top-k 0.01,
 #              DGC 0.001, LAGS, PQASGD, with the test accuracy 4 times per epoch
@@ -51,7 +52,7 @@ for part in "${parts[@]}"; do
       for rate in 100mbit 1gbit; do
         for p in 2 4; do
           run "exchanges_${rate}_p$p.txt" "$p" "$rate" "$build/tools/exchange_model" --no-tables \
-            --sizes 1048576,25600000 --repeats 3
+            --sizes 1048576,25600000 --repeats 3 --calibrations 3
         done
       done
       ;;

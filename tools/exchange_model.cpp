@@ -18,15 +18,21 @@
 //                                      the cost of a pair added into a cached region, which the
 //                                      allgather and TopKA2A pay, SCATTER when left out)
 //   exchange_model [--no-tables] [--link-only] [--sizes N,N...] [--repeats R]
-//                                      the measured tensor sizes (default 1048576,4194304) and
-//                                      repeats (default 5); --no-tables skips the tables,
+//                  [--calibrations C]
+//                                      the measured tensor sizes (default 1048576,4194304),
+//                                      repeats (default 5; the exchanges take turns, one run of
+//                                      each per round) and calibrations of the link (default
+//                                      1; more: each cost the median over them,
+//                                      median_link()); --no-tables skips the tables,
 //                                      --link-only the exchanges (alpha, beta, gamma only)
-//                                      (scripts/cluster.sh's measurements use all three)
+//                                      (scripts/cluster_measure.sh uses all of them)
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -135,29 +141,60 @@ void print_tables(std::span<const link_case> links, std::span<const std::size_t>
 struct measure_options {
   std::vector<std::size_t> sizes = {std::size_t{1} << 20, std::size_t{1} << 22};
   int repeats = 5;
+  int calibrations = 1;
   bool link_only = false;  // alpha, beta and gamma only, no exchanges
 };
 
 #if defined(GRADCOMP_TOOL_WITH_MPI)
 
-// Least time of `repeats` runs of f, agreed over ranks (the slowest rank's least time).
-template <class F>
-double time_it(mpi_comm& comm, int repeats, F&& f) {
-  double best = 1e300;
+// Least time of `repeats` runs of each of fs, agreed over ranks (the slowest rank's least
+// time). The functions take turns, one run of each per round, each round starting one further
+// along, so that a phase in which the machine runs slow falls on all of them alike and no one
+// always runs just after the same other one.
+template <class... F>
+std::array<double, sizeof...(F)> time_in_turns(mpi_comm& comm, int repeats, F&&... fs) {
+  constexpr std::size_t count = sizeof...(F);
+  const std::array<std::function<void()>, count> run = {std::function<void()>(fs)...};
+  std::array<double, count> best;
+  best.fill(1e300);
   for (int i = 0; i < repeats; ++i) {
-    comm.barrier();
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (std::size_t j = 0; j < count; ++j) {
+      const std::size_t f = (j + static_cast<std::size_t>(i)) % count;
+      comm.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      run[f]();
+      best[f] = std::min(best[f], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
   }
-  double agreed[] = {best};
-  comm.allreduce(std::span<double>(agreed), reduce_op::max);
-  return agreed[0];
+  comm.allreduce(std::span<double>(best), reduce_op::max);
+  return best;
 }
 
 void measure(mpi_comm& comm, const measure_options& mo) {
-  link_probe probe;
-  const link_model link = measure_link(comm, link_measure_options{}, &probe);
+  // The link measured mo.calibrations times, each cost the median over them (median_link).
+  std::vector<link_model> links;
+  std::vector<link_probe> probes;
+  for (int i = 0; i < mo.calibrations; ++i) {
+    link_probe one;
+    links.push_back(measure_link(comm, link_measure_options{}, &one));
+    probes.push_back(one);
+  }
+  const link_model link = median_link(links);
+  const link_probe probe = median_probe(probes);
+  if (comm.rank() == 0 && mo.calibrations > 1) {
+    std::printf("\nThe link measured %d times, one after the other; below, each cost is the median "
+                "over them (median_link). Each time:\n",
+                mo.calibrations);
+    for (std::size_t i = 0; i < links.size(); ++i) {
+      std::printf("  %zu: ping-pong %.3g us %.3g ns/byte, ring %.3g us %.3g ns/byte, dense_beta %.3g "
+                  "ns/byte, burst %.0f bytes, gamma %.3g and %.3g ns/element, scatter %.3g and %.3g "
+                  "ns/pair\n",
+                  i + 1, probes[i].pingpong_alpha * 1e6, probes[i].pingpong_beta * 1e9,
+                  probes[i].ring_alpha * 1e6, probes[i].ring_beta * 1e9, links[i].dense_beta * 1e9,
+                  links[i].burst_bytes, links[i].gamma * 1e9, links[i].gamma_large * 1e9,
+                  links[i].scatter * 1e9, links[i].scatter_large * 1e9);
+    }
+  }
   // The measured link without the local work.
   const link_model network{.alpha = link.alpha, .beta = link.beta, .pair_alpha = link.pair_alpha,
                            .pair_beta = link.pair_beta, .dense_beta = link.dense_beta,
@@ -190,7 +227,7 @@ void measure(mpi_comm& comm, const measure_options& mo) {
   if (mo.link_only) return;
   if (comm.rank() == 0) {
     std::printf("network: the alpha-beta model plus one header allgather (log2 P alpha + 48 (P-1) "
-                "beta), dense_allreduce at dense_beta (the measured allreduce, copies and sums included); +local: plus the local work (gamma, scatter, merge);\nmeasured: least of the repeats, "
+                "beta), dense_allreduce at dense_beta (the measured allreduce, copies and sums included); +local: plus the local work (gamma, scatter, merge);\nmeasured: least of the repeats (the exchanges in turns), "
                 "slowest rank. Milliseconds.\n");
     std::printf("%10s %8s  %-18s %9s %9s %9s %14s\n", "n", "density", "exchange", "network", "+local",
                 "measured", "measured/+local");
@@ -222,11 +259,11 @@ void measure(mpi_comm& comm, const measure_options& mo) {
       sparse_allgather sa;
       topk_a2a a2a;
       gtopk gt;
-      const double measured[] = {
-          time_it(comm, repeats, [&] { dense_allreduce{}.exchange(comm, d, full, std::span<float>(out)); }),
-          time_it(comm, repeats, [&] { sa.exchange(comm, c, sparse, std::span<float>(out)); }),
-          time_it(comm, repeats, [&] { a2a.exchange(comm, c, sparse, std::span<float>(out)); }),
-          time_it(comm, repeats, [&] { gt.exchange(comm, c, sparse, std::span<float>(out)); })};
+      const std::array<double, exchange_kinds> measured = time_in_turns(
+          comm, repeats, [&] { dense_allreduce{}.exchange(comm, d, full, std::span<float>(out)); },
+          [&] { sa.exchange(comm, c, sparse, std::span<float>(out)); },
+          [&] { a2a.exchange(comm, c, sparse, std::span<float>(out)); },
+          [&] { gt.exchange(comm, c, sparse, std::span<float>(out)); });
       if (comm.rank() == 0) {
         for (unsigned k = 0; k < exchange_kinds; ++k) {
           const double predicted = e.seconds[k] + header;
@@ -264,7 +301,7 @@ int main(int argc, char** argv) {
   [[maybe_unused]] measure_options mo;
   const char* usage =
       "usage: [mpirun -np P] exchange_model [--quick] [--no-tables] [--link-only] [--sizes N,N...] "
-      "[--repeats R]\n       exchange_model --extrapolate ALPHA_US GAMMA_NS [SCATTER_NS MERGE_NS "
+      "[--repeats R] [--calibrations C]\n       exchange_model --extrapolate ALPHA_US GAMMA_NS [SCATTER_NS MERGE_NS "
       "MERGE_LOG_NS [CACHED_SCATTER_NS]]\n";
   try {
     for (int i = 1; i < argc; ++i) {
@@ -312,6 +349,13 @@ int main(int argc, char** argv) {
           throw std::invalid_argument("--repeats: '" + v + "' is not a count in [1, 1000]");
         }
         mo.repeats = static_cast<int>(*r);
+      } else if (a == "--calibrations" && i + 1 < argc) {
+        const std::string v = argv[++i];
+        const auto r = whole_number(v, 1.0, 100.0);
+        if (!r || *r != std::floor(*r)) {
+          throw std::invalid_argument("--calibrations: '" + v + "' is not a count in [1, 100]");
+        }
+        mo.calibrations = static_cast<int>(*r);
       } else {
         std::fprintf(stderr, "%s", usage);
         return 2;

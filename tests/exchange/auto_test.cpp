@@ -3,10 +3,13 @@
 // that the link measurement agrees on every rank, and the statistics sparsified_sgd reports.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -460,18 +463,11 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
     });
     for (std::size_t r = 0; r < got.size(); ++r) {
       const link_model& l = got[r];
-      const double fields[] = {l.alpha,       l.beta,          l.gamma,      l.scatter,
-                               l.merge,       l.merge_log,     l.gamma_large, l.scatter_large,
-                               l.pair_alpha,  l.pair_beta,     l.dense_beta,  l.burst_bytes};
-      const double first[] = {got[0].alpha,       got[0].beta,          got[0].gamma,
-                              got[0].scatter,     got[0].merge,         got[0].merge_log,
-                              got[0].gamma_large, got[0].scatter_large, got[0].pair_alpha,
-                              got[0].pair_beta,   got[0].dense_beta,    got[0].burst_bytes};
-      for (std::size_t f = 0; f < std::size(fields); ++f) {
-        CAPTURE(f);
-        CHECK(fields[f] == first[f]);  // agreed
-        CHECK(fields[f] >= 0.0);
-        CHECK(std::isfinite(fields[f]));
+      for (const auto& [name, field] : link_model_fields) {
+        CAPTURE(name);
+        CHECK(l.*field == got[0].*field);  // agreed
+        CHECK(l.*field >= 0.0);
+        CHECK(std::isfinite(l.*field));
       }
       // The local work is measured, the merge's two terms together positive.
       CHECK(l.gamma > 0.0);
@@ -511,6 +507,108 @@ TEST_CASE("measure_link: positive values, the same on every rank") {
     CHECK(one.large_elements == 0);
     CHECK(one.gamma_large == 0.0);
   });
+}
+
+// link_model_fields names every real-valued field: link_model is those 12 doubles and the two
+// vector sizes, nothing else (a field added without the list would fail here).
+static_assert(sizeof(link_model) == link_model_fields.size() * sizeof(double) + 2 * sizeof(std::size_t));
+
+TEST_CASE("median_link, median_probe: each field the ((N + 1) / 2)-th smallest over the runs") {
+  std::mt19937_64 rng(17);
+  // Values from heavy-tailed and discrete distributions, ties included, not only normal ones.
+  std::cauchy_distribution<double> cauchy(0.0, 1e-6);
+  std::uniform_int_distribution<int> small_int(0, 3);
+  auto draw = [&](int kind) {
+    switch (kind % 3) {
+      case 0: return std::abs(cauchy(rng));
+      case 1: return static_cast<double>(small_int(rng)) * 1e-9;  // ties
+      default: return std::ldexp(1.0, -small_int(rng) * 10);
+    }
+  };
+  for (std::size_t n : {1u, 2u, 3u, 4u, 5u, 8u, 31u}) {
+    CAPTURE(n);
+    std::vector<link_model> runs(n);
+    std::vector<link_probe> probes(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      int kind = static_cast<int>(i);
+      for (const auto& [name, field] : link_model_fields) runs[i].*field = draw(kind++);
+      runs[i].small_elements = 1000;
+      runs[i].large_elements = 0;
+      probes[i] = link_probe{draw(kind), draw(kind + 1), draw(kind + 2), draw(kind + 3), draw(kind + 4),
+                             static_cast<std::size_t>(small_int(rng)) * 4096};
+    }
+    // The reference: each field's values sorted, the ((N + 1) / 2)-th.
+    auto reference = [n](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[(n - 1) / 2];
+    };
+    const link_model m = median_link(runs);
+    for (const auto& [name, field] : link_model_fields) {
+      CAPTURE(name);
+      std::vector<double> v;
+      for (const link_model& r : runs) v.push_back(r.*field);
+      CHECK(m.*field == reference(v));
+      // At least half the runs at or below it, at least half at or above it.
+      const auto below = std::count_if(v.begin(), v.end(), [&](double x) { return x <= m.*field; });
+      const auto above = std::count_if(v.begin(), v.end(), [&](double x) { return x >= m.*field; });
+      CHECK(2 * static_cast<std::size_t>(below) >= n);
+      CHECK(2 * static_cast<std::size_t>(above) >= n);
+    }
+    CHECK(m.small_elements == 1000);
+    CHECK(m.large_elements == 0);
+    // The order of the runs does not matter.
+    std::vector<link_model> shuffled = runs;
+    std::shuffle(shuffled.begin(), shuffled.end(), rng);
+    const link_model again = median_link(shuffled);
+    for (const auto& [name, field] : link_model_fields) CHECK(again.*field == m.*field);
+    // One run is itself.
+    const link_model one = median_link(std::span<const link_model>(runs).first(1));
+    for (const auto& [name, field] : link_model_fields) CHECK(one.*field == runs[0].*field);
+
+    const link_probe pm = median_probe(probes);
+    std::vector<double> pv[6];
+    for (const link_probe& p : probes) {
+      const double v[] = {p.pingpong_alpha, p.pingpong_beta, p.ring_alpha, p.ring_beta, p.allreduce_beta,
+                          static_cast<double>(p.allreduce_bytes)};
+      for (std::size_t f = 0; f < 6; ++f) pv[f].push_back(v[f]);
+    }
+    CHECK(pm.pingpong_alpha == reference(pv[0]));
+    CHECK(pm.pingpong_beta == reference(pv[1]));
+    CHECK(pm.ring_alpha == reference(pv[2]));
+    CHECK(pm.ring_beta == reference(pv[3]));
+    CHECK(pm.allreduce_beta == reference(pv[4]));
+    CHECK(static_cast<double>(pm.allreduce_bytes) == reference(pv[5]));
+  }
+  // One slow run among three moves nothing; two slow ones of three do.
+  link_model fast, slow;
+  fast.alpha = 1e-4;
+  fast.gamma = 3e-10;
+  slow.alpha = 2e-4;
+  slow.gamma = 7e-10;
+  const link_model one_slow[] = {fast, slow, fast};
+  CHECK(median_link(one_slow).alpha == fast.alpha);
+  CHECK(median_link(one_slow).gamma == fast.gamma);
+  const link_model two_slow[] = {slow, fast, slow};
+  CHECK(median_link(two_slow).alpha == slow.alpha);
+
+  // Refused, naming the argument: no runs; a value with no order (NaN), a negative or an
+  // infinite one; runs whose local costs were measured on other vector sizes.
+  CHECK_THROWS_WITH_AS(median_link(std::span<const link_model>()), doctest::Contains("'runs'"), invalid_argument);
+  CHECK_THROWS_WITH_AS(median_probe(std::span<const link_probe>()), doctest::Contains("'runs'"), invalid_argument);
+  for (const double bad : {std::numeric_limits<double>::quiet_NaN(), -1e-9, std::numeric_limits<double>::infinity()}) {
+    for (const auto& [name, field] : link_model_fields) {
+      link_model runs[3] = {fast, fast, fast};
+      runs[2].*field = bad;
+      CHECK_THROWS_WITH_AS(median_link(runs), doctest::Contains(("runs[2]." + std::string(name)).c_str()), invalid_argument);
+    }
+    link_probe probes[2];
+    probes[1].ring_alpha = bad;
+    CHECK_THROWS_WITH_AS(median_probe(probes), doctest::Contains("runs[1].ring_alpha"), invalid_argument);
+  }
+  link_model other = fast;
+  other.small_elements = 4096;
+  const link_model mixed[] = {fast, other};
+  CHECK_THROWS_WITH_AS(median_link(mixed), doctest::Contains("runs[1].small_elements"), invalid_argument);
 }
 
 TEST_CASE("sparsified_sgd with auto_exchange reports the choice, predicted and measured time") {

@@ -55,23 +55,12 @@ class auto_exchange {
     // A NaN or negative time would make every comparison of the model false, and the choice
     // silently the first candidate.
     if (o.link) {
-      const auto check_time = [](const char* name, double v) {
+      for (const auto& [name, field] : link_model_fields) {
+        const double v = (*o.link).*field;
         if (!(v >= 0.0 && std::isfinite(v))) {
-          detail::throw_invalid_argument("auto_exchange", name, v, "0 <= value < inf");
+          detail::throw_invalid_argument("auto_exchange", detail::concat("link.", name), v, "0 <= value < inf");
         }
-      };
-      check_time("link.alpha", o.link->alpha);
-      check_time("link.beta", o.link->beta);
-      check_time("link.gamma", o.link->gamma);
-      check_time("link.scatter", o.link->scatter);
-      check_time("link.merge", o.link->merge);
-      check_time("link.merge_log", o.link->merge_log);
-      check_time("link.gamma_large", o.link->gamma_large);
-      check_time("link.scatter_large", o.link->scatter_large);
-      check_time("link.pair_alpha", o.link->pair_alpha);
-      check_time("link.pair_beta", o.link->pair_beta);
-      check_time("link.dense_beta", o.link->dense_beta);
-      check_time("link.burst_bytes", o.link->burst_bytes);
+      }
       if (o.link->large_elements != 0 && o.link->large_elements <= o.link->small_elements) {
         detail::throw_invalid_argument("auto_exchange", "link.large_elements",
                                        detail::concat(o.link->large_elements, " (small_elements ",
