@@ -34,6 +34,7 @@
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -148,18 +149,28 @@ struct measure_options {
 #if defined(GRADCOMP_TOOL_WITH_MPI)
 
 // Least time of `repeats` runs of each of fs, agreed over ranks (the slowest rank's least
-// time). The functions take turns, one run of each per round, each round starting one further
-// along, so that a phase in which the machine runs slow falls on all of them alike and no one
-// always runs just after the same other one.
+// time). The functions take turns, one run of each per round in an order shuffled anew each
+// round (the same on every rank), so that a phase in which the machine runs slow falls on all of
+// them alike rather than on every repeat of one. Each timed run follows an untimed run of the
+// same function, as when each was timed on its own: its caches and buffers warm, its ports just
+// used by itself. Without the warm-up, 2 hosts at 1 Gbit/s, n = 1M, density 0.001 (docs/cluster.md):
+// gTop-k 0.300-0.305 ms, the allgather 0.219-0.226; with it 0.204-0.222 and 0.194-0.195. A busy
+// pause of 2 ms before each run instead (an idle port, a refilled bucket) left gTop-k at
+// 0.305-0.346 and took the allgather to 0.296-0.347.
 template <class... F>
 std::array<double, sizeof...(F)> time_in_turns(mpi_comm& comm, int repeats, F&&... fs) {
   constexpr std::size_t count = sizeof...(F);
   const std::array<std::function<void()>, count> run = {std::function<void()>(fs)...};
+  std::array<std::size_t, count> order;
+  for (std::size_t j = 0; j < count; ++j) order[j] = j;
+  std::mt19937 shuffle(12345);  // the same sequence on every rank: the exchanges are collectives
   std::array<double, count> best;
   best.fill(1e300);
   for (int i = 0; i < repeats; ++i) {
-    for (std::size_t j = 0; j < count; ++j) {
-      const std::size_t f = (j + static_cast<std::size_t>(i)) % count;
+    std::shuffle(order.begin(), order.end(), shuffle);
+    for (const std::size_t f : order) {
+      comm.barrier();
+      run[f]();  // the warm-up
       comm.barrier();
       const auto t0 = std::chrono::steady_clock::now();
       run[f]();
@@ -227,8 +238,8 @@ void measure(mpi_comm& comm, const measure_options& mo) {
   if (mo.link_only) return;
   if (comm.rank() == 0) {
     std::printf("network: the alpha-beta model plus one header allgather (log2 P alpha + 48 (P-1) "
-                "beta), dense_allreduce at dense_beta (the measured allreduce, copies and sums included); +local: plus the local work (gamma, scatter, merge);\nmeasured: least of the repeats (the exchanges in turns), "
-                "slowest rank. Milliseconds.\n");
+                "beta), dense_allreduce at dense_beta (the measured allreduce, copies and sums included); +local: plus the local work (gamma, scatter, merge);\nmeasured: least of the repeats (the exchanges in turns, each timed "
+                "run after an untimed one), slowest rank. Milliseconds.\n");
     std::printf("%10s %8s  %-18s %9s %9s %9s %14s\n", "n", "density", "exchange", "network", "+local",
                 "measured", "measured/+local");
   }
