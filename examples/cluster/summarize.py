@@ -2,8 +2,15 @@
 """Tables from the emulated cluster's logs (scripts/cluster_measure.sh), as Markdown.
 
     python3 examples/cluster/summarize.py [--dir docs/results/cluster] [--target 0.85] [--check]
+    python3 examples/cluster/summarize.py --dir docs/results/cluster --across RATE P N DENSITY [--check]
 
---check: exit 1 unless DIR/summary.md is what the logs give (ctest cluster_summarize).
+--check: exit 1 unless DIR/summary.md (with --across: DIR/across_RATE_pP_N_DENSITY.md) is what
+the logs give (ctest cluster_summarize, cluster_across).
+
+--across: one cell (link, P, n, density) in every re-run kept under DIR (DIR/rerun_*, in the
+order of their logs' dates): each exchange's measured milliseconds, the model's pick, the
+fastest measured and the pick against it, so that a reader sees how far the measurements move
+from run to run and whether any one pick could be within 10% in all of them.
 
 calibration: alpha, beta and the burst measured at each configured rate, next to the rate and
 the token bucket scripts/cluster.sh configures; exchanges: the cost model
@@ -126,27 +133,86 @@ def tta(d: str, target: float) -> List[str]:
     return rows
 
 
+def across(d: str, rate: str, p: int, n: int, rho: str) -> List[str]:
+    row = re.compile(r"^\s*(\d+)\s+([0-9.e-]+)\s+(\S+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$")
+    pick = re.compile(r"picks (\S+); fastest measured: (\S+); the pick measured ([0-9.]+)x the fastest")
+    date = re.compile(r"^# (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ), git (\S+)")
+    names = ("dense_allreduce", "sparse_allgather", "topk_a2a", "gtopk")
+    runs = []
+    for path in glob.glob(os.path.join(d, "rerun_*", f"exchanges_{rate}_p{p}.txt")):
+        when, measured, chosen = "", {}, None
+        inside = False
+        for line in open(path):
+            m = date.match(line)
+            if m:
+                when = f"{m.group(1)} ({m.group(2)})"
+                continue
+            m = row.match(line)
+            if m:
+                inside = int(m.group(1)) == n and float(m.group(2)) == float(rho)
+                if inside:
+                    measured[m.group(3)] = float(m.group(6))
+                continue
+            m = pick.search(line)
+            if m and inside:
+                chosen = (m.group(1), m.group(2), float(m.group(3)))
+                inside = False
+        if chosen is None or set(measured) != set(names):
+            raise SystemExit(f"summarize.py: {path} has no complete cell n = {n}, density {rho}")
+        runs.append((when, os.path.basename(os.path.dirname(path)), measured, chosen))
+    if not runs:
+        raise SystemExit(f"summarize.py: no {d}/rerun_*/exchanges_{rate}_p{p}.txt")
+    runs.sort()
+    rows = ["| run | " + " | ".join(f"{x} (ms)" for x in names) + " | model picks | fastest measured | pick / fastest |",
+            "|---|" + "---|" * (len(names) + 3)]
+    for when, name, measured, (chosen, fastest, ratio) in runs:
+        rows.append(f"| {name} | " + " | ".join(f"{measured[x]:.3f}" for x in names) +
+                    f" | {chosen} | {fastest} | {ratio:.2f} |")
+    # The best any one fixed pick could have done: for each exchange, its worst ratio to the
+    # fastest over the runs.
+    worst = {x: max(r[2][x] / min(r[2].values()) for r in runs) for x in names}
+    best = min(worst, key=lambda x: worst[x])
+    rows.append("")
+    rows.append(f"{rate}, P = {p}, n = {n}, density {rho}, {len(runs)} runs. Any one exchange picked in "
+                f"every run measured, in its worst run, this much of that run's fastest: " +
+                ", ".join(f"{x} {worst[x]:.2f}x" for x in names) + f"; the best fixed pick is {best}.")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="docs/results/cluster")
     ap.add_argument("--target", type=float, default=0.85)
     ap.add_argument("--check", action="store_true", help="compare with DIR/summary.md")
+    ap.add_argument("--across", nargs=4, metavar=("RATE", "P", "N", "DENSITY"),
+                    help="one cell in every DIR/rerun_* (e.g. 1gbit 4 1048576 0.001)")
     a = ap.parse_args()
     if not os.path.isdir(a.dir):
         print(f"summarize.py: no directory {a.dir}", file=sys.stderr)
         return 2
+    if a.across:
+        rate, p, n, rho = a.across
+        if rate not in RATE_BITS or not p.isdigit() or not n.isdigit():
+            print(f"summarize.py: --across wants RATE (one of {', '.join(RATE_BITS)}) P N DENSITY, "
+                  f"not {' '.join(a.across)}", file=sys.stderr)
+            return 2
+        kept_name = f"across_{rate}_p{p}_{n}_{rho}.md"
+        make = lambda: print("\n".join(across(a.dir, rate, int(p), int(n), rho)))  # noqa: E731
+    else:
+        kept_name = "summary.md"
+        make = lambda: summarize(a.dir, a.target)  # noqa: E731
     if a.check:
         made = io.StringIO()
         with contextlib.redirect_stdout(made):
-            summarize(a.dir, a.target)
-        with open(os.path.join(a.dir, "summary.md")) as f:
+            make()
+        with open(os.path.join(a.dir, kept_name)) as f:
             kept = f.read()
         if made.getvalue() != kept:
-            print(f"summarize.py: {a.dir}/summary.md is not what its logs give; rerun summarize.py",
+            print(f"summarize.py: {a.dir}/{kept_name} is not what its logs give; rerun summarize.py",
                   file=sys.stderr)
             return 1
         return 0
-    summarize(a.dir, a.target)
+    make()
     return 0
 
 
