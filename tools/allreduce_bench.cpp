@@ -55,12 +55,7 @@ int run(int argc, char** argv) {
     if (a == "--sizes" && i + 1 < argc) {
       sizes = gradcomp_tools::parse_sizes(argv[++i], 1073741824.0, "[1, 2^30]");
     } else if (a == "--repeats" && i + 1 < argc) {
-      const std::string v = argv[++i];
-      const auto r = gradcomp_tools::whole_number(v, 1.0, 100000.0);
-      if (!r || *r != std::floor(*r)) {
-        throw std::invalid_argument("--repeats: '" + v + "' is not a count in [1, 100000]");
-      }
-      repeats = static_cast<int>(*r);
+      repeats = gradcomp_tools::parse_count("--repeats", argv[++i], 100000);
     } else {
       throw std::invalid_argument("unknown argument '" + a +
                                   "'; usage: mpirun -np P allreduce_bench [--sizes N,N...] [--repeats R]");

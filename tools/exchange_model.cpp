@@ -30,6 +30,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -149,25 +150,26 @@ struct measure_options {
 #if defined(GRADCOMP_TOOL_WITH_MPI)
 
 // Least time of `repeats` runs of each of fs, agreed over ranks (the slowest rank's least
-// time). The functions take turns, one run of each per round in an order shuffled anew each
-// round (the same on every rank), so that a phase in which the machine runs slow falls on all of
-// them alike rather than on every repeat of one. Each timed run follows an untimed run of the
-// same function, as when each was timed on its own: its caches and buffers warm, its ports just
-// used by itself. Without the warm-up, 2 hosts at 1 Gbit/s, n = 1M, density 0.001 (docs/cluster.md):
-// gTop-k 0.300-0.305 ms, the allgather 0.219-0.226; with it 0.204-0.222 and 0.194-0.195. A busy
-// pause of 2 ms before each run instead (an idle port, a refilled bucket) left gTop-k at
-// 0.305-0.346 and took the allgather to 0.296-0.347.
+// time). The functions take turns, one run of each per round, in an order shuffled anew each
+// round, so that a phase in which the machine runs slow falls on all of them alike rather than
+// on every repeat of one. The shuffle's seed is rank 0's, broadcast: every rank runs the same
+// collectives in the same order. Each timed run follows an untimed run of the same function,
+// as when each was timed on its own (its caches and buffers warm, its port just used by itself
+// and refilled only while the ranks meet at the barrier; the model frees a full bucket,
+// docs/cluster.md). Without the warm-up, gTop-k measured 1.4x slower on the cluster at
+// 1 Gbit/s (docs/cluster.md, "Calibrations in threes").
 template <class... F>
-std::array<double, sizeof...(F)> time_in_turns(mpi_comm& comm, int repeats, F&&... fs) {
+std::array<double, sizeof...(F)> time_in_turns(mpi_comm& comm, int repeats, std::uint32_t seed, F&&... fs) {
   constexpr std::size_t count = sizeof...(F);
   const std::array<std::function<void()>, count> run = {std::function<void()>(fs)...};
   std::array<std::size_t, count> order;
   for (std::size_t j = 0; j < count; ++j) order[j] = j;
-  std::mt19937 shuffle(12345);  // the same sequence on every rank: the exchanges are collectives
+  std::mt19937 rng(seed);  // mt19937's output is fixed by the standard
   std::array<double, count> best;
   best.fill(1e300);
   for (int i = 0; i < repeats; ++i) {
-    std::shuffle(order.begin(), order.end(), shuffle);
+    // Fisher-Yates by hand: std::shuffle's draws differ between standard libraries.
+    for (std::size_t j = count - 1; j > 0; --j) std::swap(order[j], order[rng() % (j + 1)]);
     for (const std::size_t f : order) {
       comm.barrier();
       run[f]();  // the warm-up
@@ -215,7 +217,7 @@ void measure(mpi_comm& comm, const measure_options& mo) {
     std::printf("\nMeasured on this machine with MPI, P = %zu:\n"
                 "  ping-pong between ranks 0 and %zu: alpha = %.3g us, beta = %.3g ns/byte (%.3g GB/s)\n"
                 "  ring, every rank at once:        alpha = %.3g us, beta = %.3g ns/byte (%.3g GB/s)\n"
-                "  model: alpha = %.3g us, beta = %.3g ns/byte (the larger of each; gTop-k's bytes: the "
+                "  model: alpha = %.3g us, beta = %.3g ns/byte (the larger of each, per calibration; gTop-k's bytes: the "
                 "ping-pong's beta); local work on "
                 "every rank at once: gamma = %.3g ns/element streamed, scatter = %.3g ns/pair "
                 "(on %zu elements), gamma = %.3g, scatter = %.3g (on %zu elements), "
@@ -236,7 +238,14 @@ void measure(mpi_comm& comm, const measure_options& mo) {
                 link.burst_bytes, link.burst_bytes * link.pair_beta * 1e6);
   }
   if (mo.link_only) return;
+  // The seed of the exchanges' order: rank 0's, from the clock, printed (a double holds it
+  // exactly).
+  double seed_value[1] = {static_cast<double>(
+      static_cast<std::uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()))};
+  comm.broadcast(std::span<double>(seed_value), 0);
+  const auto seed = static_cast<std::uint32_t>(seed_value[0]);
   if (comm.rank() == 0) {
+    std::printf("the exchanges' order shuffled with seed %u\n", seed);
     std::printf("network: the alpha-beta model plus one header allgather (log2 P alpha + 48 (P-1) "
                 "beta), dense_allreduce at dense_beta (the measured allreduce, copies and sums included); +local: plus the local work (gamma, scatter, merge);\nmeasured: least of the repeats (the exchanges in turns, each timed "
                 "run after an untimed one), slowest rank. Milliseconds.\n");
@@ -271,7 +280,7 @@ void measure(mpi_comm& comm, const measure_options& mo) {
       topk_a2a a2a;
       gtopk gt;
       const std::array<double, exchange_kinds> measured = time_in_turns(
-          comm, repeats, [&] { dense_allreduce{}.exchange(comm, d, full, std::span<float>(out)); },
+          comm, repeats, seed, [&] { dense_allreduce{}.exchange(comm, d, full, std::span<float>(out)); },
           [&] { sa.exchange(comm, c, sparse, std::span<float>(out)); },
           [&] { a2a.exchange(comm, c, sparse, std::span<float>(out)); },
           [&] { gt.exchange(comm, c, sparse, std::span<float>(out)); });
@@ -354,19 +363,9 @@ int main(int argc, char** argv) {
       } else if (a == "--sizes" && i + 1 < argc) {
         mo.sizes = parse_sizes(argv[++i]);
       } else if (a == "--repeats" && i + 1 < argc) {
-        const std::string v = argv[++i];
-        const auto r = whole_number(v, 1.0, 1000.0);
-        if (!r || *r != std::floor(*r)) {
-          throw std::invalid_argument("--repeats: '" + v + "' is not a count in [1, 1000]");
-        }
-        mo.repeats = static_cast<int>(*r);
+        mo.repeats = gradcomp_tools::parse_count("--repeats", argv[++i], 1000);
       } else if (a == "--calibrations" && i + 1 < argc) {
-        const std::string v = argv[++i];
-        const auto r = whole_number(v, 1.0, 100.0);
-        if (!r || *r != std::floor(*r)) {
-          throw std::invalid_argument("--calibrations: '" + v + "' is not a count in [1, 100]");
-        }
-        mo.calibrations = static_cast<int>(*r);
+        mo.calibrations = gradcomp_tools::parse_count("--calibrations", argv[++i], 100);
       } else {
         std::fprintf(stderr, "%s", usage);
         return 2;

@@ -25,6 +25,17 @@ inline std::optional<double> whole_number(const std::string& text, double lo, do
   return v;
 }
 
+// The whole of `text` as a whole number in [1, max], for the option named `option`; throws
+// std::invalid_argument naming the option and the range otherwise.
+inline int parse_count(const char* option, const std::string& text, int max) {
+  const auto v = whole_number(text, 1.0, static_cast<double>(max));
+  if (!v || *v != std::floor(*v)) {
+    throw std::invalid_argument(std::string(option) + ": '" + text + "' is not a count in [1, " +
+                                std::to_string(max) + "]");
+  }
+  return static_cast<int>(*v);
+}
+
 // "1048576,25600000" -> {1048576, 25600000}, each a whole number in [1, max] (`range` names
 // it in the error); throws std::invalid_argument on anything else.
 inline std::vector<std::size_t> parse_sizes(const std::string& list, double max, const char* range) {

@@ -34,6 +34,9 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 RATE_BITS = {"100mbit": 1e8, "1gbit": 1e9, "10gbit": 1e10}
+# exchange_model's lines: a row of the model against the measurement, and the pick after a cell.
+ROW = re.compile(r"^\s*(\d+)\s+([0-9.e-]+)\s+(\S+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$")
+PICK = re.compile(r"picks (\S+); fastest measured: (\S+); the pick measured ([0-9.]+)x the fastest")
 # The token bucket scripts/cluster.sh gives each shaped port at that rate.
 BUCKET_BYTES = {"100mbit": 3028, "1gbit": 16384, "10gbit": 32768}
 
@@ -63,8 +66,6 @@ def calibration(d: str) -> List[str]:
 
 def exchanges(d: str) -> Tuple[List[str], List[str], float, int, int]:
     """The model-against-measurement rows, the pick rows, the worst ratio, picks good, picks."""
-    row = re.compile(r"^\s*(\d+)\s+([0-9.e-]+)\s+(\S+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$")
-    pick = re.compile(r"picks (\S+); fastest measured: (\S+); the pick measured ([0-9.]+)x the fastest")
     table = ["| link | P | n | density | exchange | model (ms) | measured (ms) | measured / model |",
              "|---|---|---|---|---|---|---|---|"]
     picks = ["| link | P | n | density | model picks | fastest measured | pick / fastest |",
@@ -77,7 +78,7 @@ def exchanges(d: str) -> Tuple[List[str], List[str], float, int, int]:
                 continue
             last: Optional[Tuple[str, str]] = None
             for line in open(path):
-                m = row.match(line)
+                m = ROW.match(line)
                 if m:
                     n, rho, name, _net, model, measured, _ratio = m.groups()
                     r = float(measured) / float(model) if float(model) > 0 else float("inf")
@@ -86,7 +87,7 @@ def exchanges(d: str) -> Tuple[List[str], List[str], float, int, int]:
                                  f"{float(measured):.3f} | {r:.2f} |")
                     last = (n, rho)
                     continue
-                m = pick.search(line)
+                m = PICK.search(line)
                 if m and last:
                     ratio = float(m.group(3))
                     total += 1
@@ -133,9 +134,7 @@ def tta(d: str, target: float) -> List[str]:
     return rows
 
 
-def across(d: str, rate: str, p: int, n: int, rho: str) -> List[str]:
-    row = re.compile(r"^\s*(\d+)\s+([0-9.e-]+)\s+(\S+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$")
-    pick = re.compile(r"picks (\S+); fastest measured: (\S+); the pick measured ([0-9.]+)x the fastest")
+def across(d: str, rate: str, p: int, n: int, rho: float) -> List[str]:
     date = re.compile(r"^# (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ), git (\S+)")
     names = ("dense_allreduce", "sparse_allgather", "topk_a2a", "gtopk")
     runs = []
@@ -147,18 +146,20 @@ def across(d: str, rate: str, p: int, n: int, rho: str) -> List[str]:
             if m:
                 when = f"{m.group(1)} ({m.group(2)})"
                 continue
-            m = row.match(line)
+            m = ROW.match(line)
             if m:
-                inside = int(m.group(1)) == n and float(m.group(2)) == float(rho)
+                inside = int(m.group(1)) == n and float(m.group(2)) == rho
                 if inside:
                     measured[m.group(3)] = float(m.group(6))
                 continue
-            m = pick.search(line)
+            m = PICK.search(line)
             if m and inside:
                 chosen = (m.group(1), m.group(2), float(m.group(3)))
                 inside = False
         if chosen is None or set(measured) != set(names):
-            raise SystemExit(f"summarize.py: {path} has no complete cell n = {n}, density {rho}")
+            raise SystemExit(f"summarize.py: {path} has no complete cell n = {n}, density {rho:g}")
+        if not when:
+            raise SystemExit(f"summarize.py: {path} has no '# <date>, git <commit>' line")
         runs.append((when, os.path.basename(os.path.dirname(path)), measured, chosen))
     if not runs:
         raise SystemExit(f"summarize.py: no {d}/rerun_*/exchanges_{rate}_p{p}.txt")
@@ -173,7 +174,7 @@ def across(d: str, rate: str, p: int, n: int, rho: str) -> List[str]:
     worst = {x: max(r[2][x] / min(r[2].values()) for r in runs) for x in names}
     best = min(worst, key=lambda x: worst[x])
     rows.append("")
-    rows.append(f"{rate}, P = {p}, n = {n}, density {rho}, {len(runs)} runs. Any one exchange picked in "
+    rows.append(f"{rate}, P = {p}, n = {n}, density {rho:g}, {len(runs)} runs. Any one exchange picked in "
                 f"every run measured, in its worst run, this much of that run's fastest: " +
                 ", ".join(f"{x} {worst[x]:.2f}x" for x in names) + f"; the best fixed pick is {best}.")
     return rows
@@ -191,12 +192,16 @@ def main() -> int:
         print(f"summarize.py: no directory {a.dir}", file=sys.stderr)
         return 2
     if a.across:
-        rate, p, n, rho = a.across
-        if rate not in RATE_BITS or not p.isdigit() or not n.isdigit():
-            print(f"summarize.py: --across wants RATE (one of {', '.join(RATE_BITS)}) P N DENSITY, "
-                  f"not {' '.join(a.across)}", file=sys.stderr)
+        rate, p, n, rho_text = a.across
+        try:
+            rho = float(rho_text)
+        except ValueError:
+            rho = -1.0
+        if rate not in RATE_BITS or not p.isdigit() or not n.isdigit() or not 0.0 < rho <= 1.0:
+            print(f"summarize.py: --across wants RATE (one of {', '.join(RATE_BITS)}), P, N and a DENSITY "
+                  f"in (0, 1], not {' '.join(a.across)}", file=sys.stderr)
             return 2
-        kept_name = f"across_{rate}_p{p}_{n}_{rho}.md"
+        kept_name = f"across_{rate}_p{int(p)}_{int(n)}_{rho:g}.md"
         make = lambda: print("\n".join(across(a.dir, rate, int(p), int(n), rho)))  # noqa: E731
     else:
         kept_name = "summary.md"
@@ -205,7 +210,12 @@ def main() -> int:
         made = io.StringIO()
         with contextlib.redirect_stdout(made):
             make()
-        with open(os.path.join(a.dir, kept_name)) as f:
+        kept_path = os.path.join(a.dir, kept_name)
+        if not os.path.exists(kept_path):
+            print(f"summarize.py: no {kept_path} to check; write it with the same command without --check",
+                  file=sys.stderr)
+            return 1
+        with open(kept_path) as f:
             kept = f.read()
         if made.getvalue() != kept:
             print(f"summarize.py: {a.dir}/{kept_name} is not what its logs give; rerun summarize.py",

@@ -56,10 +56,7 @@ class auto_exchange {
     // silently the first candidate.
     if (o.link) {
       for (const auto& [name, field] : link_model_fields) {
-        const double v = (*o.link).*field;
-        if (!(v >= 0.0 && std::isfinite(v))) {
-          detail::throw_invalid_argument("auto_exchange", detail::concat("link.", name), v, "0 <= value < inf");
-        }
+        detail::check_link_value("auto_exchange", detail::concat("link.", name), (*o.link).*field);
       }
       if (o.link->large_elements != 0 && o.link->large_elements <= o.link->small_elements) {
         detail::throw_invalid_argument("auto_exchange", "link.large_elements",

@@ -11,8 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -115,6 +115,27 @@ inline constexpr std::array<std::pair<std::string_view, double link_model::*>, 1
     {"dense_beta", &link_model::dense_beta},
     {"burst_bytes", &link_model::burst_bytes},
 }};
+// Every real-valued field of link_model is in the list once: link_model is those doubles and
+// the two vector sizes, and no member pointer repeats.
+static_assert(sizeof(link_model) == link_model_fields.size() * sizeof(double) + 2 * sizeof(std::size_t));
+static_assert([] {
+  for (std::size_t i = 0; i < link_model_fields.size(); ++i) {
+    for (std::size_t j = i + 1; j < link_model_fields.size(); ++j) {
+      if (link_model_fields[i].second == link_model_fields[j].second) return false;
+    }
+  }
+  return true;
+}());
+
+namespace detail {
+
+// A time, a rate or a byte count of a link: refused unless finite and >= 0 (a NaN has no order
+// to compare or take a median in, and makes every comparison of the model false).
+inline void check_link_value(std::string_view who, std::string_view name, double v) {
+  if (!(v >= 0.0 && std::isfinite(v))) throw_invalid_argument(who, name, v, "0 <= value < inf");
+}
+
+}  // namespace detail
 
 // The exchanges the model knows, in the order ties are broken.
 enum class exchange_kind : unsigned { dense_allreduce = 0, sparse_allgather = 1, topk_a2a = 2, gtopk = 3 };
@@ -698,17 +719,13 @@ V lower_median(std::span<const T> runs, V T::*field) {
   return *mid;
 }
 
-// Refuses an empty list and a value that is not finite and >= 0 (which has no order to take a
-// median in), naming runs[i].field.
+// Refuses an empty list and a value that is not finite and >= 0, naming runs[i].field.
 template <class T, class Fields>
 void check_runs(std::string_view who, std::span<const T> runs, const Fields& fields) {
   if (runs.empty()) throw_invalid_argument(who, "runs", "an empty list", "at least 1 calibration");
   for (std::size_t i = 0; i < runs.size(); ++i) {
     for (const auto& [name, field] : fields) {
-      const double v = static_cast<double>(runs[i].*field);
-      if (!(v >= 0.0 && std::isfinite(v))) {
-        throw_invalid_argument(who, concat("runs[", i, "].", name), v, "0 <= value < inf");
-      }
+      check_link_value(who, concat("runs[", i, "].", name), static_cast<double>(runs[i].*field));
     }
   }
 }
@@ -739,7 +756,8 @@ inline link_model median_link(std::span<const link_model> runs) {
 }
 
 // The same for what the calibrations measured on the way (link_probe), field by field,
-// allreduce_bytes included.
+// allreduce_bytes included: measure_link grows the allreduce's message by its timing, so the
+// median allreduce_bytes may come from another run than the median allreduce_beta.
 inline link_probe median_probe(std::span<const link_probe> runs) {
   static constexpr std::array<std::pair<std::string_view, double link_probe::*>, 5> fields{{
       {"pingpong_alpha", &link_probe::pingpong_alpha},
