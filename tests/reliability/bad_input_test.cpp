@@ -1739,7 +1739,9 @@ TEST_CASE("bad input: gtopk, topk_a2a and auto_exchange settings out of range ar
       } catch (const gradcomp::invalid_argument& e) {
         what = e.what();
       }
-      CHECK(contains(what, "'" + std::string(names[field]) + "'"));  // link.merge is not link.merge_log
+      std::string quoted(1, '\'');  // link.merge is not link.merge_log
+      quoted.append(names[field]).push_back('\'');
+      CHECK(contains(what, quoted));
       CHECK(contains(what, "allowed: "));
     }
   }
