@@ -156,7 +156,7 @@ struct measure_options {
 // collectives in the same order. Each timed run follows an untimed run of the same function,
 // as when each was timed on its own (its caches and buffers warm, its port just used by itself
 // and refilled only while the ranks meet at the barrier; the model frees a full bucket,
-// docs/cluster.md). Without the warm-up, gTop-k measured 1.4x slower on the cluster at
+// docs/cluster.md). Without the warm-up, gTop-k measured 1.4 to 1.5x slower on the cluster at
 // 1 Gbit/s (docs/cluster.md, "Calibrations in threes").
 template <class... F>
 std::array<double, sizeof...(F)> time_in_turns(mpi_comm& comm, int repeats, std::uint32_t seed, F&&... fs) {
