@@ -31,6 +31,7 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 RATE_BITS = {"100mbit": 1e8, "1gbit": 1e9, "10gbit": 1e10}
@@ -64,6 +65,33 @@ def calibration(d: str) -> List[str]:
     return rows
 
 
+@dataclass
+class Cell:
+    """One (n, density) of an exchanges log: each exchange's row as printed (name, model ms,
+    measured ms) and the pick line's (model picks, fastest measured, pick / fastest)."""
+    n: str
+    rho: str
+    rows: List[Tuple[str, str, str]] = field(default_factory=list)
+    pick: Optional[Tuple[str, str, str]] = None
+
+
+def cells(path: str) -> List[Cell]:
+    """The cells of one exchanges log, in its order."""
+    out: List[Cell] = []
+    for line in open(path):
+        m = ROW.match(line)
+        if m:
+            n, rho, name, _net, model, measured, _ratio = m.groups()
+            if not out or out[-1].pick is not None or (out[-1].n, out[-1].rho) != (n, rho):
+                out.append(Cell(n, rho))
+            out[-1].rows.append((name, model, measured))
+            continue
+        m = PICK.search(line)
+        if m and out and out[-1].pick is None:
+            out[-1].pick = (m.group(1), m.group(2), m.group(3))
+    return out
+
+
 def exchanges(d: str) -> Tuple[List[str], List[str], float, int, int]:
     """The model-against-measurement rows, the pick rows, the worst ratio, picks good, picks."""
     table = ["| link | P | n | density | exchange | model (ms) | measured (ms) | measured / model |",
@@ -76,24 +104,18 @@ def exchanges(d: str) -> Tuple[List[str], List[str], float, int, int]:
             path = os.path.join(d, f"exchanges_{rate}_p{p}.txt")
             if not os.path.exists(path):
                 continue
-            last: Optional[Tuple[str, str]] = None
-            for line in open(path):
-                m = ROW.match(line)
-                if m:
-                    n, rho, name, _net, model, measured, _ratio = m.groups()
+            for c in cells(path):
+                for name, model, measured in c.rows:
                     r = float(measured) / float(model) if float(model) > 0 else float("inf")
                     worst = max(worst, r, 1.0 / r if r > 0 else float("inf"))
-                    table.append(f"| {rate} | {p} | {n} | {rho} | {name} | {float(model):.3f} | "
+                    table.append(f"| {rate} | {p} | {c.n} | {c.rho} | {name} | {float(model):.3f} | "
                                  f"{float(measured):.3f} | {r:.2f} |")
-                    last = (n, rho)
-                    continue
-                m = PICK.search(line)
-                if m and last:
-                    ratio = float(m.group(3))
+                if c.pick:
+                    chosen, fastest, ratio = c.pick
                     total += 1
-                    good += ratio <= 1.10
-                    picks.append(f"| {rate} | {p} | {last[0]} | {last[1]} | {m.group(1)} | {m.group(2)} | "
-                                 f"{ratio:.2f} |")
+                    good += float(ratio) <= 1.10
+                    picks.append(f"| {rate} | {p} | {c.n} | {c.rho} | {chosen} | {fastest} | "
+                                 f"{float(ratio):.2f} |")
     return table, picks, worst, good, total
 
 
@@ -139,23 +161,11 @@ def across(d: str, rate: str, p: int, n: int, rho: float) -> List[str]:
     names = ("dense_allreduce", "sparse_allgather", "topk_a2a", "gtopk")
     runs = []
     for path in glob.glob(os.path.join(d, "rerun_*", f"exchanges_{rate}_p{p}.txt")):
-        when, measured, chosen = "", {}, None
-        inside = False
-        for line in open(path):
-            m = date.match(line)
-            if m:
-                when = f"{m.group(1)} ({m.group(2)})"
-                continue
-            m = ROW.match(line)
-            if m:
-                inside = int(m.group(1)) == n and float(m.group(2)) == rho
-                if inside:
-                    measured[m.group(3)] = float(m.group(6))
-                continue
-            m = PICK.search(line)
-            if m and inside:
-                chosen = (m.group(1), m.group(2), float(m.group(3)))
-                inside = False
+        dated = [date.match(line) for line in open(path)]
+        when = next((f"{m.group(1)} ({m.group(2)})" for m in dated if m), "")
+        cell = next((c for c in cells(path) if int(c.n) == n and float(c.rho) == rho), None)
+        measured = {name: float(ms) for name, _model, ms in cell.rows} if cell else {}
+        chosen = (cell.pick[0], cell.pick[1], float(cell.pick[2])) if cell and cell.pick else None
         if chosen is None or set(measured) != set(names):
             raise SystemExit(f"summarize.py: {path} has no complete cell n = {n}, density {rho:g}")
         if not when:
