@@ -243,12 +243,16 @@ inline local_work local_gtopk(const exchange_shape& s) {
   return {static_cast<double>(s.n) + 2.0 * k, k, rounds * 2.0 * k, k};
 }
 
+// The seconds per byte of one pair of ranks while the others wait: pair_beta where measured,
+// else beta.
+inline double pair_beta(const link_model& l) { return l.pair_beta > 0.0 ? l.pair_beta : l.beta; }
+
 // The seconds saved on a message of `bytes`, priced at `priced_beta` per byte, that is the
 // first its sender sends after idling: the share of it within the burst
-// (link_model::burst_bytes) at the rate the burst was measured at (pair_beta, where given, else
-// beta), never more than the message was priced at.
+// (link_model::burst_bytes) at the rate the burst was measured at (pair_beta()), never more
+// than the message was priced at.
 inline double burst_free(const link_model& l, double bytes, double priced_beta) {
-  const double rate = std::min(l.pair_beta > 0.0 ? l.pair_beta : l.beta, priced_beta);
+  const double rate = std::min(pair_beta(l), priced_beta);
   return std::clamp(l.burst_bytes, 0.0, std::max(0.0, bytes)) * rate;
 }
 
@@ -290,7 +294,7 @@ inline double gtopk(const exchange_shape& s, const link_model& l) {
   const double p = static_cast<double>(s.ranks);
   if (p <= 1.0) return 0.0;
   const double rounds = std::ceil(std::log2(p));
-  const double beta = l.pair_beta > 0.0 ? l.pair_beta : l.beta;
+  const double beta = pair_beta(l);
   const double message = 8.0 * (static_cast<double>(s.k_max) + 1.0);
   return 2.0 * rounds * l.alpha + 2.0 * rounds * message * beta - (rounds + 1.0) * burst_free(l, message, beta);
 }
