@@ -6,6 +6,7 @@
 //   step/<compressor>[_<dist>]/n:<n>/ppm:<ppm>      one rank's accumulate + select + encode,
 //                                                   staged (as the drivers run it)
 //   step_in_place/topk_residual/n:<n>/ppm:<ppm>     the same in place (one feedback state)
+//   step_pass/topk_residual/n:<n>/ppm:<ppm>         the staged top-k step's fused pass alone
 //   select_residual/<selector>/n:<n>/ppm:<ppm>      select on an error-feedback residual
 //   quantize/<quantizer>_encode/n:<n>, quantize/<quantizer>_decode/n:<n>
 //   exchange_local/sparse_allgather/n:<n>/ppm:<ppm>/ranks:<P>  decode + add P payloads, mean
@@ -190,14 +191,74 @@ void bench_step(benchmark::State& state, gb::dist d, Compressor proto, bool stag
   step(view(in[0]));
   step(view(in[1]));  // both states written once
   tally t{.k = k_of(n, ppm)};
+  double select_s = 0.0;
+  double encode_s = 0.0;
   std::size_t it = 2;
   for (auto _ : state) {
     ctx.id.step = it;
-    t.add(step(view(in[it++])).selection);
+    const gradcomp::compress_stats s = step(view(in[it++]));
+    t.add(s.selection);
+    select_s += s.seconds_accumulate + s.seconds_select;
+    encode_s += s.seconds_encode;
     benchmark::DoNotOptimize(p.values.data());
     benchmark::ClobberMemory();
   }
   t.report(state, n);
+  // Where the step's time went, by its own stopwatch (compress_stats), in ms per call.
+  using C = benchmark::Counter;
+  state.counters["select_ms"] = C(select_s * 1e3, C::kAvgIterations);
+  state.counters["encode_ms"] = C(encode_s * 1e3, C::kAvgIterations);
+}
+
+// The fused pass of step/topk_residual alone: detail::bracket_pass over e + g, e a residual
+// snapshot (select_residual's) and g the next input, written into a second buffer with
+// streaming stores, the energy and the non-finite check on, in the widest clone: what
+// topk::select_accumulate_into runs between its sample and its exact finish. The bracket is
+// the one topk samples for that (e, g) pair, taken before the timed loop. Counter
+// `candidates`: the bracket's values per call (sure and candidates together).
+void bench_topk_pass(benchmark::State& state) {
+  namespace gd = gradcomp::detail;
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const std::int64_t ppm = state.range(1);
+  const auto& in = gb::inputs(n, gb::dist::normal);
+  const auto& res = residual_inputs(state.range(0), ppm);
+  const std::size_t k = k_of(state.range(0), ppm);
+  gradcomp::topk sel;
+  const gd::topk_bracket_plan plan = sel.bracket_plan(n, k);
+  std::vector<float> out(n, 0.0f);
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> brackets;
+  std::vector<std::uint32_t> keys(plan.s);
+  for (std::size_t i = 0; i < res.size(); ++i) {
+    const auto src = gd::accumulating_source<float>(out, res[i], view(in[i]), nullptr, nullptr);
+    brackets.push_back(gd::sample_bracket<float>(src, plan, keys.data()));
+  }
+  std::vector<std::uint32_t> sure(k + gd::scan_block);
+  std::vector<std::uint32_t> cand(plan.budget + gd::scan_block);
+  std::vector<std::uint32_t> cand_keys(plan.budget + gd::scan_block);
+  double found = 0.0;
+  double misses = 0.0;
+  std::size_t it = 0;
+  for (auto _ : state) {
+    const std::size_t i = it++ % res.size();
+    double energy = 0.0;
+    bool nonfinite = false;
+    const auto src = gd::accumulating_source<float>(out, res[i], view(in[i]), &energy, &nonfinite);
+    gd::bracket_lists<float> lists{sure.data(), k, cand.data(), cand_keys.data(), plan.budget};
+    bool ok = false;
+    gd::run_active([&](auto) {
+      ok = gd::bracket_pass<float>(src, brackets[i].first, brackets[i].second, lists);
+    });
+    gd::stream_fence();
+    found += static_cast<double>(lists.n_sure + lists.n_cand);
+    misses += ok ? 0.0 : 1.0;
+    benchmark::DoNotOptimize(energy);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n * sizeof(float)));
+  using C = benchmark::Counter;
+  state.counters["candidates"] = C(found, C::kAvgIterations);
+  state.counters["misses"] = C(misses, C::kAvgIterations);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -564,6 +625,7 @@ void register_all() {
             }
           }
         }
+        add_ppm("step_pass/topk_residual", bench_topk_pass, n);
         add_ppm("select_residual/topk",
                 [](benchmark::State& s) { bench_select_residual(s, topk{}); }, n);
         add_ppm("select_residual/gaussiank",

@@ -18,6 +18,8 @@ NAME = re.compile(r"^(?P<family>[^/]+/[^/]+)/n:(?P<n>\d+)(?:/ppm:(?P<ppm>\d+))?$
 LOCAL = re.compile(r"^exchange_local/(?P<exchange>[^/]+)/n:(?P<n>\d+)/ppm:(?P<ppm>\d+)/ranks:(?P<ranks>\d+)$")
 PPMS = (100, 1000, 10000)
 HEAVY = ("_laplace", "_t3")
+# The step benchmarks' own stopwatch (compress_stats), ms per call.
+STEP_PARTS = ("select_ms", "encode_ms")
 
 
 def load_local(path):
@@ -57,9 +59,11 @@ def load(path):
         key = (m["family"], int(m["n"]), int(m["ppm"]) if m["ppm"] else None)
         rank = {"min": 0, "median": 1}.get(agg, 2)
         if key not in runs or rank < runs[key][0]:
-            runs[key] = (rank, b["real_time"] * scale, b.get("in_band"))
+            parts = {c: b[c] for c in STEP_PARTS if c in b}
+            runs[key] = (rank, b["real_time"] * scale, b.get("in_band"), parts)
     return (doc.get("context", {}), {k: v[1] for k, v in runs.items()},
-            {k: v[2] for k, v in runs.items() if v[2] is not None})
+            {k: v[2] for k, v in runs.items() if v[2] is not None},
+            {k: v[3] for k, v in runs.items() if v[3]})
 
 
 def seconds(runs, family, n, ppm):
@@ -76,7 +80,7 @@ def main():
     args = sys.argv[1:]
     if not args:
         sys.exit(__doc__)
-    context, runs, in_band = load(args[0])
+    context, runs, in_band, parts = load(args[0])
     dat_dir = args[args.index("--dat") + 1] if "--dat" in args else None
     sizes = sorted({n for (_, n, _) in runs})
     n = 25557032 if 25557032 in sizes else sizes[-1]
@@ -85,7 +89,7 @@ def main():
         if nn == n and fam not in families:
             families.append(fam)
     order = {"baseline": 0, "select": 1, "select_residual": 2, "step": 3, "step_in_place": 4,
-             "quantize": 5}
+             "step_pass": 5, "quantize": 6}
     normal = [f for f in families if not f.endswith(HEAVY)]
     normal.sort(key=lambda f: (order.get(f.split("/")[0], 9), families.index(f)))
 
@@ -145,7 +149,7 @@ def main():
         return None if ta is None or tb is None else ta / tb
 
     floor = seconds(runs, "baseline/accumulate", n, None)
-    steps = [f for f in normal if f.split("/")[0] in ("step", "step_in_place")]
+    steps = [f for f in normal if f.split("/")[0] in ("step", "step_in_place", "step_pass")]
     if floor and steps:
         print(f"\nSteps against their memory traffic, n = {n}, ppm = 1000: `baseline/accumulate` "
               f"(e + g streamed into a second buffer, {floor * 1e3:.2f} ms) is "
@@ -158,6 +162,25 @@ def main():
             t = seconds(runs, fam, n, 1000)
             if t is not None:
                 print(f"| `{fam}` | {t * 1e3:.2f} ms | {t / floor:.2f}x |")
+
+    # Where the staged top-k step's time goes: its stopwatch's parts (the counters' values in
+    # the same aggregate as the time) beside the fused pass timed alone and the floor.
+    step = seconds(runs, "step/topk_residual", n, 1000)
+    step_parts = parts.get(("step/topk_residual", n, 1000), {})
+    pass_alone = seconds(runs, "step_pass/topk_residual", n, 1000)
+    if floor and step and pass_alone and len(step_parts) == len(STEP_PARTS):
+        select_s = step_parts["select_ms"] * 1e-3
+        encode_s = step_parts["encode_ms"] * 1e-3
+        print(f"\nWhere `step/topk_residual` spends its time, n = {n}, ppm = 1000 (its own stopwatch; "
+              f"counters of the same aggregate as the times)\n")
+        print("| part | time | ratio to `baseline/accumulate` |")
+        print("|---|---|---|")
+        for text, t in (("`baseline/accumulate`: e + g streamed into a second buffer", floor),
+                        ("`step_pass/topk_residual`: the fused pass alone", pass_alone),
+                        ("`select_ms`: accumulate and select (sample, pass, exact finish)", select_s),
+                        ("`encode_ms`: gather, encode, decode, feedback update", encode_s),
+                        ("the whole step", step)):
+            print(f"| {text} | {t * 1e3:.2f} ms | {t / floor:.2f}x |")
 
     targets = [
         ("`select/topk` at least 20x faster than `baseline/nth_element`",

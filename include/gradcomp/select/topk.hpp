@@ -100,6 +100,32 @@ bool bracket_pass(const Source& source, abs_key_t<T> lo, abs_key_t<T> hi, bracke
   return true;
 }
 
+// The bracket [lo, hi] of the sampled path: the plan's sample of src's keys (strided), and the
+// keys at the plan's ranks in it, largest first, taken with nth_element. keys is scratch of at
+// least plan.s entries. Shared by topk and the benchmark that times the pass alone.
+template <class T, class Source>
+std::pair<abs_key_t<T>, abs_key_t<T>> sample_bracket(const Source& src,
+                                                     const topk_bracket_plan& plan,
+                                                     abs_key_t<T>* keys) {
+  using key = abs_key_t<T>;
+  const std::size_t s = plan.s;
+  strided_sample_keys<T>(src, s, keys);
+  key lo = 0;
+  const std::size_t lo_pos = plan.lo_pos;
+  if (lo_pos < s) {
+    std::nth_element(keys, keys + lo_pos, keys + s, std::greater<key>{});
+    lo = keys[lo_pos];
+  }
+  key hi = abs_key_traits<T>::mask;  // nothing is above: no sure elements
+  if (plan.hi == bracket_hi::sample_rank) {
+    std::nth_element(keys, keys + plan.hi_pos, keys + lo_pos, std::greater<key>{});
+    hi = keys[plan.hi_pos];
+  } else if (plan.hi == bracket_hi::lo) {
+    hi = lo;
+  }
+  return {lo, hi};
+}
+
 // Small k: one streaming pass keeping the k best in a heap whose top is the worst kept
 // (smallest key, then highest index). Elements arrive in index order, so an element that
 // only ties the worst never displaces it: lower indices win ties. Returns the k-th key.
@@ -319,28 +345,11 @@ struct topk {
     }
 
     const detail::topk_bracket_plan plan = bracket_plan(n, k);
-    const std::size_t s = plan.s;
-
-    // Sample bracket (the plan's ranks, taken with nth_element).
     auto& keys = scratch.keys<T>();
-    detail::ensure_size(keys, s);
-    detail::strided_sample_keys<T>(src, s, keys.data());
-    auto first = keys.begin();
-    key lo = 0;
-    const std::size_t lo_pos = plan.lo_pos;
-    if (lo_pos < s) {
-      std::nth_element(first, first + static_cast<std::ptrdiff_t>(lo_pos),
-                       first + static_cast<std::ptrdiff_t>(s), std::greater<key>{});
-      lo = keys[lo_pos];
-    }
-    key hi = detail::abs_key_traits<T>::mask;  // nothing is above: no sure elements
-    if (plan.hi == detail::bracket_hi::sample_rank) {
-      std::nth_element(first, first + static_cast<std::ptrdiff_t>(plan.hi_pos),
-                       first + static_cast<std::ptrdiff_t>(lo_pos), std::greater<key>{});
-      hi = keys[plan.hi_pos];
-    } else if (plan.hi == detail::bracket_hi::lo) {
-      hi = lo;
-    }
+    detail::ensure_size(keys, plan.s);
+    const std::pair<key, key> bracket = detail::sample_bracket<T>(src, plan, keys.data());
+    const key lo = bracket.first;
+    const key hi = bracket.second;
     const std::size_t budget = plan.budget;
 
     auto& sure = scratch.above;
