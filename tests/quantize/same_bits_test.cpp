@@ -206,6 +206,9 @@ TEST_CASE("same bits: every instruction-set path equals the portable loop") {
   SUBCASE("scaled_sign") { check_all_paths(scaled_sign{}); }
   SUBCASE("scaled_sign, bucket 512") { check_all_paths(scaled_sign{512}); }
   SUBCASE("scaled_sign, bucket 100") { check_all_paths(scaled_sign{100}); }
+  // Buckets of several summation leaves (2048 values each), whose signs the vector paths
+  // write group by group as the sum goes: 10 leaves, a group of 8 and 2 alone.
+  SUBCASE("scaled_sign, bucket 20480") { check_all_paths(scaled_sign{20480}); }
 }
 
 // fp16's AVX2 and AVX-512 encoders use the CPU's conversion (detail::half_encode_hardware);

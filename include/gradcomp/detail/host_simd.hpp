@@ -508,20 +508,34 @@ template <bool Squares, host_isa Isa>
 // the leaves above (the levels above them are few and stay scalar). The leaf loop is written
 // out here rather than passed to tree_reduce: the compiler may keep tree_reduce out of line,
 // which compiles the leaves for the build's target instead of the clone's (measured 2.5x
-// slower for scaled sign's encoder). Whole leaves go `chains` at a time.
-template <bool Squares, host_isa Isa>
-[[gnu::always_inline]] inline double sum_tree(const float* p, std::size_t n) {
-  if (n <= stat_block) return chain4<Squares>(p, n);
+// slower for scaled sign's encoder). Whole leaves go `chains` at a time. After each group of
+// leaves has been summed, visit(begin, end) is called with the group's range of p
+// (consecutive, covering [0, n) in order, each begin a multiple of stat_block), while the
+// cache still holds those values.
+struct no_visit {
+  void operator()(std::size_t, std::size_t) const noexcept {}
+};
+
+template <bool Squares, host_isa Isa, class Visit = no_visit>
+[[gnu::always_inline]] inline double sum_tree(const float* p, std::size_t n, Visit&& visit = {}) {
+  if (n <= stat_block) {
+    const double sum = chain4<Squares>(p, n);
+    visit(std::size_t{0}, n);
+    return sum;
+  }
   std::vector<double> level(stat_nodes(n));
   const std::size_t whole = n / stat_block;
   std::size_t c = 0;
   for (; c + chains <= whole; c += chains) {
     chain4_many<Squares, Isa>(p + c * stat_block, stat_block, stat_block, level.data() + c,
                               c + 2 * chains <= whole);
+    visit(c * stat_block, (c + chains) * stat_block);
   }
   for (; c < level.size(); ++c) {
     const std::size_t first = c * stat_block;
-    level[c] = chain4<Squares>(p + first, n - first < stat_block ? n - first : stat_block);
+    const std::size_t len = n - first < stat_block ? n - first : stat_block;
+    level[c] = chain4<Squares>(p + first, len);
+    visit(first, first + len);
   }
   return reduce_levels(level, sum_squares_reducer{});  // nodes are added as they are
 }
@@ -654,6 +668,12 @@ concept sum_side_codec = requires(const Codec& c, double sum, std::size_t n) {
   { c.side_of_sum(sum, n) } -> std::same_as<float>;
 };
 
+// Codecs whose codes depend neither on the side value nor on the value's index say so with
+// codes_without_side = true: the encoder may write a bucket's codes before its side value is
+// known.
+template <class Codec>
+concept codes_without_side = requires { requires Codec::codes_without_side; };
+
 // The side value of the bucket of n values at p.
 template <host_isa Isa, class Codec>
 [[gnu::always_inline]] inline float bucket_side(const Codec& codec, const float* p,
@@ -693,9 +713,20 @@ template <host_isa Isa, class Codec>
   }
   for (; first < n; first += bucket) {
     const std::size_t end = n - first < bucket ? n : first + bucket;
-    const float sv = bucket_side<Isa>(codec, v + first, end - first);
-    if (side != nullptr) *side++ = sv;
-    encode_codes<Isa>(v, first, end, sv, bits, out, codec);
+    if constexpr (sum_side_codec<Codec> && codes_without_side<Codec>) {
+      // Codes that do not depend on the side value (scaled sign's v < 0) are written group by
+      // group as the sum goes, from the cache: one read of a large bucket instead of two.
+      const double sum = sum_tree<Codec::squares, Isa>(
+          v + first, end - first, [&](std::size_t b, std::size_t e) {
+            encode_codes<Isa>(v, first + b, first + e, 0.0f, bits, out, codec);
+          });
+      const float sv = codec.side_of_sum(sum, end - first);
+      if (side != nullptr) *side++ = sv;
+    } else {
+      const float sv = bucket_side<Isa>(codec, v + first, end - first);
+      if (side != nullptr) *side++ = sv;
+      encode_codes<Isa>(v, first, end, sv, bits, out, codec);
+    }
   }
 }
 
@@ -825,6 +856,7 @@ struct terngrad_codec {
 struct scaled_sign_codec {
   static constexpr bool squares = false;
   static constexpr bool sign_compare = true;  // its code is v < 0: sign_codes_avx512
+  static constexpr bool codes_without_side = true;  // nor on the mean
   [[gnu::always_inline]] static float side_of_sum(double sum, std::size_t n) {
     return scaled_sign_mean_from_sum(sum, n);
   }
