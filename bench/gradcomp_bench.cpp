@@ -210,26 +210,34 @@ void bench_step(benchmark::State& state, gb::dist d, Compressor proto, bool stag
   state.counters["encode_ms"] = C(encode_s * 1e3, C::kAvgIterations);
 }
 
-// The fused pass of step/topk_residual alone: detail::bracket_pass over e + g, e a residual
-// snapshot (select_residual's) and g the next input, written into a second buffer with
-// streaming stores, the energy and the non-finite check on, in the widest clone: what
-// topk::select_accumulate_into runs between its sample and its exact finish. The bracket is
-// the one topk samples for that (e, g) pair, taken before the timed loop. Counter
-// `candidates`: the bracket's values per call (sure and candidates together).
+// The fused pass of step/topk_residual alone: detail::bracket_pass over e + g, e the feedback
+// state a step leaves (a select_residual snapshot with its top k sent, so zeroed) and g the
+// next input, written into a second buffer with streaming stores, the energy and the
+// non-finite check on, in the widest clone: what topk::select_accumulate_into runs between its
+// sample and its exact finish. The bracket is the one topk samples for that (e, g) pair, taken
+// before the timed loop. Counter `candidates`: the bracket's values per call (sure and
+// candidates together; a call that misses counts 0, and `misses` counts it).
 void bench_topk_pass(benchmark::State& state) {
   namespace gd = gradcomp::detail;
   const auto n = static_cast<std::size_t>(state.range(0));
   const std::int64_t ppm = state.range(1);
   const auto& in = gb::inputs(n, gb::dist::normal);
-  const auto& res = residual_inputs(state.range(0), ppm);
   const std::size_t k = k_of(state.range(0), ppm);
   gradcomp::topk sel;
+  // The snapshots are the vectors a job selects from; what its feedback keeps is each one with
+  // the selected values sent (the identity quantizer's residual: zero).
+  std::vector<std::vector<float>> res = residual_inputs(state.range(0), ppm);
+  std::vector<std::uint32_t> idx;
+  for (auto& e : res) {
+    sel.select(view(e), select_context{k, 0.0, {}}, idx);
+    for (const std::uint32_t i : idx) e[i] = 0.0f;
+  }
   const gd::topk_bracket_plan plan = sel.bracket_plan(n, k);
   std::vector<float> out(n, 0.0f);
   std::vector<std::pair<std::uint32_t, std::uint32_t>> brackets;
   std::vector<std::uint32_t> keys(plan.s);
   for (std::size_t i = 0; i < res.size(); ++i) {
-    const auto src = gd::accumulating_source<float>(out, res[i], view(in[i]), nullptr, nullptr);
+    const auto src = gd::accumulating_source<float>(out, view(res[i]), view(in[i]), nullptr, nullptr);
     brackets.push_back(gd::sample_bracket<float>(src, plan, keys.data()));
   }
   std::vector<std::uint32_t> sure(k + gd::scan_block);
@@ -242,7 +250,8 @@ void bench_topk_pass(benchmark::State& state) {
     const std::size_t i = it++ % res.size();
     double energy = 0.0;
     bool nonfinite = false;
-    const auto src = gd::accumulating_source<float>(out, res[i], view(in[i]), &energy, &nonfinite);
+    const auto src =
+        gd::accumulating_source<float>(out, view(res[i]), view(in[i]), &energy, &nonfinite);
     gd::bracket_lists<float> lists{sure.data(), k, cand.data(), cand_keys.data(), plan.budget};
     bool ok = false;
     gd::run_active([&](auto) {

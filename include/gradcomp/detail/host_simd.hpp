@@ -635,7 +635,7 @@ template <host_isa Isa, class Codec>
                                                 const Codec& codec) {
 #if GRADCOMP_HOST_DISPATCH
   if constexpr (Isa == host_isa::avx512 && requires { requires Codec::sign_compare; }) {
-    if (bits == 1) {  // i is a bucket's start: a multiple of 16 (vector_layout)
+    if (bits == 1) {  // i is a bucket's or a leaf group's start: a multiple of 16 (vector_layout)
       const std::size_t chunks = (end - i) / width;
       sign_codes_avx512(v + i, chunks, out + i / 8);
       i += chunks * width;
