@@ -9,7 +9,6 @@
 #include <cstring>
 #include <span>
 
-#include <gradcomp/detail/host_dispatch.hpp>
 #include <gradcomp/detail/select/keys.hpp>
 #include <gradcomp/detail/select/sources.hpp>
 #include <gradcomp/detail/simd.hpp>
@@ -81,32 +80,7 @@ struct above_list {
 // superset of its selection and a bound for one more of its counts, in one read. Values are
 // shifted by the first value before squaring so that a large common offset does not cancel the
 // variance away. The source's side effects (e += g) are always completed.
-#if GRADCOMP_VECTOR_EXTENSIONS
-// The vector widths of moments_pass: vec<T, Bytes>::type is a Bytes-byte vector of T.
-template <class T, std::size_t Bytes>
-struct vec;
-template <class T>
-struct vec<T, 16> {
-  typedef T type __attribute__((vector_size(16)));
-};
-template <class T>
-struct vec<T, 32> {
-  typedef T type __attribute__((vector_size(32)));
-};
-template <class T>
-struct vec<T, 64> {
-  typedef T type __attribute__((vector_size(64)));
-};
-#endif
-
-// The vector width moments_pass takes in the clone for Isa: the clone's register width, so
-// that the AVX2 and AVX-512 clones do a half and a quarter of the 16-byte path's operations.
-template <host_isa Isa>
-inline constexpr std::size_t moments_bytes = Isa == host_isa::avx512 ? 64
-                                             : Isa == host_isa::avx2 ? 32
-                                                                     : 16;
-
-template <class T, bool Collect, bool Count, std::size_t Bytes = 16, class Source>
+template <class T, bool Collect, bool Count, class Source>
 mean_sd moments_pass(const Source& source, [[maybe_unused]] signed_key_t<T> t,
                      [[maybe_unused]] above_list<T>* list, [[maybe_unused]] signed_key_t<T> tc,
                      [[maybe_unused]] std::size_t* counted) {
@@ -116,24 +90,15 @@ mean_sd moments_pass(const Source& source, [[maybe_unused]] signed_key_t<T> t,
   if (n == 0) return {};
 #if GRADCOMP_VECTOR_EXTENSIONS
   using S = signed_key_t<T>;
-  using v = typename vec<T, Bytes>::type;
-  using sv = typename vec<S, Bytes>::type;
-  using sv16 = typename lanes<S>::type;
-  // Every path adds the same numbers in the same order: each group of 64 bytes of values is
-  // `parts` vectors of `w` lanes, and lane l of the group (l = part * w + j) has its own sum and
-  // sum of squares in T for the chunk; at the chunk's end the group's four 16-byte quarters are
-  // added pairwise in T and their lanes moved to double in order. Only the vector width, and so
-  // the number of parts, depends on the clone.
-  constexpr std::size_t w = Bytes / sizeof(T);
-  constexpr std::size_t parts = 64 / Bytes;
-  constexpr std::size_t group = 64 / sizeof(T);
-  static_assert(scan_block % group == 0);
+  using v = typename lanes<T>::type;
+  using sv = typename lanes<S>::type;
+  constexpr std::size_t w = lanes<T>::count;
   const T shift = src.at(0);
   const v sh = v{} + shift;
   const sv km = sv{} + static_cast<S>(abs_key_traits<T>::mask);
   [[maybe_unused]] sv tt = sv{} + t;
   [[maybe_unused]] const sv tcv = sv{} + tc;
-  [[maybe_unused]] sv cnt[parts] = {};  // minus the count per lane (a true compare is -1)
+  [[maybe_unused]] sv cnt = {};  // minus the count per lane (a true compare is -1)
   double sum = 0.0;
   double sq = 0.0;
   [[maybe_unused]] std::size_t c = 0;
@@ -146,47 +111,45 @@ mean_sd moments_pass(const Source& source, [[maybe_unused]] signed_key_t<T> t,
       keys[c++] = kk;
     });
   };
-  // Each lane of a chunk sum adds moments_chunk / group values in T before its total moves to
-  // double.
+  // Four vectors a step, summed pairwise before they join the two accumulators: few enough
+  // registers that nothing spills with the block test and the counter in the same loop (which
+  // keeps the pass bound by memory, not arithmetic), and a dependency chain of 16 adds per
+  // chunk. Each lane of a chunk sum adds 64 values in T before the total moves to double.
   std::size_t i = 0;
   for (; i + moments_chunk <= n; i += moments_chunk) {
-    v a[parts] = {}, q[parts] = {};
+    v a = {}, q = {};
     for (std::size_t blk = 0; blk < moments_chunk; blk += scan_block) {
       const T* p = src.block(i + blk, scan_block);
       [[maybe_unused]] sv any = {};
-      for (std::size_t o = 0; o < scan_block; o += group) {
-#pragma GCC unroll 4
-        for (std::size_t m = 0; m < parts; ++m) {
-          v x;
-          std::memcpy(&x, p + o + m * w, sizeof(v));
-          if constexpr (Collect || Count) {
-            sv k;
-            std::memcpy(&k, &x, sizeof(v));
-            k &= km;
-            if constexpr (Collect) any |= tt - k;
-            if constexpr (Count) cnt[m] += k > tcv;
-          }
-          x -= sh;
-          a[m] += x;
-          // square_unfused, written out: a function returning a wider vector than the build's
-          // target has would change the ABI (-Wpsabi).
-          v x2 = x * x;
-#if defined(__SSE2__)
-          __asm__("" : "+x"(x2));
-#elif defined(__aarch64__)
-          __asm__("" : "+w"(x2));
-#endif
-          q[m] += x2;
+      for (std::size_t o = 0; o < scan_block; o += 4 * w) {
+        v x0, x1, x2, x3;
+        std::memcpy(&x0, p + o, sizeof(v));
+        std::memcpy(&x1, p + o + w, sizeof(v));
+        std::memcpy(&x2, p + o + 2 * w, sizeof(v));
+        std::memcpy(&x3, p + o + 3 * w, sizeof(v));
+        if constexpr (Collect || Count) {
+          sv k0, k1, k2, k3;
+          std::memcpy(&k0, &x0, sizeof(v));
+          std::memcpy(&k1, &x1, sizeof(v));
+          std::memcpy(&k2, &x2, sizeof(v));
+          std::memcpy(&k3, &x3, sizeof(v));
+          k0 &= km;
+          k1 &= km;
+          k2 &= km;
+          k3 &= km;
+          if constexpr (Collect) any |= (tt - k0) | (tt - k1) | (tt - k2) | (tt - k3);
+          if constexpr (Count) cnt += ((k0 > tcv) + (k1 > tcv)) + ((k2 > tcv) + (k3 > tcv));
         }
+        x0 -= sh;
+        x1 -= sh;
+        x2 -= sh;
+        x3 -= sh;
+        a += (x0 + x1) + (x2 + x3);
+        q += (square_unfused(x0) + square_unfused(x1)) +
+             (square_unfused(x2) + square_unfused(x3));
       }
       if constexpr (Collect) {
-        sv16 any16 = {};
-        for (std::size_t h = 0; h < Bytes / 16; ++h) {
-          sv16 part;
-          std::memcpy(&part, reinterpret_cast<const char*>(&any) + 16 * h, sizeof(part));
-          any16 |= part;
-        }
-        if (any_negative(any16)) {
+        if (any_negative(any)) {
           if (c > list->cap) {
             collecting = false;
             tt = km;  // no key is above: the test is off from here on
@@ -196,20 +159,9 @@ mean_sd moments_pass(const Source& source, [[maybe_unused]] signed_key_t<T> t,
         }
       }
     }
-    // The group's four 16-byte quarters added pairwise in T, then 16 bytes of lanes to double.
-    using v16 = typename lanes<T>::type;
-    v16 qa[4], qq[4];
-    for (std::size_t m = 0; m < parts; ++m) {
-      for (std::size_t h = 0; h < Bytes / 16; ++h) {
-        std::memcpy(&qa[m * (Bytes / 16) + h], reinterpret_cast<const char*>(&a[m]) + 16 * h, 16);
-        std::memcpy(&qq[m * (Bytes / 16) + h], reinterpret_cast<const char*>(&q[m]) + 16 * h, 16);
-      }
-    }
-    const v16 ra = (qa[0] + qa[1]) + (qa[2] + qa[3]);
-    const v16 rq = (qq[0] + qq[1]) + (qq[2] + qq[3]);
-    for (std::size_t j = 0; j < 16 / sizeof(T); ++j) {
-      sum += static_cast<double>(ra[j]);
-      sq += static_cast<double>(rq[j]);
+    for (std::size_t j = 0; j < w; ++j) {
+      sum += static_cast<double>(a[j]);
+      sq += static_cast<double>(q[j]);
     }
   }
   const double shift_d = static_cast<double>(shift);
@@ -232,9 +184,7 @@ mean_sd moments_pass(const Source& source, [[maybe_unused]] signed_key_t<T> t,
     }
   }
   if constexpr (Count) {
-    for (std::size_t m = 0; m < parts; ++m) {
-      for (std::size_t j = 0; j < w; ++j) *counted += static_cast<std::size_t>(-cnt[m][j]);
-    }
+    for (std::size_t j = 0; j < w; ++j) *counted += static_cast<std::size_t>(-cnt[j]);
   }
   if constexpr (Collect) {
     list->count = c;

@@ -278,19 +278,13 @@ struct gaussiank {
     }
     // The statistics pass runs in the widest clone the CPU offers, like top-k's bracket pass
     // (the same operations on every path, squares unfused: the same moments and list).
-    const auto pass = [&](auto tag) {
-      // The clone's width on g itself; 16 bytes on the block of e + g a sum_source has just
-      // stored 16 bytes at a time (a wider load of it would wait for the stores to retire).
-      constexpr std::size_t bytes = std::is_same_v<Source, detail::read_source<T>>
-                                        ? detail::moments_bytes<decltype(tag)::value>
-                                        : 16;
+    const auto pass = [&](auto) {
       if (!collect) {
-        ms = detail::moments_pass<T, false, false, bytes>(src, t_list, nullptr, 0, nullptr);
+        ms = detail::moments_pass<T, false, false>(src, t_list, nullptr, 0, nullptr);
       } else if (pl.bound > 0.0) {
-        ms = detail::moments_pass<T, true, true, bytes>(src, t_list, &list, t_bound,
-                                                        &bound_count);
+        ms = detail::moments_pass<T, true, true>(src, t_list, &list, t_bound, &bound_count);
       } else {
-        ms = detail::moments_pass<T, true, false, bytes>(src, t_list, &list, 0, nullptr);
+        ms = detail::moments_pass<T, true, false>(src, t_list, &list, 0, nullptr);
       }
     };
     detail::run_active(pass);
