@@ -28,8 +28,11 @@
 # crashed writing it (Open MPI 4.1.4, a segfault in hwloc_shmem_topology_write).
 #
 # Needs root and `ip netns` (iproute2); refuses clearly otherwise. State lives in
-# ${GRADCOMP_CLUSTER_STATE:-/run/gradcomp-cluster}. A failed `up` removes what it made.
-set -Eeuo pipefail  # -E: the ERR trap of a failed `up` also fires inside functions
+# ${GRADCOMP_CLUSTER_STATE:-/run/gradcomp-cluster}, a directory of its own (not /, /etc, /var,
+# ...). `up` lists in it, as it goes, every file, directory, namespace and link it made (the
+# marker, made-by-cluster-up); `down`, and a failed or interrupted `up`, remove exactly those
+# and nothing else, and `down` removes nothing from a directory without that marker.
+set -euo pipefail
 
 net="${GRADCOMP_CLUSTER_NET:-10.231.7}"
 [[ "$net" =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || {
@@ -45,10 +48,33 @@ bridge="${name}-br"
 ns_prefix="${name}-h"
 veth_prefix="${name}v"
 state="${GRADCOMP_CLUSTER_STATE:-/run/${name}-cluster}"
-[[ "$state" =~ ^/[A-Za-z0-9._/-]+$ ]] || {
-  echo "cluster.sh: GRADCOMP_CLUSTER_STATE must be an absolute path of letters, digits and . _ - /" >&2
+
+# `down` removes files and a directory below the state directory, so a value such as /etc or
+# /var would remove /etc/hosts or /var/tmp. It must name a directory of its own: spelled
+# plainly (no . or .. component, no //, no trailing /: the path checked is the path used, and
+# /. or //etc cannot pass for another), and neither a system directory itself nor a link to one.
+is_system_dir() {
+  case "$1" in
+    /var/tmp | /var/lib | /usr/local | /usr/lib) return 0 ;;
+    /*/*) return 1 ;;  # below a top-level directory (the patterns below would match it too)
+    / | /etc | /var | /usr | /bin | /sbin | /lib | /lib[0-9a-z]* | /boot | /dev | /proc | /sys | \
+      /run | /tmp | /home | /root | /opt | /srv | /mnt | /media) return 0 ;;
+  esac
+  return 1
+}
+state_refused() {
+  local why="$1"
+  echo "cluster.sh: GRADCOMP_CLUSTER_STATE='$state' is refused: $why. It must name a directory of its own for the cluster's state, below a system directory (e.g. /run/${name}-cluster, the default): an absolute path of letters, digits and . _ - /, without a . or .. component, // or a trailing /, and not /, /etc, /var, /usr, /bin, /sbin, /lib*, /boot, /dev, /proc, /sys, /run, /tmp, /home, /root, /opt, /srv, /mnt, /media, /var/tmp, /var/lib, /usr/local or /usr/lib themselves" >&2
   exit 2
 }
+[[ "$state" =~ ^/[A-Za-z0-9._/-]*$ ]] || state_refused "it is not an absolute path of letters, digits and . _ - /"
+! is_system_dir "$state" || state_refused "it is a system directory"
+[[ "$state" != *//* && "$state" != */ ]] || state_refused "it holds // or ends in /"
+[[ "$state/" != */./* && "$state/" != */../* ]] || state_refused "it has a . or .. component"
+state_real="$(realpath -m -- "$state")"
+! is_system_dir "$state_real" || state_refused "it leads to $state_real, a system directory"
+marker="$state/made-by-cluster-up"
+marker_header="# scripts/cluster.sh up: what it made, in order; down removes exactly these"
 max_hosts=64
 
 die() {
@@ -150,23 +176,143 @@ shape() {  # shape <netns or ""> <device> <rate>
   fi
 }
 
+netns_exists() {  # netns_exists <name>
+  local all
+  all="$(ip netns list 2>/dev/null | awk '{print $1}')"
+  grep -qxF -- "$1" <<<"$all"
+}
+
+link_exists() { ip -o link show dev "$1" >/dev/null 2>&1; }
+
+# The marker: its first line is marker_header, then one `<kind> <what>` line per thing `up`
+# made, in the order it made them. Only what `up` writes is accepted (the state directory, its
+# tmp tree, its five files, namespaces and links under this cluster's names), so that a marker
+# written by hand or by something else cannot make `down` remove anything else.
+marker_entry_ok() {  # marker_entry_ok <kind> <what>
+  case "$1" in
+    dir) [ "$2" = "$state" ] ;;
+    tree) [ "$2" = "$state/tmp" ] ;;
+    file)
+      case "$2" in
+        "$state/hosts" | "$state/hosts.tmp" | "$state/hostfile" | "$state/rate" | "$state/agent") return 0 ;;
+      esac
+      return 1
+      ;;
+    netns) [[ "$2" =~ ^${ns_prefix}[0-9]+$ ]] ;;
+    link) [ "$2" = "$bridge" ] || [[ "$2" =~ ^${veth_prefix}[0-9]+$ ]] ;;
+    *) return 1 ;;
+  esac
+}
+
+record() { echo "$1 $2" >>"$marker"; }  # record <kind> <what>: one more thing `up` made
+
+# Reads the marker into made_kind and made_what; a marker that `up` did not write, or a line it
+# would not write, is refused with a message (and nothing is removed).
+read_marker() {
+  made_kind=()
+  made_what=()
+  if [ -L "$marker" ] || [ ! -f "$marker" ]; then
+    echo "cluster.sh: $marker is not a plain file written by 'scripts/cluster.sh up'" >&2
+    return 1
+  fi
+  local lines line kind what
+  mapfile -t lines <"$marker"
+  if [ "${#lines[@]}" -eq 0 ] || [ "${lines[0]}" != "$marker_header" ]; then
+    echo "cluster.sh: $marker was not written by 'scripts/cluster.sh up' (its first line is not '$marker_header')" >&2
+    return 1
+  fi
+  for line in "${lines[@]:1}"; do
+    kind="" what=""
+    if [[ "$line" =~ ^([a-z]+)\ ([^ ]+)$ ]]; then
+      kind="${BASH_REMATCH[1]}" what="${BASH_REMATCH[2]}"
+    fi
+    if [ -z "$kind" ] || ! marker_entry_ok "$kind" "$what"; then
+      echo "cluster.sh: $marker lists '$line', which 'scripts/cluster.sh up' does not make for GRADCOMP_CLUSTER_NAME=$name and GRADCOMP_CLUSTER_STATE=$state" >&2
+      return 1
+    fi
+    made_kind+=("$kind")
+    made_what+=("$what")
+  done
+}
+
+# Removes what read_marker read, last made first (a host's link before its namespace, the
+# bridge after the hosts), then the marker and, if `up` made it, the state directory. What
+# cannot be removed is named and the marker stays, so that `down` can try again.
+remove_recorded() {
+  local i kind what kept=() made_dir=0
+  for ((i = ${#made_kind[@]} - 1; i >= 0; i--)); do
+    kind="${made_kind[i]}" what="${made_what[i]}"
+    case "$kind" in
+      netns)
+        # A process left on a host (a rank, a daemon) would keep its namespace alive.
+        ip netns pids "$what" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+        ip netns del "$what" 2>/dev/null || true
+        if netns_exists "$what"; then kept+=("namespace $what"); fi
+        ;;
+      link)
+        # Deleting a host's end of its veth pair also deletes the end inside the host.
+        ip link del "$what" 2>/dev/null || true
+        if link_exists "$what"; then kept+=("link $what"); fi
+        ;;
+      file | tree)
+        # tree: the directory up made for the hosts' session files (TMPDIR, see the agent), with
+        # them. A file is removed only if it still is one.
+        if [ "$kind" = tree ]; then
+          rm -rf -- "$what" 2>/dev/null || true
+        else
+          rm -f -- "$what" 2>/dev/null || true
+        fi
+        if [ -e "$what" ] || [ -L "$what" ]; then kept+=("$what"); fi
+        ;;
+      dir) made_dir=1 ;;
+    esac
+  done
+  if [ "${#kept[@]}" -gt 0 ]; then
+    echo "cluster.sh: could not remove ${kept[*]}; $marker stays, so that 'scripts/cluster.sh down' can try again" >&2
+    return 1
+  fi
+  rm -f -- "$marker"
+  if [ "$made_dir" -eq 1 ] && ! rmdir -- "$state" 2>/dev/null; then
+    echo "cluster.sh: left $state: it holds files that up did not make" >&2
+  fi
+  return 0
+}
+
 cmd_down() {
   need_rights
-  local ns
-  for ns in $(ip netns list | awk '{print $1}' | grep "^${ns_prefix}[0-9]*$" || true); do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
-  done
-  # The host ends of the veth pairs went with their namespaces; the bridge ends follow.
-  local dev
-  for dev in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${veth_prefix}[0-9]*$" || true); do
-    ip link del "$dev" 2>/dev/null || true
-  done
-  ip link del "$bridge" 2>/dev/null || true
-  # Only the files `up` writes and the hosts' session files, then the directory if it is left empty.
-  rm -f "$state/hosts" "$state/hosts.tmp" "$state/hostfile" "$state/rate" "$state/agent"
-  rm -rf "$state/tmp"
-  rmdir "$state" 2>/dev/null || true
+  if [ ! -e "$state" ] && [ ! -L "$state" ]; then
+    echo "cluster: nothing to remove ($state does not exist)"
+    return 0
+  fi
+  [ -d "$state" ] || die "down: GRADCOMP_CLUSTER_STATE='$state' is not a directory; removed nothing"
+  if [ ! -e "$marker" ] && [ ! -L "$marker" ]; then
+    # Without the marker nothing here is known to be the cluster's: /etc/hosts looks like a
+    # cluster's hosts file too.
+    local f found=""
+    for f in hosts hosts.tmp hostfile rate agent tmp; do
+      if [ -e "$state/$f" ] || [ -L "$state/$f" ]; then found+=" $f"; fi
+    done
+    if [ -z "$found" ]; then
+      echo "cluster: nothing to remove ($state holds no cluster state)"
+      return 0
+    fi
+    die "down: $state holds${found} but no marker ($marker) written by 'scripts/cluster.sh up', so none of it is known to be the cluster's; removed nothing. (A cluster made by a cluster.sh older than the marker is removed by hand: ip netns del ${ns_prefix}0 ..., ip link del $bridge, then those files.)"
+  fi
+  read_marker || die "down: removed nothing"
+  remove_recorded || exit 1
+}
+
+# The EXIT trap of `up` until it is done: removes exactly what this `up` made, as its marker
+# lists it, and never a namespace or link of the same name that it did not make.
+up_failed() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [ "$up_done" -eq 0 ] && [ "$marker_ours" -eq 1 ]; then
+    echo "cluster.sh: up failed; removing what it made (as $marker lists it)" >&2
+    if read_marker; then remove_recorded || true; fi
+  fi
+  [ "$rc" -ne 0 ] || rc=1
+  exit "$rc"
 }
 
 cmd_up() {
@@ -177,9 +323,37 @@ cmd_up() {
   checked_rate_bits "$rate" >/dev/null
   need_rights
   is_up && die "a cluster is already up ($(wc -l <"$state/hosts") hosts); run 'scripts/cluster.sh down' first"
+  if [ -e "$marker" ] || [ -L "$marker" ]; then
+    die "$marker exists: a cluster is up, or an up that failed or was killed left what it lists; run 'scripts/cluster.sh down' first"
+  fi
+  # The state directory may exist (up then leaves it to its owner), but nothing in it may have
+  # a name up writes: up lists every file it makes as its own, for down to remove.
+  local f
+  if [ -e "$state" ] || [ -L "$state" ]; then
+    [ -d "$state" ] || die "GRADCOMP_CLUSTER_STATE='$state' exists and is not a directory"
+    for f in hosts.tmp hostfile rate agent tmp; do
+      if [ -e "$state/$f" ] || [ -L "$state/$f" ]; then
+        die "$state/$f exists, and up would write it; GRADCOMP_CLUSTER_STATE must name a directory of the cluster's own (remove the file if a cluster.sh older than the marker left it)"
+      fi
+    done
+  else
+    [ -d "$(dirname -- "$state")" ] ||
+      die "the directory above GRADCOMP_CLUSTER_STATE='$state' must exist (up makes the state directory, not the ones above it)"
+  fi
   if ip -o link show "$bridge" >/dev/null 2>&1; then
     die "a link named $bridge exists without cluster state; run 'scripts/cluster.sh down' first"
   fi
+  # The hosts' names must be free: up must not fail halfway on a name that something else
+  # holds, and never removes what it did not make.
+  local i
+  for ((i = 0; i < n; i++)); do
+    if netns_exists "${ns_prefix}${i}"; then
+      die "a namespace named ${ns_prefix}${i} exists, which this up did not make; remove it (ip netns del ${ns_prefix}${i}) if an old cluster left it, or set GRADCOMP_CLUSTER_NAME to another prefix"
+    fi
+    if link_exists "${veth_prefix}${i}"; then
+      die "a link named ${veth_prefix}${i} exists, which this up did not make; remove it (ip link del ${veth_prefix}${i}) if an old cluster left it, or set GRADCOMP_CLUSTER_NAME to another prefix"
+    fi
+  done
   # The subnet must be ours alone: refuse when a route other than the default one covers an
   # address of it, or an interface holds one.
   local routes addrs
@@ -189,19 +363,42 @@ cmd_up() {
     die "the subnet ${net}.0/24 is already in use here (${routes:-$addrs}); set GRADCOMP_CLUSTER_NET to a free /24 (e.g. 10.232.7)"
   fi
 
-  trap 'echo "cluster.sh: up failed; removing what it made" >&2; cmd_down' ERR
-  mkdir -p "$state"
+  # From here on the marker lists each thing as it is made, and a failure, a refusal or an
+  # interrupt (up_failed) removes exactly what it lists. Files are listed just before they are
+  # made: their names were checked free above, so what they hold is ours. Namespaces and links
+  # are listed just after: a name taken meanwhile fails `ip ... add`, and is not ours to remove.
+  up_done=0
+  marker_ours=0
+  trap up_failed EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  local made_dir=0
+  if [ ! -d "$state" ]; then
+    mkdir -- "$state"
+    made_dir=1
+  fi
+  # noclobber: the marker is made only where none is, so an up racing this one stops here.
+  (set -C && echo "$marker_header" >"$marker")
+  marker_ours=1
+  [ "$made_dir" -eq 0 ] || record dir "$state"
+  record file "$state/hosts.tmp"
+  : >"$state/hosts.tmp"
+  # The hosts' session files (see the agent below).
+  record tree "$state/tmp"
+  mkdir -- "$state/tmp"
   ip link add "$bridge" type bridge
+  record link "$bridge"
   ip addr add "${net}.254/24" dev "$bridge"
   ip link set "$bridge" up
-  local i ns ip bits
+  local ns ip bits
   bits="$(rate_bits "$rate")"
-  : >"$state/hosts.tmp"
   for ((i = 0; i < n; i++)); do
     ns="${ns_prefix}${i}"
     ip="${net}.$((i + 1))"
     ip netns add "$ns"
+    record netns "$ns"
     ip link add "${veth_prefix}${i}" type veth peer name eth0 netns "$ns"
+    record link "${veth_prefix}${i}"
     if needs_small_frames "$bits"; then
       ip link set "${veth_prefix}${i}" gso_max_segs 1
       ip netns exec "$ns" ip link set eth0 gso_max_segs 1
@@ -219,9 +416,12 @@ cmd_up() {
     shape "" "${veth_prefix}${i}" "$rate"   # what the host receives
     echo "$ns $ip" >>"$state/hosts.tmp"
   done
+  record file "$state/rate"
   echo "$rate" >"$state/rate"
+  record file "$state/hostfile"
   awk '{print $2 " slots=1"}' "$state/hosts.tmp" >"$state/hostfile"
   # mpirun's agent: `agent <host> <command...>` runs the command on that host.
+  record file "$state/agent"
   cat >"$state/agent" <<EOF
 #!/bin/sh
 # Written by scripts/cluster.sh: runs Open MPI's daemon on an emulated host.
@@ -236,8 +436,10 @@ export TMPDIR="$state/tmp/\$ns"
 exec ip netns exec "\$ns" /bin/sh -c "\$*"
 EOF
   chmod +x "$state/agent"
+  record file "$state/hosts"
   mv "$state/hosts.tmp" "$state/hosts"
-  trap - ERR
+  up_done=1
+  trap - EXIT INT TERM
   echo "cluster: $n hosts at $rate each way ($(rate_bits "$rate") bit/s): $(awk '{printf "%s ", $2}' "$state/hosts")"
 }
 
