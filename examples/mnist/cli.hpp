@@ -58,7 +58,7 @@ struct extra_flags {
   std::fprintf(stderr,
                "%s%s"
                "usage: %s [options]\n"
-               "  --compressor dense|topk|gaussiank|gaussiank_published|randomk|dgc|qsgd|terngrad|sign\n"
+               "  --compressor dense|topk|gaussiank|gaussiank_published|randomk|redsync|dgc|qsgd|terngrad|sign\n"
                "                 (dense)\n"
                "  --density R      target density of the sparsifiers; LAGS: the least one (0.01)\n"
                "  --exchange allreduce|allgather|gtopk|a2a|auto\n"
@@ -171,7 +171,8 @@ inline void print_epoch(unsigned epoch, const train_options& o, const outcome& r
 inline void print_json(const train_options& o, int workers, const outcome& r, const std::string& more = {}) {
   const bool sparsifier = o.compressor == "topk" || o.compressor == "gaussiank" ||
                           o.compressor == "gaussiank_published" ||
-                          o.compressor == "randomk" || o.compressor == "dgc";
+                          o.compressor == "randomk" || o.compressor == "redsync" ||
+                          o.compressor == "dgc";
   const double density = o.schedule == "pqasgd" ? 1.0 / o.subsets : sparsifier ? o.density : 1.0;
   const unsigned bits = o.compressor == "qsgd" ? o.bits
                         : o.compressor == "terngrad" ? 2u

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <gradcomp/gradcomp.hpp>
+#include <gradcomp/runtime/registry.hpp>
 
 #include "cli.hpp"
 
@@ -98,35 +99,21 @@ double selection_seconds_per_element(const Compressor& c, std::size_t n, const t
 }
 
 // f(compressor, exchange) for --compressor and --exchange (schedules none, lags, merged).
+// --compressor is one of gradcomp's documented aliases (runtime::compressor_aliases: a
+// selector, quantizer and feedback of the registry's vocabulary), checked by the registry.
 template <class F>
 auto with_policies(const train_options& o, F&& f) {
   using namespace gradcomp;
   if (o.schedule != "none" && o.schedule != "lags" && o.schedule != "merged") {
     throw std::runtime_error("unknown --schedule " + o.schedule);
   }
-  if (o.compressor == "dense") return with_exchange(o, compressor<dense, identity, no_feedback>{}, f);
-  if (o.compressor == "topk") return with_exchange(o, compressor<topk, identity, residual>{}, f);
-  if (o.compressor == "gaussiank") return with_exchange(o, compressor<gaussiank, identity, residual>{}, f);
-  if (o.compressor == "gaussiank_published") {
-    return with_exchange(
-        o, compressor<gaussiank, identity, residual>(gaussiank::published()), f);
-  }
-  if (o.compressor == "randomk") return with_exchange(o, compressor<randomk, identity, residual>{}, f);
-  if (o.compressor == "dgc") {
-    return with_exchange(o, compressor<topk, identity, dgc_momentum>(
-                                topk{}, identity{}, dgc_momentum{.momentum = o.momentum, .clip_norm = o.clip}),
-                         f);
-  }
-  if (o.compressor == "qsgd") {
-    return with_exchange(o, compressor<dense, qsgd, no_feedback>(dense{}, qsgd::with_bits(o.bits, o.bucket)), f);
-  }
-  if (o.compressor == "terngrad") {
-    return with_exchange(o, compressor<dense, terngrad, no_feedback>(dense{}, terngrad(o.bucket)), f);
-  }
-  if (o.compressor == "sign") {
-    return with_exchange(o, compressor<dense, scaled_sign, residual>(dense{}, scaled_sign(o.bucket)), f);
-  }
-  throw std::runtime_error("unknown --compressor " + o.compressor);
+  runtime::engine_config c;
+  c.bits = o.bits;
+  c.bucket_size = o.bucket;
+  c.dgc_momentum = o.momentum;
+  c.dgc_clip_norm = o.clip;
+  c = runtime::with_alias(c, o.compressor);
+  return runtime::with_aliased_compressor(c, [&](auto compressor) { return with_exchange(o, std::move(compressor), f); });
 }
 
 // f(quantizer) for --schedule pqasgd (its rounds use sparse_allgather).

@@ -170,6 +170,9 @@ struct tensor_stats {
   std::string_view exchange{};     // the exchange that ran (auto_exchange: the one it chose)
   double predicted_seconds = 0.0;  // the exchange's cost-model forecast (auto_exchange), else 0
   double exchange_seconds = 0.0;   // measured: communication, decoding and averaging
+  double accumulate_seconds = 0.0;  // this tensor's compression: the feedback's accumulation,
+  double select_seconds = 0.0;      // the selection,
+  double encode_seconds = 0.0;      // and gather, quantization and the feedback's update
   std::size_t restored = 0;        // picks the exchange left out (gtopk) that went back to the
                                    // feedback (0 for feedback without restore(): dropped)
   // The top-k contraction on this rank: ||acc on the selection||^2 / ||acc||^2 (see

@@ -16,8 +16,10 @@
 #include <vector>
 
 #include <gradcomp/compressor.hpp>
-#include <gradcomp/detail/checkpoint.hpp>
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/checkpoint.hpp>
+#include <gradcomp/detail/staged_feedback.hpp>
+#include <gradcomp/detail/tensor_record.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/sgd.hpp>
@@ -58,10 +60,7 @@ class sparsified_sgd {
     for (const tensor_spec& t : tensors_) {
       detail::check_tensor_size("sparsified_sgd", t, selects_all_v<typename Compressor::selector_type>);
     }
-    for (const tensor_spec& t : tensors_) {
-      states_.push_back(compressor_.make_state(t.size));
-      staged_.push_back(compressor_.make_state(t.size));
-    }
+    for (const tensor_spec& t : tensors_) feedback_.add(compressor_, t.size);
     total_ = detail::total_size(tensors_);
     average_.assign(total_, T(0));
     staged_average_.assign(total_, T(0));
@@ -103,9 +102,10 @@ class sparsified_sgd {
 
     payloads_.resize(tensors_.size());
     compress_stats_.resize(tensors_.size());
+    feedback_.discard();  // a step staged but never committed
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
-      compress_stats_[t] = compressor_.compress(gradient_of(t, grads), std::as_const(states_[t]),
-                                                staged_[t], context_for(t, rho), payloads_[t]);
+      compress_stats_[t] = feedback_.compress(compressor_, t, gradient_of(t, grads),
+                                              context_for(t, rho), payloads_[t]);
     }
 
     exchange_stats_.resize(tensors_.size());
@@ -118,9 +118,12 @@ class sparsified_sgd {
       for (std::size_t t = 0; t < tensors_.size(); ++t) exchange_tensor(t);
     }
 
-    for (std::size_t t = 0; t < tensors_.size(); ++t) record(t);
-    staged_stats_.density =
-        total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      detail::add_tensor(staged_stats_, detail::tensor_stats_of(tensors_[t].id, tensors_[t].size,
+                                                                compress_stats_[t],
+                                                                exchange_stats_[t], restored_[t]));
+    }
+    detail::finish_totals(staged_stats_);
     staged_ready_ = true;
   }
 
@@ -133,7 +136,7 @@ class sparsified_sgd {
     detail::stopwatch clock;
     detail::sgd_update<T>(params.first(total_), staged_average_, velocity_, opt_);
     staged_stats_.seconds.update = clock.lap();
-    states_.swap(staged_);
+    feedback_.commit();
     average_.swap(staged_average_);
     stats_ = std::move(staged_stats_);
     total_bytes_sent_ += stats_.bytes_sent;
@@ -143,7 +146,10 @@ class sparsified_sgd {
     return stats_;
   }
 
-  void discard_step() noexcept { staged_ready_ = false; }
+  void discard_step() noexcept {
+    feedback_.discard();
+    staged_ready_ = false;
+  }
 
   [[nodiscard]] const step_stats& last_stats() const noexcept { return stats_; }
   [[nodiscard]] std::uint64_t steps_done() const noexcept { return step_; }
@@ -157,7 +163,7 @@ class sparsified_sgd {
   // The exchange, e.g. to tune topk_a2a's bucket size between steps.
   [[nodiscard]] Exchange& exchange() noexcept { return exchange_; }
   [[nodiscard]] typename Compressor::state_type& feedback_state(std::size_t tensor_index) {
-    return states_.at(tensor_index);
+    return feedback_.committed(tensor_index);
   }
 
   // Checkpoints: the step counter, every tensor's feedback buffers keyed by tensor id, and
@@ -171,7 +177,7 @@ class sparsified_sgd {
     detail::put(os, static_cast<std::uint32_t>(tensors_.size()));
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       // buffers() hands out mutable spans for load_state(); here they are only read.
-      auto buffers = const_cast<typename Compressor::state_type&>(states_[t]).buffers();
+      auto buffers = const_cast<typename Compressor::state_type&>(feedback_.committed(t)).buffers();
       detail::put(os, tensors_[t].id);
       detail::put(os, static_cast<std::uint64_t>(tensors_[t].size));
       detail::put(os, static_cast<std::uint32_t>(buffers.size()));
@@ -221,7 +227,7 @@ class sparsified_sgd {
     }
     std::vector<T> velocity(velocity_.size());
     get_array(is, std::span<T>(velocity));
-    states_ = std::move(states);
+    feedback_.replace_committed(std::move(states));
     velocity_ = std::move(velocity);
     step_ = step;
     staged_ready_ = false;
@@ -312,42 +318,10 @@ class sparsified_sgd {
     if constexpr (exchange_with_unused<Exchange, Compressor, Comm>) {
       exchange_stats_[t] =
           exchange_.exchange(*comm_, compressor_, payloads_[t], staged_average_of(t), unused_);
-      if constexpr (restores_picks<typename Compressor::feedback_type, T>) {
-        compressor_.feedback().restore(staged_[t], unused_.indices, unused_.values);
-        restored_[t] = unused_.indices.size();
-      }
+      restored_[t] = feedback_.restore(compressor_, t, unused_.indices, unused_.values);
     } else {
       exchange_stats_[t] = exchange_.exchange(*comm_, compressor_, payloads_[t], staged_average_of(t));
     }
-  }
-
-  // Adds tensor t's compression and exchange to the staged step's statistics.
-  void record(std::size_t t) {
-    const compress_stats& cs = compress_stats_[t];
-    const exchange_stats& xs = exchange_stats_[t];
-    tensor_stats ts;
-    ts.id = tensors_[t].id;
-    ts.n = tensors_[t].size;
-    ts.selected = cs.selection.count;
-    ts.density = ts.n ? static_cast<double>(ts.selected) / static_cast<double>(ts.n) : 0.0;
-    ts.threshold = cs.selection.threshold;
-    ts.iterations = cs.selection.iterations;
-    ts.fallback = cs.selection.fallback;
-    ts.contraction = cs.contraction;
-    ts.bytes_sent = xs.bytes_sent;
-    ts.bytes_received = xs.bytes_received;
-    ts.exchange = xs.name;
-    ts.predicted_seconds = xs.predicted_seconds;
-    ts.exchange_seconds = xs.seconds;
-    ts.restored = restored_[t];
-    staged_stats_.tensors.push_back(ts);
-    staged_stats_.selected += ts.selected;
-    staged_stats_.bytes_sent += xs.bytes_sent;
-    staged_stats_.bytes_received += xs.bytes_received;
-    staged_stats_.seconds.accumulate += cs.seconds_accumulate;
-    staged_stats_.seconds.select += cs.seconds_select;
-    staged_stats_.seconds.encode += cs.seconds_encode;
-    staged_stats_.seconds.exchange += xs.seconds;
   }
 
   static constexpr std::string_view driver_name = "sparsified_sgd";
@@ -366,8 +340,7 @@ class sparsified_sgd {
   Exchange exchange_;
   sgd_options opt_;
   density_schedule schedule_;
-  std::vector<typename Compressor::state_type> states_;
-  std::vector<typename Compressor::state_type> staged_;  // the state a step in flight makes
+  detail::staged_feedback<Compressor> feedback_;  // committed, and what a step in flight makes
   std::vector<T> average_;
   std::vector<T> staged_average_;
   std::vector<T> velocity_;

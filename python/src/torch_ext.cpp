@@ -1,10 +1,10 @@
 // gradcomp._torch_ext: the C++ side of gradcomp.torch. It takes torch.distributed's Python
 // ProcessGroup as c10::intrusive_ptr<c10d::ProcessGroup> (torch's own pybind holder type),
-// runs gradcomp's compressor and exchanges over it (process_group_comm), and offers the
-// in-process reference that the tests compare the hook with. The GIL is released while a bucket
-// is compressed and exchanged, so that DDP's backward pass goes on meanwhile.
+// runs gradcomp's compressor and exchanges over it (process_group_comm). The GIL is released
+// while a bucket is compressed and exchanged, so that DDP's backward pass goes on meanwhile.
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
@@ -13,9 +13,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/extension.h>
 
-#include <gradcomp/comm/in_process.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/torch/bucket_engine.hpp>
+#include <gradcomp/runtime/bucket_engine.hpp>
+#include <gradcomp/runtime/registry.hpp>
 #include <gradcomp/torch/process_group.hpp>
 #include <gradcomp/torch/tensor.hpp>
 
@@ -24,9 +24,9 @@ namespace rt = gradcomp::runtime;
 
 namespace {
 
-py::dict to_dict(const rt::bucket_stats& s) {
+py::dict to_dict(const gradcomp::tensor_stats& s) {
   py::dict d;
-  d["bucket"] = s.bucket;
+  d["bucket"] = static_cast<std::int64_t>(s.id);
   d["n"] = s.n;
   d["selected"] = s.selected;
   d["density"] = s.density;
@@ -35,12 +35,12 @@ py::dict to_dict(const rt::bucket_stats& s) {
   d["bytes_sent"] = s.bytes_sent;
   d["bytes_received"] = s.bytes_received;
   d["restored"] = s.restored;
-  d["exchange"] = s.exchange;
+  d["exchange"] = std::string(s.exchange);
   py::dict sec;
-  sec["accumulate"] = s.seconds_accumulate;
-  sec["select"] = s.seconds_select;
-  sec["encode"] = s.seconds_encode;
-  sec["exchange"] = s.seconds_exchange;
+  sec["accumulate"] = s.accumulate_seconds;
+  sec["select"] = s.select_seconds;
+  sec["encode"] = s.encode_seconds;
+  sec["exchange"] = s.exchange_seconds;
   d["seconds"] = sec;
   return d;
 }
@@ -63,7 +63,7 @@ class engine {
 
   py::dict run(std::int64_t bucket, const at::Tensor& grad, std::uint64_t step, double density) {
     const std::span<float> g = gradcomp::torch_views::as_span<float>(grad, "gradcomp_hook", "bucket");
-    rt::bucket_stats st;
+    gradcomp::tensor_stats st;
     {
       py::gil_scoped_release no_gil;
       st = engine_.run(bucket, g, step, density);
@@ -109,39 +109,6 @@ class engine {
   rt::bucket_engine<gradcomp::process_group_comm> engine_;
 };
 
-// What P ranks of gradcomp's own in-process runtime produce for the same gradients: grads[s][r]
-// is rank r's bucket at step s (float32, contiguous), the result out[s][r] the averaged bucket
-// that rank r gets. Threads play the ranks; in_process_comm folds in rank order.
-std::vector<std::vector<at::Tensor>> reference(const rt::engine_config& config, std::int64_t bucket,
-                                               const std::vector<std::vector<at::Tensor>>& grads,
-                                               std::uint64_t first_step, double density) {
-  if (grads.empty()) return {};
-  const std::size_t ranks = grads.front().size();
-  std::vector<std::vector<at::Tensor>> out(grads.size());
-  std::vector<std::vector<std::span<float>>> views(grads.size());
-  for (std::size_t s = 0; s < grads.size(); ++s) {
-    if (grads[s].size() != ranks) {
-      gradcomp::detail::throw_invalid_argument("reference", "len(grads[s])", grads[s].size(),
-                                               gradcomp::detail::concat(ranks, " (as grads[0])"));
-    }
-    for (std::size_t r = 0; r < ranks; ++r) {
-      out[s].push_back(grads[s][r].clone());
-      views[s].push_back(gradcomp::torch_views::as_span<float>(out[s].back(), "reference", "grads"));
-    }
-  }
-  rt::check_config(config);
-  py::gil_scoped_release no_gil;
-  gradcomp::run_in_process(static_cast<int>(ranks), [&](gradcomp::in_process_comm& comm) {
-    rt::bucket_engine<gradcomp::in_process_comm> e(comm, config);
-    const auto r = static_cast<std::size_t>(comm.rank());
-    for (std::size_t s = 0; s < views.size(); ++s) {
-      e.run(bucket, views[s][r], first_step + s, density);
-      e.commit();
-    }
-  });
-  return out;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_torch_ext, m) {
@@ -169,7 +136,12 @@ PYBIND11_MODULE(_torch_ext, m) {
       .def_readwrite("threshold", &rt::engine_config::threshold)
       .def_readwrite("dgc_momentum", &rt::engine_config::dgc_momentum)
       .def_readwrite("dgc_clip_norm", &rt::engine_config::dgc_clip_norm)
-      .def_readwrite("seed", &rt::engine_config::seed);
+      .def_readwrite("seed", &rt::engine_config::seed)
+      .def_readwrite("density", &rt::engine_config::density)
+      .def_readwrite("warmup_epochs", &rt::engine_config::warmup_epochs)
+      .def_readwrite("steps_per_epoch", &rt::engine_config::steps_per_epoch)
+      .def("density_at", [](const rt::engine_config& c, std::uint64_t step) { return c.schedule().at(step); },
+           py::arg("step"), "The density at a step: the schedule's warm-up, then density.");
 
   m.def("check_config", &rt::check_config, py::arg("config"),
         "Raises ValueError when the names, their combination or a parameter are not valid.");
@@ -190,6 +162,17 @@ PYBIND11_MODULE(_torch_ext, m) {
       .def_property_readonly("rank", &engine::rank)
       .def_property_readonly("size", &engine::size);
 
-  m.def("reference", &reference, py::arg("config"), py::arg("bucket"), py::arg("grads"),
-        py::arg("first_step"), py::arg("density"));
+  m.def("buffer_count", [](const rt::engine_config& c) { return rt::make_compress_half(c)->buffer_count(); },
+        py::arg("config"), "The feedback buffers a bucket keeps under this configuration.");
+
+  // The registry's vocabulary (runtime/registry.hpp), which gradcomp.torch offers as its own.
+  auto names = [](const auto& list) {
+    py::tuple t(std::size(list));
+    for (std::size_t i = 0; i < std::size(list); ++i) t[i] = py::str(std::string(list[i]));
+    return t;
+  };
+  m.attr("SELECTORS") = names(rt::selector_names);
+  m.attr("QUANTIZERS") = names(rt::quantizer_names);
+  m.attr("FEEDBACKS") = names(rt::feedback_names);
+  m.attr("EXCHANGES") = names(rt::exchange_names);
 }

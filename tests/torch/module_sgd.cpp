@@ -7,6 +7,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "doctest_torch.hpp"
 
+#include <sys/resource.h>
+
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -422,4 +424,30 @@ TEST_CASE("module_averaging with identity and period 1 equals torch::optim::SGD 
     });
     for (int r = 0; r < ranks; ++r) CHECK(max_relative_difference(models[static_cast<std::size_t>(r)], ref) < 1e-5);
   }
+}
+
+// The name table's count is backed by the bytes that follow it: 12 bytes that claim 2^24
+// tensors are refused as truncated before memory grows by anything like the count (before,
+// the reader sized its tables from the count: about 640 MB).
+TEST_CASE("checkpoint name table: a count the stream does not back costs no memory") {
+  auto peak_mib = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_maxrss) / 1024.0;
+  };
+  std::stringstream bad;
+  auto put32 = [&](std::uint32_t v) { bad.write(reinterpret_cast<const char*>(&v), sizeof v); };
+  put32(tm::detail_module::names_magic);
+  put32(1u << 24);
+  put32(5);  // the first name's length, and nothing after it
+  const std::vector<tm::tensor_group> groups{{"fc1.weight", 0, 1, {0, 10}, 0}};
+  const double before = peak_mib();
+  std::string what;
+  try {
+    tm::detail_module::check_names(bad, groups);
+  } catch (const invalid_argument& e) {
+    what = e.what();
+  }
+  CHECK(what.find("the checkpoint is truncated") != std::string::npos);
+  CHECK(peak_mib() - before < 64.0);
 }

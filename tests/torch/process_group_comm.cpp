@@ -22,7 +22,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "doctest_torch.hpp"
 
-#include <gradcomp/torch/bucket_engine.hpp>
+#include <gradcomp/runtime/bucket_engine.hpp>
 #include <gradcomp/torch/process_group.hpp>
 #include <gradcomp/torch/tensor.hpp>
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradcomp.torch as gct
-from gradcomp import _torch_ext as ext
+import gradcomp_oracle
 from support import Net, batch, spawn
 
 
@@ -82,7 +82,8 @@ def _reference_worker(rank: int, world: int) -> int:
             outs.append(gct.gradcomp_hook(state, FakeBucket(0, buf, [param])).wait().clone())
         state.close()
         grads = [[grad_for(r, s, n) for r in range(world)] for s in range(steps)]
-        want = ext.reference(state._config, 0, grads, 0, density)
+        want = [[torch.from_numpy(a) for a in step] for step in gradcomp_oracle.reference(
+            state.config.as_dict(), 0, [[g.numpy() for g in step] for step in grads], 0, density)]
         for s in range(steps):
             if not torch.equal(outs[s], want[s][rank]):
                 diff = (outs[s] - want[s][rank]).abs().max().item()
@@ -333,8 +334,15 @@ def _bad_input_worker(rank: int, world: int) -> int:
             return
         raise AssertionError(f"expected {kind.__name__} with {fragments}")
 
-    refuses(ValueError, ["selector 'top_k'", "'topk'", "'gaussiank'", "'dense'"],
+    refuses(ValueError, ["selector = 'top_k'", "'topk'", "'gaussiank'", "'redsync'", "'dense'"],
             lambda: gct.GradcompState(selector="top_k"))
+    # Arguments of the wrong type are TypeErrors naming the field, not range errors.
+    refuses(TypeError, ["density = '0.01'", "str", "a number"], lambda: gct.GradcompState(density="0.01"))
+    refuses(TypeError, ["density = True", "bool"], lambda: gct.GradcompState(density=True))
+    refuses(TypeError, ["process_group = 'gloo'", "ProcessGroup"], lambda: gct.GradcompState(process_group="gloo"))
+    refuses(TypeError, ["seed = 1.5"], lambda: gct.GradcompState(seed=1.5))
+    # A threshold selector without a threshold says so, instead of naming a 0 never given.
+    refuses(ValueError, ["needs a threshold, and none was given"], lambda: gct.GradcompState(selector="threshold"))
     refuses(ValueError, ["quantizer", "'qsgd'", "'sign'"], lambda: gct.GradcompState(quantizer="int8"))
     refuses(ValueError, ["exchange", "'allgather'", "'a2a'"], lambda: gct.GradcompState(exchange="ring"))
     refuses(ValueError, ["feedback", "'residual'"], lambda: gct.GradcompState(feedback="ef21"))
@@ -392,6 +400,77 @@ def _bad_input_worker(rank: int, world: int) -> int:
     return checks
 
 
+def _malformed_checkpoint_worker(rank: int, world: int) -> int:
+    """Every malformed checkpoint is a ValueError naming the field, and the state is unchanged;
+    a good one goes through torch.save / torch.load(weights_only=True)."""
+    a = torch.nn.Parameter(torch.zeros(300))
+    b = torch.nn.Parameter(torch.zeros(200))
+    c = torch.nn.Parameter(torch.zeros(100))
+    d = torch.nn.Parameter(torch.zeros(50))
+    params = [a, b, c, d]
+    n = sum(p.numel() for p in params)
+    state = gct.GradcompState(selector="topk", density=0.01, overlap=False, seed=3)
+    for s in range(2):
+        gct.gradcomp_hook(state, FakeBucket(0, grad_for(0, s, n), params)).wait()
+    good = state.state_dict()
+    keys = sorted(good["feedback"])
+    assert len(keys) == 4 and good["buckets"] == {0: [f"bucket0.param{j}" for j in range(4)]}
+
+    buffer = io.BytesIO()
+    torch.save(good, buffer)
+    buffer.seek(0)
+    # torch 1.13's weights-only unpickler refuses floats (the configuration holds some); from
+    # torch 2.0 on it reads the checkpoint, and that is how the docs say to load one.
+    weights_only = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 0)
+    reloaded = torch.load(buffer, weights_only=weights_only)
+    fresh = gct.GradcompState(selector="topk", density=0.01, overlap=False, seed=3)
+    fresh.load_state_dict(reloaded)
+    assert fresh.iteration == good["iteration"]
+
+    checks = 0
+
+    def refused(fragments: List[str], bad: Any) -> None:
+        nonlocal checks
+        before = state.state_dict()
+        try:
+            state.load_state_dict(bad)
+        except ValueError as e:
+            for f in fragments:
+                assert f in str(e), f"{f!r} not in {str(e)!r}"
+        else:
+            raise AssertionError(f"accepted a checkpoint that should fail with {fragments}")
+        after = state.state_dict()
+        assert after["iteration"] == before["iteration"] and after["buckets"] == before["buckets"]
+        for k, v in before["feedback"].items():
+            assert all(torch.equal(x, y) for x, y in zip(v, after["feedback"][k]))
+        checks += 1
+
+    def edited(**changes: Any) -> Dict[str, Any]:
+        out = copy.deepcopy(good)
+        for k, v in changes.items():
+            if v is None:
+                del out[k]
+            else:
+                out[k] = v
+        return out
+
+    # Two buckets that list the same parameters: a and b compressed twice, c and d never.
+    refused(["buckets[1]", "bucket0.param0", "bucket 0 lists too"],
+            edited(buckets={0: keys[:2], 1: keys[:2]}))
+    for field in ("iteration", "feedback", "totals", "config", "version", "world_size"):
+        refused([repr(field), "is missing"] if field != "version" else ["'version'"], edited(**{field: None}))
+    refused(["feedback['bucket0.param0']", "a list of 1 tensors"],
+            edited(feedback={**good["feedback"], keys[0]: good["feedback"][keys[0]] * 2}))
+    refused(["'iteration'", ">= 0"], edited(iteration=-1))
+    refused(["'iteration'"], edited(iteration="7"))
+    refused(["buckets[0]", "no entry in 'feedback'"], edited(buckets={0: keys + ["ghost"]}))
+    for key, value in (("seed", 4), ("density", 0.02), ("threshold", 1.0), ("dgc_momentum", 0.5),
+                       ("warmup_epochs", 1)):
+        refused([f"made with {key} = {value!r}"], edited(config={**good["config"], key: value}))
+    refused(["a checkpoint is a dict"], [good])
+    return checks
+
+
 def _mixed_precision_worker(rank: int, world: int) -> bool:
     """fp16, bf16 and fp64 buckets are compressed through float32 staging: the result is the
     float32 result of the same values, cast back."""
@@ -412,7 +491,11 @@ def _mixed_precision_worker(rank: int, world: int) -> bool:
 class BadInputTest(unittest.TestCase):
     def test_bad_input_is_refused_and_changes_nothing(self) -> None:
         out = spawn(_bad_input_worker, 1)
-        self.assertEqual(out[0], 22)
+        self.assertEqual(out[0], 27)
+
+    def test_malformed_checkpoints_are_refused_by_field(self) -> None:
+        out = spawn(_malformed_checkpoint_worker, 1)
+        self.assertEqual(out[0], 17)
 
     def test_half_precision_buckets_go_through_float32(self) -> None:
         spawn(_mixed_precision_worker, 2)

@@ -19,6 +19,8 @@
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/checkpoint.hpp>
+#include <gradcomp/detail/staged_feedback.hpp>
+#include <gradcomp/detail/tensor_record.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/feedback/residual.hpp>
@@ -72,8 +74,7 @@ class periodic_averaging {
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       for (unsigned c = 0; c < avg_.subsets; ++c) {
         const auto [begin, end] = slice(t, c);
-        states_.push_back(compressor_.make_state(end - begin));
-        staged_.push_back(compressor_.make_state(end - begin));
+        feedback_.add(compressor_, end - begin);
       }
     }
     total_ = detail::total_size(tensors_);
@@ -176,9 +177,9 @@ class periodic_averaging {
     }
     put_vector(os, anchor_);
     put_vector(os, velocity_);
-    for (const auto& state : states_) {
+    for (std::size_t s = 0; s < feedback_.size(); ++s) {
       // buffers() hands out mutable spans for load_state(); here they are only read.
-      auto buffers = const_cast<typename compressor_type::state_type&>(state).buffers();
+      auto buffers = const_cast<typename compressor_type::state_type&>(feedback_.committed(s)).buffers();
       detail::put(os, static_cast<std::uint32_t>(buffers.size()));
       for (const auto& b : buffers) {
         detail::put(os, static_cast<std::uint64_t>(b.size()));
@@ -212,7 +213,7 @@ class periodic_averaging {
     std::vector<T> anchor = get_vector(is, "anchor", {0, total_});
     std::vector<T> velocity = get_vector(is, "velocity", {velocity_.size(), velocity_.size()});
     std::vector<typename compressor_type::state_type> states;
-    for (std::size_t s = 0; s < states_.size(); ++s) {
+    for (std::size_t s = 0; s < feedback_.size(); ++s) {
       const auto [begin, end] = slice(s / avg_.subsets, static_cast<unsigned>(s % avg_.subsets));
       states.push_back(compressor_.make_state(end - begin));
       auto buffers = states.back().buffers();
@@ -233,7 +234,7 @@ class periodic_averaging {
     last_round_step_ = last_round_step;
     anchor_ = std::move(anchor);
     velocity_ = std::move(velocity);
-    states_ = std::move(states);
+    feedback_.replace_committed(std::move(states));
   }
 
  private:
@@ -295,23 +296,28 @@ class periodic_averaging {
     const std::uint64_t seed =
         opt_.seed + 0x9e3779b97f4a7c15ULL * (static_cast<std::uint64_t>(comm_->rank()) + 1);
     mean_.resize(total_);
-    for (std::size_t t = 0; t < tensors_.size(); ++t) {
-      const auto [begin, end] = slice(t, c);
-      if (begin == end) continue;
-      const std::size_t m = end - begin;
-      const std::size_t at = offsets_[t] + begin;
-      const std::size_t s = t * avg_.subsets + c;
-      change_.resize(m);
-      for (std::size_t i = 0; i < m; ++i) change_[i] = params[at + i] - anchor_[at + i];
-      const compress_context ctx{1.0, call_id{seed, round_, tensors_[t].id}};
-      const compress_stats cs =
-          compressor_.compress(change_, std::as_const(states_[s]), staged_[s], ctx, payload_);
-      if (!avg_.error_feedback) {
-        for (auto& b : staged_[s].buffers()) std::fill(b.begin(), b.end(), T(0));
+    feedback_.discard();
+    try {
+      for (std::size_t t = 0; t < tensors_.size(); ++t) {
+        const auto [begin, end] = slice(t, c);
+        if (begin == end) continue;
+        const std::size_t m = end - begin;
+        const std::size_t at = offsets_[t] + begin;
+        const std::size_t s = t * avg_.subsets + c;
+        change_.resize(m);
+        for (std::size_t i = 0; i < m; ++i) change_[i] = params[at + i] - anchor_[at + i];
+        const compress_context ctx{1.0, call_id{seed, round_, tensors_[t].id}};
+        const compress_stats cs = feedback_.compress(compressor_, s, change_, ctx, payload_);
+        if (!avg_.error_feedback) {
+          for (auto& b : feedback_.staged(s).buffers()) std::fill(b.begin(), b.end(), T(0));
+        }
+        const exchange_stats xs = exchange_.exchange(*comm_, compressor_, payload_,
+                                                     std::span<T>(mean_).subspan(at, m));
+        detail::add_tensor(st, detail::tensor_stats_of(tensors_[t].id, m, cs, xs, 0));
       }
-      const exchange_stats xs = exchange_.exchange(*comm_, compressor_, payload_,
-                                                   std::span<T>(mean_).subspan(at, m));
-      record(st, t, m, cs, xs);
+    } catch (...) {
+      feedback_.discard();
+      throw;
     }
 
     detail::stopwatch clock;
@@ -323,35 +329,12 @@ class periodic_averaging {
         anchor_[at + i] += mean_[at + i];
         params[at + i] = anchor_[at + i];
       }
-      std::swap(states_[t * avg_.subsets + c], staged_[t * avg_.subsets + c]);
     }
+    feedback_.commit();
     st.seconds.update += clock.lap();
     st.target_density = 1.0 / static_cast<double>(avg_.subsets);
-    st.density = total_ ? static_cast<double>(st.selected) / static_cast<double>(total_) : 0.0;
+    detail::finish_totals(st);
     ++round_;
-  }
-
-  void record(step_stats& st, std::size_t t, std::size_t m, const compress_stats& cs,
-              const exchange_stats& xs) const {
-    tensor_stats ts;
-    ts.id = tensors_[t].id;
-    ts.n = m;
-    ts.selected = cs.selection.count;
-    ts.density = 1.0;
-    ts.contraction = cs.contraction;
-    ts.bytes_sent = xs.bytes_sent;
-    ts.bytes_received = xs.bytes_received;
-    ts.exchange = xs.name;
-    ts.predicted_seconds = xs.predicted_seconds;
-    ts.exchange_seconds = xs.seconds;
-    st.tensors.push_back(ts);
-    st.selected += ts.selected;
-    st.bytes_sent += xs.bytes_sent;
-    st.bytes_received += xs.bytes_received;
-    st.seconds.accumulate += cs.seconds_accumulate;
-    st.seconds.select += cs.seconds_select;
-    st.seconds.encode += cs.seconds_encode;
-    st.seconds.exchange += xs.seconds;
   }
 
   Comm* comm_;
@@ -362,8 +345,8 @@ class periodic_averaging {
   Exchange exchange_;
   sgd_options opt_;
   averaging_options avg_;
-  std::vector<typename compressor_type::state_type> states_;  // [tensor][slice]
-  std::vector<typename compressor_type::state_type> staged_;  // what a round in flight makes
+  // [tensor][slice]: committed, and what a round in flight makes
+  detail::staged_feedback<compressor_type> feedback_;
   std::vector<T> anchor_;    // the parameters at each slice's last averaging
   std::vector<T> velocity_;
   std::vector<T> saved_params_;    // a step with a round restores these when the round fails

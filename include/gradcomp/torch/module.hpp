@@ -47,6 +47,7 @@
 #include <torch/nn/module.h>
 
 #include <gradcomp/error.hpp>
+#include <gradcomp/detail/checkpoint.hpp>
 #include <gradcomp/schedule/layerwise.hpp>
 #include <gradcomp/schedule/merged.hpp>
 #include <gradcomp/schedule/periodic_averaging.hpp>
@@ -246,42 +247,37 @@ void scatter(std::vector<parameter>& ps, flat_buffers<T>& flat, module_layout la
 // driver's own checkpoint (keyed by id).
 inline constexpr std::uint32_t names_magic = 0x4e4d4347;  // "GCMN"
 
+inline constexpr std::string_view names_driver = "torch_module";
+
 inline void save_names(std::ostream& os, const std::vector<tensor_group>& groups) {
-  auto put32 = [&](std::uint32_t v) { os.write(reinterpret_cast<const char*>(&v), sizeof v); };
-  put32(names_magic);
-  put32(static_cast<std::uint32_t>(groups.size()));
+  detail::put(os, names_magic);
+  detail::put(os, static_cast<std::uint32_t>(groups.size()));
   for (const tensor_group& g : groups) {
-    put32(static_cast<std::uint32_t>(g.name.size()));
+    detail::put(os, static_cast<std::uint32_t>(g.name.size()));
     os.write(g.name.data(), static_cast<std::streamsize>(g.name.size()));
-    const auto size = static_cast<std::uint64_t>(g.spec.size);
-    os.write(reinterpret_cast<const char*>(&size), sizeof size);
+    detail::put(os, static_cast<std::uint64_t>(g.spec.size));
   }
 }
 
 // Reads the name table and checks it against ours as sets (order is free: the driver's
-// checkpoint is keyed by id); the first mismatch is named.
+// checkpoint is keyed by id); the first mismatch is named. Memory grows only with the entries
+// actually read (at most one name of 2^16 bytes ahead of them), so a count that the stream
+// does not back is found truncated before it costs anything.
 inline void check_names(std::istream& is, const std::vector<tensor_group>& groups) {
-  auto fail = [](const std::string& why) {
-    throw invalid_argument("gradcomp::torch_module::load: " + why + "; the optimizer state is unchanged");
-  };
-  auto get32 = [&]() {
-    std::uint32_t v = 0;
-    if (!is.read(reinterpret_cast<char*>(&v), sizeof v)) fail("the checkpoint is truncated");
-    return v;
-  };
-  if (get32() != names_magic) fail("not a gradcomp module checkpoint (bad magic)");
-  const std::uint32_t count = get32();
-  if (count > (1u << 24)) fail(detail::concat("the checkpoint claims ", count, " tensors"));
-  std::vector<std::string> names(count);
-  std::vector<std::uint64_t> sizes(count);
+  auto fail = [](const std::string& why) { detail::fail_load(names_driver, why); };
+  if (detail::get<std::uint32_t>(is, names_driver) != names_magic) {
+    fail("not a gradcomp module checkpoint (bad magic)");
+  }
+  const auto count = detail::get<std::uint32_t>(is, names_driver);
+  std::vector<std::string> names;
+  std::vector<std::uint64_t> sizes;
   for (std::uint32_t i = 0; i < count; ++i) {
-    const std::uint32_t len = get32();
+    const auto len = detail::get<std::uint32_t>(is, names_driver);
     if (len > (1u << 16)) fail(detail::concat("a tensor name of ", len, " bytes"));
-    names[i].resize(len);
-    if (!is.read(names[i].data(), static_cast<std::streamsize>(len)) ||
-        !is.read(reinterpret_cast<char*>(&sizes[i]), sizeof sizes[i])) {
-      fail("the checkpoint is truncated");
-    }
+    std::string name(len, '\0');
+    if (!is.read(name.data(), static_cast<std::streamsize>(len))) fail("the checkpoint is truncated");
+    names.push_back(std::move(name));
+    sizes.push_back(detail::get<std::uint64_t>(is, names_driver));
   }
   for (std::uint32_t i = 0; i < count; ++i) {
     const auto g = std::find_if(groups.begin(), groups.end(), [&](const tensor_group& t) { return t.name == names[i]; });

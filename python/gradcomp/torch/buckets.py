@@ -1,0 +1,156 @@
+"""Feedback state that follows its parameters when DDP forms or rebuilds its buckets.
+
+The engine keeps feedback per bucket index. DDP's first iteration puts the parameters in
+buckets of registration order, then rebuilds them in the order the gradients came; a
+checkpoint holds feedback per parameter. BucketFeedback maps between the two: it records which
+parameters each bucket holds, releases every bucket's feedback to a pool keyed by parameter when
+the buckets change, and builds a bucket's state from that pool.
+"""
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+Layout = Tuple[Tuple[int, int], ...]  # (id(parameter), numel) in bucket order
+
+
+def strip_ddp_prefix(name: str) -> str:
+    return name[len("module.") :] if name.startswith("module.") else name
+
+
+class BucketFeedback:
+    def __init__(self) -> None:
+        self.layouts: Dict[int, Layout] = {}
+        self.owner: Dict[int, int] = {}  # id(parameter) -> the bucket index holding it
+        self.keys: Dict[int, str] = {}  # id(parameter) -> checkpoint key
+        # Feedback loaded from a checkpoint or released by a rebuild, keyed by parameter,
+        # waiting for the bucket that now holds the parameter.
+        self.pending: Dict[str, List[torch.Tensor]] = {}
+        # The buckets (parameter keys by bucket index) of the run a checkpoint came from.
+        self.resume_groups: Dict[int, List[str]] = {}
+        self.rebuilds = 0  # times DDP re-formed the buckets and the feedback followed
+
+    def name_parameters(self, module: torch.nn.Module) -> None:
+        for name, p in module.named_parameters():
+            self.keys[id(p)] = strip_ddp_prefix(name)
+
+    def key(self, p: torch.Tensor, bucket: int, position: int) -> str:
+        key = self.keys.get(id(p))
+        if key is None:
+            key = f"bucket{bucket}.param{position}"
+            self.keys[id(p)] = key
+        return key
+
+    def prepare(self, engine: Any, index: int, params: List[torch.Tensor], n: int) -> None:
+        """Makes the engine's state for bucket `index` follow its parameters. Everything is
+        built and checked first; nothing changes when it raises."""
+        layout = tuple((id(p), p.numel()) for p in params)
+        if self.layouts.get(index) == layout:
+            return
+        if sum(numel for _, numel in layout) != n:
+            raise ValueError(
+                f"gradcomp.torch: bucket {index} holds {n} elements but its parameters "
+                f"{sum(numel for _, numel in layout)}"
+            )
+        # DDP rebuilt its buckets when this index now holds other parameters, or these
+        # parameters were in another bucket: then every parameter's feedback is released to
+        # the pending pool, from which the new buckets take theirs.
+        rebuild = index in self.layouts or any(self.owner.get(pid, index) != index for pid, _ in layout)
+        pending = dict(self.pending)
+        if rebuild:
+            pending.update(self.released(engine))
+        keys = [self.key(p, index, j) for j, p in enumerate(params)]
+        buffers = None
+        if engine.buffer_count > 0:
+            buffers = []
+            for b in range(engine.buffer_count):
+                parts = []
+                for k, p in zip(keys, params):
+                    saved = pending.get(k)
+                    if saved is not None and saved[b].numel() != p.numel():
+                        raise ValueError(
+                            f"gradcomp.torch: checkpoint entry {k!r} has {saved[b].numel()} "
+                            f"elements, the parameter has {p.numel()}"
+                        )
+                    parts.append(saved[b] if saved is not None else torch.zeros(p.numel(), dtype=torch.float32))
+                buffers.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32))
+        # Commit.
+        if rebuild:
+            self.layouts.clear()
+            self.owner.clear()
+            engine.clear()
+            self.rebuilds += 1
+        if buffers is not None:
+            engine.set_state(index, buffers)
+        for k in keys:
+            pending.pop(k, None)
+        self.pending = pending
+        self.layouts[index] = layout
+        for pid, _ in layout:
+            self.owner[pid] = index
+
+    def released(self, engine: Any) -> Dict[str, List[torch.Tensor]]:
+        """Every bucket's feedback buffers, split by parameter (nothing changes)."""
+        out: Dict[str, List[torch.Tensor]] = {}
+        for index, layout in self.layouts.items():
+            state = engine.state(index)
+            if not state:
+                continue
+            at = 0
+            for pid, numel in layout:
+                out[self.keys[pid]] = [b[at : at + numel].clone() for b in state]
+                at += numel
+        return out
+
+    def groups_for(self, params: List[torch.Tensor], index: int) -> Optional[List[Tuple[int, List[int]]]]:
+        """After a checkpoint was loaded: DDP's first iteration puts every parameter in one
+        bucket, while the run that saved the checkpoint had rebuilt buckets. To continue exactly
+        as it would have, such a bucket is compressed as the saved buckets were: a list of
+        (saved bucket index, positions of its parameters in this bucket). None when this bucket
+        is compressed whole (it is one of the saved buckets, or nothing was saved)."""
+        if not self.resume_groups:
+            return None
+        keys = [self.key(p, index, j) for j, p in enumerate(params)]
+        if self.resume_groups.get(index) == keys:
+            return None
+        where = {k: j for j, k in enumerate(keys)}
+        groups = []
+        covered = 0
+        for g_index in sorted(self.resume_groups):
+            g_keys = self.resume_groups[g_index]
+            if g_keys and all(k in where for k in g_keys):
+                groups.append((g_index, [where[k] for k in g_keys]))
+                covered += len(g_keys)
+        if covered != len(keys) or len(groups) < 2:
+            return None
+        return groups
+
+    def check_pending(self) -> None:
+        if self.pending:
+            names = sorted(self.pending)
+            raise ValueError(
+                f"gradcomp.torch: {len(names)} checkpoint entries matched no parameter of the "
+                f"buckets of a whole step (first: {names[0]!r}); a checkpoint keyed by parameter "
+                "name needs module=model (or state.attach_module(model) after unpickling)"
+            )
+
+    def feedback(self, engine: Optional[Any]) -> Dict[str, List[torch.Tensor]]:
+        """Every parameter's feedback buffers (copies): the buckets' and the pending pool's."""
+        out: Dict[str, List[torch.Tensor]] = {k: [b.clone() for b in v] for k, v in self.pending.items()}
+        if engine is not None:
+            out.update(self.released(engine))
+        return out
+
+    def buckets(self) -> Dict[int, List[str]]:
+        """The buckets in use, or (nothing run since a checkpoint was loaded) those it had."""
+        return ({index: [self.keys[pid] for pid, _ in layout] for index, layout in self.layouts.items()}
+                or {i: list(keys) for i, keys in self.resume_groups.items()})
+
+    def load(self, engine: Optional[Any], pending: Dict[str, List[torch.Tensor]],
+             resume_groups: Dict[int, List[str]]) -> None:
+        if engine is not None:
+            engine.clear()
+        self.layouts.clear()
+        self.owner.clear()
+        self.pending = pending
+        self.resume_groups = resume_groups

@@ -1,0 +1,134 @@
+"""The hook's checkpoints: what GradcompState.state_dict() holds, and the whole check of one
+before load_state_dict() changes anything.
+
+A checkpoint is a dict of plain values and CPU tensors, so ``torch.save`` writes it and
+``torch.load(path, weights_only=True)`` reads it back without running code. (Pickling the
+state object itself also works, as PyTorch's PowerSGD state does, but unpickling runs code, as
+pickle always does: load such files only from sources you trust.)
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+
+from .config import RESULT_FIELDS, GradcompConfig
+
+VERSION = 1
+TOTALS = ("steps", "bytes_sent", "bytes_received", "selected", "elements")
+
+
+def _bad(field: str, why: str) -> ValueError:
+    return ValueError(f"gradcomp.torch: checkpoint field {field!r} {why}; the state is unchanged")
+
+
+@dataclass
+class Loaded:
+    """A checkpoint that passed every check, in the state's own types."""
+
+    iteration: int
+    world_size: Optional[int]
+    feedback: Dict[str, List[torch.Tensor]]
+    buckets: Dict[int, List[str]]
+    totals: Dict[str, int]
+
+
+def make(config: GradcompConfig, iteration: int, world_size: Optional[int],
+         feedback: Dict[str, List[torch.Tensor]], buckets: Dict[int, List[str]],
+         totals: Mapping[str, int]) -> Dict[str, Any]:
+    return {
+        "version": VERSION,
+        "config": config.as_dict(),
+        "iteration": iteration,
+        "world_size": world_size,
+        "feedback": feedback,
+        "buckets": buckets,
+        "totals": dict(totals),
+    }
+
+
+def _field(state: Mapping[str, Any], field: str) -> Any:
+    if field not in state:
+        raise _bad(field, "is missing")
+    return state[field]
+
+
+def _integer(value: Any, field: str, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _bad(field, f"= {value!r}; allowed: an integer >= {low}")
+    return value
+
+
+def parse(state: Any, config: GradcompConfig, world_size: Optional[int],
+          buffer_count: int) -> Loaded:
+    """Checks every field of a checkpoint against this state (its configuration, its group's
+    size, its feedback's buffer count); ValueError naming the first field that is wrong."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"gradcomp.torch: a checkpoint is a dict, not a {type(state).__name__}")
+    version = _field(state, "version")
+    if version != VERSION:
+        raise _bad("version", f"= {version!r}; this build reads version {VERSION}")
+    saved = _field(state, "config")
+    if not isinstance(saved, Mapping):
+        raise _bad("config", f"is a {type(saved).__name__}, not a dict")
+    ours = config.as_dict()
+    for key in RESULT_FIELDS:
+        if key not in saved:
+            raise _bad(f"config.{key}", "is missing")
+        if saved[key] != ours[key]:
+            raise ValueError(
+                f"gradcomp.torch: the checkpoint was made with {key} = {saved[key]!r}, this state "
+                f"has {ours[key]!r}; the state is unchanged")
+    saved_world = _field(state, "world_size")
+    if saved_world is not None:
+        _integer(saved_world, "world_size", 1)
+        if world_size is not None and saved_world != world_size:
+            raise ValueError(
+                f"gradcomp.torch: the checkpoint was made with {saved_world} ranks, this "
+                f"state's group has {world_size}; allowed: a group of the same size")
+    iteration = _integer(_field(state, "iteration"), "iteration")
+
+    raw_totals = _field(state, "totals")
+    if not isinstance(raw_totals, Mapping):
+        raise _bad("totals", f"is a {type(raw_totals).__name__}, not a dict")
+    totals = {k: _integer(raw_totals.get(k), f"totals.{k}") for k in TOTALS}
+
+    raw_feedback = _field(state, "feedback")
+    if not isinstance(raw_feedback, Mapping):
+        raise _bad("feedback", f"is a {type(raw_feedback).__name__}, not a dict")
+    feedback: Dict[str, List[torch.Tensor]] = {}
+    for key, buffers in raw_feedback.items():
+        where = f"feedback[{key!r}]"
+        if not isinstance(key, str):
+            raise _bad(where, "has a key that is not a parameter name (str)")
+        if not isinstance(buffers, (list, tuple)) or len(buffers) != buffer_count:
+            raise _bad(where, f"holds {len(buffers) if isinstance(buffers, (list, tuple)) else buffers!r} "
+                              f"buffers; allowed: a list of {buffer_count} tensors (this feedback's count)")
+        parts = []
+        for b in buffers:
+            if not isinstance(b, torch.Tensor) or not b.is_floating_point():
+                raise _bad(where, f"holds a {type(b).__name__}; allowed: floating-point tensors")
+            parts.append(b.detach().to("cpu", torch.float32).flatten().clone())
+        if any(p.numel() != parts[0].numel() for p in parts):
+            raise _bad(where, "holds buffers of different sizes")
+        feedback[key] = parts
+
+    raw_buckets = state.get("buckets", {})
+    if not isinstance(raw_buckets, Mapping):
+        raise _bad("buckets", f"is a {type(raw_buckets).__name__}, not a dict")
+    buckets: Dict[int, List[str]] = {}
+    seen: Dict[str, int] = {}
+    for index, keys in raw_buckets.items():
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise _bad("buckets", f"has the bucket index {index!r}; allowed: integers >= 0")
+        if not isinstance(keys, (list, tuple)) or not all(isinstance(k, str) for k in keys):
+            raise _bad(f"buckets[{index}]", "is not a list of parameter names")
+        for k in keys:
+            if k in seen:
+                raise _bad(f"buckets[{index}]", f"lists {k!r}, which bucket {seen[k]} lists too; "
+                                                "allowed: each parameter in one bucket, once")
+            seen[k] = index
+            if buffer_count > 0 and k not in feedback:
+                raise _bad(f"buckets[{index}]", f"lists {k!r}, which has no entry in 'feedback'")
+        buckets[index] = list(keys)
+    return Loaded(iteration, saved_world, feedback, buckets, totals)

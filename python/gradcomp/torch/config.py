@@ -1,0 +1,111 @@
+"""The hook's configuration: one frozen dataclass, checked whole when it is made.
+
+The policy names and every rule about them (ranges, combinations) live in C++
+(``include/gradcomp/runtime/registry.hpp``); this module checks the Python types of the
+arguments, so that ``density="0.01"`` is a TypeError naming the field, then hands the values to
+the registry's check, which raises ValueError in the same words as the C++ side.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from .. import _torch_ext as _ext
+
+SELECTORS: Tuple[str, ...] = tuple(_ext.SELECTORS)
+QUANTIZERS: Tuple[str, ...] = tuple(_ext.QUANTIZERS)
+FEEDBACKS: Tuple[str, ...] = tuple(_ext.FEEDBACKS)
+EXCHANGES: Tuple[str, ...] = tuple(_ext.EXCHANGES)
+
+# Fields that change what a step computes: a checkpoint must have been made with the same.
+# `overlap` only changes where the work runs.
+RESULT_FIELDS: Tuple[str, ...] = (
+    "selector", "density", "quantizer", "feedback", "exchange", "seed", "bits", "bucket_size",
+    "threshold", "dgc_momentum", "dgc_clip_norm", "warmup_epochs", "steps_per_epoch",
+    "start_iter")
+
+
+def _type_error(field: str, value: Any, allowed: str) -> TypeError:
+    return TypeError(f"gradcomp.torch: {field} = {value!r} is a {type(value).__name__}; allowed: {allowed}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+@dataclass(frozen=True)
+class GradcompConfig:
+    """What the hook does, as GradcompState's arguments of the same names document."""
+
+    selector: str = "topk"
+    density: float = 0.01
+    quantizer: str = "fp32"
+    feedback: str = "residual"
+    exchange: str = "allgather"
+    seed: int = 0
+    bits: int = 4
+    bucket_size: int = 512
+    threshold: Optional[float] = None
+    dgc_momentum: float = 0.9
+    dgc_clip_norm: float = 0.0
+    warmup_epochs: int = 0
+    steps_per_epoch: Optional[int] = None
+    start_iter: int = 0
+    overlap: bool = True
+
+    def __post_init__(self) -> None:
+        for field in ("selector", "quantizer", "feedback", "exchange"):
+            value = getattr(self, field)
+            if not isinstance(value, str):
+                raise _type_error(field, value, "a name (str)")
+        for field in ("density", "dgc_momentum", "dgc_clip_norm"):
+            value = getattr(self, field)
+            if not _is_real(value):
+                raise _type_error(field, value, "a number (int or float)")
+        if self.threshold is not None and not _is_real(self.threshold):
+            raise _type_error("threshold", self.threshold, "a number, or None")
+        for field in ("seed", "bits", "bucket_size", "warmup_epochs", "start_iter"):
+            value = getattr(self, field)
+            if not _is_int(value):
+                raise _type_error(field, value, "an integer")
+        if self.steps_per_epoch is not None and not _is_int(self.steps_per_epoch):
+            raise _type_error("steps_per_epoch", self.steps_per_epoch, "an integer, or None")
+        if not isinstance(self.overlap, bool):
+            raise _type_error("overlap", self.overlap, "True or False")
+        # Selector 'dgc' goes with DGC's momentum correction: the default feedback means it.
+        if self.selector == "dgc" and self.feedback == "residual":
+            object.__setattr__(self, "feedback", "dgc")
+        for field in ("seed", "bits", "bucket_size", "warmup_epochs", "start_iter"):
+            value = getattr(self, field)
+            if value < 0:
+                raise ValueError(f"gradcomp.torch: {field} = {value!r} is not allowed; allowed: an integer >= 0")
+        if self.warmup_epochs > 0 and (self.steps_per_epoch is None or self.steps_per_epoch < 1):
+            raise ValueError(
+                f"gradcomp.torch: steps_per_epoch = {self.steps_per_epoch!r} is not allowed; "
+                "allowed: an integer >= 1 (warmup_epochs > 0 needs it)")
+        _ext.check_config(self.engine_config())  # ValueError in the registry's words
+
+    def engine_config(self) -> Any:
+        """The C++ engine's configuration (gradcomp::runtime::engine_config)."""
+        c = _ext.EngineConfig()
+        c.selector = self.selector
+        c.quantizer = self.quantizer
+        c.feedback = self.feedback
+        c.exchange = self.exchange
+        c.bits = self.bits
+        c.bucket_size = self.bucket_size
+        c.threshold = float(self.threshold) if self.threshold is not None else 0.0
+        c.dgc_momentum = float(self.dgc_momentum)
+        c.dgc_clip_norm = float(self.dgc_clip_norm)
+        c.seed = self.seed
+        c.density = float(self.density)
+        c.warmup_epochs = self.warmup_epochs
+        c.steps_per_epoch = self.steps_per_epoch if self.steps_per_epoch is not None else 1
+        return c
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,82 @@
+"""gradcomp_hook: the DDP communication hook, ``ddp.register_comm_hook(state, gradcomp_hook)``."""
+
+import concurrent.futures
+import time
+
+import torch
+import torch.distributed as dist
+
+from .state import GradcompState
+
+# Bucket dtypes compressed through float32 staging (the feedback state is float32).
+STAGED_DTYPES = (torch.float16, torch.bfloat16, torch.float64)
+
+
+def _allreduce_mean(group: dist.ProcessGroup, buffer: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
+    world = dist.get_world_size(group)
+    tensor = buffer.div_(world)
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def _check_bucket(buffer: torch.Tensor) -> None:
+    if buffer.device.type != "cpu":
+        raise RuntimeError(
+            f"gradcomp.torch: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
+            f"{buffer.layout}; this build of gradcomp has no "
+            "device path for the hook (CPU tensors only). Train on CPU with gloo, or register "
+            "PyTorch's own hooks for CUDA models."
+        )
+    if buffer.layout != torch.strided or not buffer.is_contiguous():
+        raise ValueError(
+            f"gradcomp.torch: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
+            f"{buffer.layout}, contiguous={buffer.is_contiguous()}; allowed: a contiguous strided "
+            "CPU tensor"
+        )
+    if buffer.dtype not in (torch.float32,) + STAGED_DTYPES:
+        raise ValueError(
+            f"gradcomp.torch: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
+            f"{buffer.layout}; allowed dtypes: float32, and float16, bfloat16, float64 "
+            "(compressed through float32)"
+        )
+
+
+def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP communication hook: ``ddp.register_comm_hook(state, gradcomp_hook)``."""
+    buffer = bucket.buffer()
+    _check_bucket(buffer)
+    index = bucket.index()
+    is_last = bucket.is_last()
+    state._ensure_engine()
+    step = state.iteration
+    if is_last:
+        state.iteration += 1
+    if step < state.config.start_iter:
+        return _allreduce_mean(state._group(), buffer)
+
+    params = list(bucket.parameters())
+    if is_last:
+        state._last_ready = time.perf_counter()
+    if not state.config.overlap:
+        fut: "torch.futures.Future[torch.Tensor]" = torch.futures.Future()
+        try:
+            fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
+        except BaseException:
+            state._abandon_iteration(step)  # nothing of the step is kept; a retry runs it again
+            raise
+        return fut
+
+    if state._executor is None:
+        state._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="gradcomp-hook"
+        )
+    fut = torch.futures.Future()
+
+    def work() -> None:
+        try:
+            fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
+        except BaseException as e:  # the training loop sees it when DDP waits on the future
+            state._abandon_iteration(step)  # nothing of the step is kept; a retry runs it again
+            fut.set_exception(e)
+
+    state._executor.submit(work)
+    return fut

@@ -1,0 +1,296 @@
+"""GradcompState: the hook's configuration, its engine and thread, and what a step leaves.
+
+The configuration is a GradcompConfig (config.py), the feedback's bucket tracking a
+BucketFeedback (buckets.py), checkpoints are made and checked in checkpoint.py, and the hook
+function is in hook.py.
+"""
+
+import concurrent.futures
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .. import _torch_ext as _ext
+from . import checkpoint
+from .buckets import BucketFeedback
+from .config import GradcompConfig
+
+
+class GradcompState:
+    """The hook's configuration and state: one per DDP model.
+
+    Args:
+        process_group: the group to exchange over (None: the default group). It must have
+            the same size at every step as at the first.
+        selector: which coordinates are sent: 'topk' (exact top-k of |acc|), 'gaussiank'
+            (count in [2k/3, 4k/3], else the exact top-k), 'gaussiank_published' (the
+            GaussianK-SGD paper's corrections, count not guaranteed), 'randomk', 'threshold' (needs ``threshold``), 'redsync' (RedSync's
+            threshold bisection), 'dgc' (DGC's sampled threshold; its
+            feedback is DGC's momentum correction, so the optimizer's momentum must be 0),
+            'dense' (every coordinate, e.g. with a quantizer).
+        density: fraction of each bucket's coordinates to send, in (0, 1].
+        quantizer: 'fp32', 'fp16', 'bf16', 'qsgd' (with ``bits``), 'terngrad', 'sign'.
+        feedback: 'residual' (error feedback: what is not sent is added to the next step),
+            'none', or 'dgc' (DGC momentum correction with masking; with 'topk' or 'dgc').
+            With selector 'dgc' the default 'residual' means 'dgc'.
+        exchange: 'allreduce' (dense sum; needs 'dense' or 'randomk' with 'fp32', 'fp16' or
+            'bf16'), 'allgather', 'gtopk', 'a2a' (TopKA2A) or 'auto' (the cost model picks).
+        seed: seeds the random selectors and stochastic rounding (the same on every rank).
+        bits: QSGD's bits per value, 2..16.
+        bucket_size: values sharing one scale (qsgd, terngrad, sign).
+        threshold: the |value| from which selector 'threshold' sends.
+        dgc_momentum, dgc_clip_norm: DGC's momentum and gradient clipping (0: off).
+        warmup_epochs, steps_per_epoch: DGC's exponential density warm-up: during epoch
+            e < warmup_epochs the density is density ** ((e + 1) / (warmup_epochs + 1)).
+        start_iter: iterations that run PyTorch's plain allreduce before compression starts,
+            as PowerSGD's ``start_powerSGD_iter``.
+        module: the model (or the DDP wrapper). Names its parameters in checkpoints, so that
+            a checkpoint is keyed by parameter name; without it, parameters are keyed by
+            their position in the buckets DDP formed first.
+        overlap: run each bucket on the state's thread (True, default), so that
+            communication overlaps the rest of the backward pass; False runs it in the hook.
+    """
+
+    def __init__(
+        self,
+        process_group: Optional[dist.ProcessGroup] = None,
+        selector: str = "topk",
+        density: float = 0.01,
+        quantizer: str = "fp32",
+        feedback: str = "residual",
+        exchange: str = "allgather",
+        seed: int = 0,
+        *,
+        bits: int = 4,
+        bucket_size: int = 512,
+        threshold: Optional[float] = None,
+        dgc_momentum: float = 0.9,
+        dgc_clip_norm: float = 0.0,
+        warmup_epochs: int = 0,
+        steps_per_epoch: Optional[int] = None,
+        start_iter: int = 0,
+        module: Optional[torch.nn.Module] = None,
+        overlap: bool = True,
+    ) -> None:
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise TypeError(
+                f"gradcomp.torch: process_group = {process_group!r} is a "
+                f"{type(process_group).__name__}; allowed: a torch.distributed ProcessGroup "
+                "(e.g. dist.new_group(...)), or None for the default group")
+        self.config = GradcompConfig(
+            selector=selector, density=density, quantizer=quantizer, feedback=feedback,
+            exchange=exchange, seed=seed, bits=bits, bucket_size=bucket_size, threshold=threshold,
+            dgc_momentum=dgc_momentum, dgc_clip_norm=dgc_clip_norm, warmup_epochs=warmup_epochs,
+            steps_per_epoch=steps_per_epoch, start_iter=start_iter, overlap=overlap)
+        self._config = self.config.engine_config()
+        self.process_group = process_group
+        self._module = module
+        self._reset_runtime()
+        # Progress: survives checkpoints.
+        self.iteration = 0  # backward passes seen (counted at the last bucket)
+        self.world_size: Optional[int] = None
+        self._totals = {k: 0 for k in checkpoint.TOTALS}
+
+    def __getattr__(self, name: str) -> Any:
+        # The configuration's fields read as the state's own (state.density, state.selector).
+        config = self.__dict__.get("config")
+        if config is not None and name in GradcompConfig.__dataclass_fields__:
+            return getattr(config, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    # ---- runtime (not part of a checkpoint) -----------------------------------------
+
+    def _reset_runtime(self) -> None:
+        self._engine: Optional[Any] = None
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._buckets = BucketFeedback()
+        self._lock = threading.Lock()
+        self._last: Dict[int, Dict[str, Any]] = {}
+        self._timeline: List[Tuple[float, float]] = []  # (start, end) of each bucket's work
+        # The buckets' statistics of the iteration in flight, counted once it has succeeded.
+        self._iteration_stats: List[Dict[str, Any]] = []
+        self._last_ready = 0.0  # when DDP handed over the last bucket of the backward pass
+        self._last_overlap: Optional[float] = None
+
+    @property
+    def rebuilds(self) -> int:
+        """Times DDP re-formed the buckets and the feedback followed."""
+        return self._buckets.rebuilds
+
+    def _group(self) -> dist.ProcessGroup:
+        return self.process_group if self.process_group is not None else dist.group.WORLD
+
+    def _ensure_engine(self) -> Any:
+        group = self._group()
+        size = dist.get_world_size(group)
+        if self.world_size is None:
+            self.world_size = size
+        elif size != self.world_size:
+            raise ValueError(
+                f"gradcomp.torch: the process group has {size} ranks, but this state was "
+                f"registered (or checkpointed) with {self.world_size}; allowed: a group of "
+                f"{self.world_size} ranks"
+            )
+        if self._engine is None:
+            self._engine = _ext.Engine(self._exchange_group(group), self._config)
+            if self._module is not None:
+                self._buckets.name_parameters(self._module)
+        return self._engine
+
+    def _exchange_group(self, group: dist.ProcessGroup) -> dist.ProcessGroup:
+        """The group the exchanges run over. DDP issues collectives of its own on its group
+        (find_unused_parameters' allreduce right after the last bucket, buffer broadcasts),
+        from the autograd thread, while the state's thread may still exchange buckets: gloo
+        matches collectives by the order in which they are issued, so the two threads would
+        interleave differently on different ranks. With the default group, the state makes a
+        group of its own over the same ranks (every rank reaches this at its first bucket).
+        A group passed as process_group is used as it is: it must not be DDP's."""
+        if self.process_group is not None:
+            return group
+        try:
+            timeout = dist.distributed_c10d._get_default_store().timeout
+        except Exception:
+            timeout = dist.default_pg_timeout
+        return dist.new_group(ranks=list(range(dist.get_world_size())), timeout=timeout, backend="gloo")
+
+    # ---- the work of one bucket -------------------------------------------------------
+
+    def _run_bucket(
+        self, index: int, buffer: torch.Tensor, params: List[torch.Tensor], step: int, is_last: bool
+    ) -> torch.Tensor:
+        # Runs on the state's thread (or in the hook): the engine is only touched from here,
+        # and from state_dict()/load_state_dict() once the thread is idle.
+        start = time.perf_counter()
+        engine = self._engine
+        staged = buffer if buffer.dtype == torch.float32 else buffer.to(torch.float32)
+        density = self._config.density_at(step)
+        groups = self._buckets.groups_for(params, index)
+        if groups is None:
+            self._buckets.prepare(engine, index, params, buffer.numel())
+            results = [engine.run(index, staged, step, density)]
+        else:
+            offsets = [0]
+            for p in params:
+                offsets.append(offsets[-1] + p.numel())
+            results = []
+            for g_index, positions in groups:
+                part = torch.cat([staged[offsets[j] : offsets[j + 1]] for j in positions])
+                self._buckets.prepare(engine, g_index, [params[j] for j in positions], part.numel())
+                results.append(engine.run(g_index, part, step, density))
+                at = 0
+                for j in positions:
+                    n = offsets[j + 1] - offsets[j]
+                    staged[offsets[j] : offsets[j + 1]].copy_(part[at : at + n])
+                    at += n
+        if staged is not buffer:
+            buffer.copy_(staged)
+        end = time.perf_counter()
+        with self._lock:
+            self._iteration_stats.extend(results)
+            self._timeline.append((start, end))
+            if is_last:
+                # Every bucket of the iteration succeeded: keep their new feedback state and
+                # count them. Until now a failure would have changed nothing.
+                engine.commit()
+                for stats in self._iteration_stats:
+                    self._last[stats["bucket"]] = stats
+                    self._totals["bytes_sent"] += stats["bytes_sent"]
+                    self._totals["bytes_received"] += stats["bytes_received"]
+                    self._totals["selected"] += stats["selected"]
+                    self._totals["elements"] += stats["n"]
+                self._iteration_stats = []
+                self._finish_iteration()
+        if is_last:
+            self._buckets.check_pending()
+        return buffer
+
+    def _abandon_iteration(self, step: int) -> None:
+        # A bucket of iteration `step` failed: its buckets' new feedback state and statistics
+        # are forgotten, and a retry runs the iteration again from where it started.
+        self.iteration = min(self.iteration, step)
+        with self._lock:
+            if self._engine is not None:
+                self._engine.discard()
+            self._iteration_stats = []
+            self._timeline = []
+
+    def _finish_iteration(self) -> None:
+        # Overlap: the part of the bucket work that ran before DDP handed over the last bucket
+        # (by then the backward pass has computed every gradient).
+        total = sum(e - s for s, e in self._timeline)
+        hidden = sum(max(0.0, min(e, self._last_ready) - s) for s, e in self._timeline)
+        self._last_overlap = hidden / total if total > 0 else None
+        self._timeline = []
+        self._totals["steps"] += 1
+
+    # ---- statistics ---------------------------------------------------------------------
+
+    def stats(self) -> Dict[str, Any]:
+        """The last step per bucket, and totals since the start (or the checkpoint)."""
+        with self._lock:
+            buckets = [dict(self._last[i]) for i in sorted(self._last)]
+            totals = dict(self._totals)
+            overlap = self._last_overlap
+        selected = sum(b["selected"] for b in buckets)
+        n = sum(b["n"] for b in buckets)
+        return {
+            "iteration": self.iteration,
+            "buckets": buckets,
+            "selected": selected,
+            "n": n,
+            "density": selected / n if n else 0.0,
+            "bytes_sent": sum(b["bytes_sent"] for b in buckets),
+            "bytes_received": sum(b["bytes_received"] for b in buckets),
+            "overlap": overlap,
+            "totals": totals,
+        }
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Everything a resumed run needs: iteration, feedback per parameter, totals. Plain
+        values and CPU tensors: torch.load(path, weights_only=True) reads it back."""
+        self._wait_idle()
+        return checkpoint.make(self.config, self.iteration, self.world_size,
+                               self._buckets.feedback(self._engine), self._buckets.buckets(),
+                               self._totals)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restores a checkpoint made by state_dict() with the same configuration. Every field
+        is checked first (ValueError naming it); nothing changes when it raises."""
+        loaded = checkpoint.parse(state, self.config, self.world_size,
+                                  _ext.buffer_count(self._config))
+        self._wait_idle()
+        self._buckets.load(self._engine, loaded.feedback, loaded.buckets)
+        self.iteration = loaded.iteration
+        self.world_size = loaded.world_size
+        self._totals = loaded.totals
+        self._last = {}
+
+    def attach_module(self, module: torch.nn.Module) -> None:
+        """Names the parameters by `module` (as module= does): needed after unpickling a state
+        whose checkpoint is keyed by parameter name, before its first step."""
+        self._module = module
+        if self._engine is not None:
+            self._buckets.name_parameters(module)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # As PowerSGD's state: the process group and the threads do not travel.
+        return {"config": self.config.as_dict(), "state": self.state_dict()}
+
+    def __setstate__(self, pickled: Dict[str, Any]) -> None:
+        self.__init__(process_group=None, **pickled["config"])  # type: ignore[misc]
+        self.load_state_dict(pickled["state"])
+
+    def _wait_idle(self) -> None:
+        if self._executor is not None:
+            self._executor.submit(lambda: None).result()
+
+    def close(self) -> None:
+        """Stops the state's thread (also done when the state is garbage-collected)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
