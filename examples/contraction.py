@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The top-k contraction over training, from the Fashion-MNIST logs in docs/results/.
+"""The top-k contraction over training, from the Fashion-MNIST logs in results/.
 
 delta = ||acc on the selection||^2 / ||acc||^2 per step (rank 0, compress_stats::contraction),
 as train_fashion_mnist's JSON line reports it in "contraction" (one list per step, one value
@@ -22,7 +22,7 @@ from typing import List, Optional, Tuple
 
 WINDOW = 25  # steps in the plot's running mean
 
-# row (docs/results/<row>.txt) and its legend, in table order
+# row (results/<row>.txt) and its legend, in table order
 ROWS: List[Tuple[str, str]] = [
     ("topk_0.01", "top-k 0.01"),
     ("topk_0.001", "top-k 0.001"),
@@ -91,7 +91,7 @@ def table(results: str, dat: Optional[str], missing: List[str]) -> str:
 def main() -> int:
     args = sys.argv[1:]
     here = os.path.dirname(os.path.abspath(__file__))
-    results = os.path.join(here, "..", "docs", "results")
+    results = os.path.join(here, "..", "results")
     dat = None
     check = None
     while args:

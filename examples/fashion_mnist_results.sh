@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Runs the Fashion-MNIST example once per row of the results table in docs/training.md, one run after
 # the other (they share the machine's cores), and keeps each run's output in
-# docs/results/<row>.txt; then examples/plot_results.sh draws docs/fashion_mnist.png.
+# results/<row>.txt; then examples/plot_results.sh draws docs/fashion_mnist.png.
 # Usage: examples/fashion_mnist_results.sh [row...]   (default: every row)
 # Needs a Release build: cmake --preset default && cmake --build --preset default
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bin=${TRAIN_FASHION_MNIST:-build/default/examples/train_fashion_mnist}
-out=docs/results
+out=results
 mkdir -p "$out"
 
 # row name | arguments (4 workers, 3 epochs, batch 32, lr 0.05, momentum 0.9 are the defaults)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Draws docs/contraction.png from the Fashion-MNIST runs kept in docs/results/: the top-k
+# Draws docs/contraction.png from the Fashion-MNIST runs kept in results/: the top-k
 # contraction delta = ||acc on the selection||^2 / ||acc||^2 per step (rank 0; running mean
 # over 25 steps) for top-k 0.01 and 0.001, Gaussian-k 0.001 in both forms and random-k 0.01,
 # with k/n as dashed lines. examples/contraction.py extracts the series (and prints the table

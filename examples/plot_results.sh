@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Draws docs/fashion_mnist.png from the runs that examples/fashion_mnist_results.sh kept in
-# docs/results/: test accuracy against epoch, and against the bytes each worker sent.
+# results/: test accuracy against epoch, and against the bytes each worker sent.
 # Needs gnuplot (Debian: gnuplot-nox). Not part of CI.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-results=docs/results
+results=results
 png=docs/fashion_mnist.png
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

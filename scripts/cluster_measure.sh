@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The emulated cluster's measurements (docs/cluster.md), each run on hosts made for it by
-# scripts/cluster.sh and removed afterwards. Logs go to docs/results/cluster/ (or $OUT).
+# scripts/cluster.sh and removed afterwards. Logs go to results/cluster/ (or $OUT).
 #
 #   scripts/cluster_measure.sh [calibrate] [exchanges] [lags] [tta]     (default: all four)
 #
@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-out="${OUT:-docs/results/cluster}"
+out="${OUT:-results/cluster}"
 build=build/default
 epochs="${GRADCOMP_TTA_EPOCHS:-5}"
 mkdir -p "$out"

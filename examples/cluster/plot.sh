@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Draws docs/cluster_tta.png from the time-to-accuracy logs that scripts/cluster_measure.sh tta
-# kept in docs/results/cluster/: test accuracy against training seconds (evaluations not
+# kept in results/cluster/: test accuracy against training seconds (evaluations not
 # counted), one curve per method, 4 emulated hosts at 100 Mbit/s. Needs gnuplot (Debian:
 # gnuplot-nox). Not part of CI.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-results=docs/results/cluster
+results=results/cluster
 png=docs/cluster_tta.png
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

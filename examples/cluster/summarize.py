@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tables from the emulated cluster's logs (scripts/cluster_measure.sh), as Markdown.
 
-    python3 examples/cluster/summarize.py [--dir docs/results/cluster] [--target 0.85] [--check]
-    python3 examples/cluster/summarize.py --dir docs/results/cluster --across RATE P N DENSITY [--check]
+    python3 examples/cluster/summarize.py [--dir results/cluster] [--target 0.85] [--check]
+    python3 examples/cluster/summarize.py --dir results/cluster --across RATE P N DENSITY [--check]
 
 --check: exit 1 unless DIR/summary.md (with --across: DIR/across_RATE_pP_N_DENSITY.md) is what
 the logs give (ctest cluster_summarize, cluster_across).
@@ -192,7 +192,7 @@ def across(d: str, rate: str, p: int, n: int, rho: float) -> List[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", default="docs/results/cluster")
+    ap.add_argument("--dir", default="results/cluster")
     ap.add_argument("--target", type=float, default=0.85)
     ap.add_argument("--check", action="store_true", help="compare with DIR/summary.md")
     ap.add_argument("--across", nargs=4, metavar=("RATE", "P", "N", "DENSITY"),

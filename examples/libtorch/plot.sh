@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Draws docs/libtorch.png from the runs examples/libtorch/results.sh kept in
-# docs/results/libtorch: test accuracy against the MB each worker sent, after each epoch
+# results/libtorch: test accuracy against the MB each worker sent, after each epoch
 # (means over seeds 1, 2, 3), one curve per row. Needs gnuplot (Debian: gnuplot-nox). Not
 # part of CI.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-results=docs/results/libtorch
+results=results/libtorch
 png=docs/libtorch.png
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

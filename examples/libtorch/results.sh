@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Runs the LibTorch example once per row of docs/libtorch.md's results, one run after the
 # other (they share the machine's cores), keeps each run's output in
-# docs/results/libtorch/<row>.txt, and writes the table (examples/libtorch/summarize.py) to
-# docs/results/libtorch/table.md.
+# results/libtorch/<row>.txt, and writes the table (examples/libtorch/summarize.py) to
+# results/libtorch/table.md.
 # Usage: examples/libtorch/results.sh [row...]   (default: every row)
 # Needs a Release build: cmake --preset default && cmake --build --preset default
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 bin=${TRAIN_LIBTORCH:-build/default/examples/libtorch/train_libtorch}
-out=docs/results/libtorch
+out=results/libtorch
 mkdir -p "$out"
 
 # row name | arguments (4 workers, 3 epochs, batch 32, lr 0.05, momentum 0.9 are the defaults);

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Draws docs/torch_ddp.png from the runs examples/torch/results.sh kept in docs/results/torch:
+# Draws docs/torch_ddp.png from the runs examples/torch/results.sh kept in results/torch:
 # test accuracy against the MB each worker sent, after each epoch (means over seeds 1, 2, 3),
 # one curve per hook (Gaussian-k 0.001, which diverged, is left out); CNN left, MLP right.
 # Needs gnuplot (Debian: gnuplot-nox). Not part of CI.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-results=docs/results/torch
+results=results/torch
 png=docs/torch_ddp.png
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

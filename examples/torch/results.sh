@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Runs examples/torch/train_ddp.py once per row and seed (1, 2, 3) of the PyTorch results
 # table, one run after the other (they share the machine's cores), and keeps each run's output
-# in docs/results/torch/<row>_seed<S>.txt; then examples/torch/summarize.py writes the table
-# (docs/results/torch/table.md) and examples/torch/plot.sh draws docs/torch_ddp.png.
+# in results/torch/<row>_seed<S>.txt; then examples/torch/summarize.py writes the table
+# (results/torch/table.md) and examples/torch/plot.sh draws docs/torch_ddp.png.
 # Usage: examples/torch/results.sh [row...]   (default: every row)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-out=docs/results/torch
+out=results/torch
 mkdir -p "$out"
 
 # row name | train_ddp.py arguments (4 gloo workers, 3 epochs, batch 32, lr 0.05, momentum 0.9)

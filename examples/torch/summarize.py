@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The PyTorch results table from the runs examples/torch/results.sh keeps.
 
-    examples/torch/summarize.py docs/results/torch            > docs/results/torch/table.md
-    examples/torch/summarize.py docs/results/torch --curves   (for examples/torch/plot.sh)
+    examples/torch/summarize.py results/torch            > results/torch/table.md
+    examples/torch/summarize.py results/torch --curves   (for examples/torch/plot.sh)
 
 Each row is the mean over the seeds found (<row>_seed<S>.txt; the last line of each is the
 example's JSON). Bytes are per worker, as a share of what the allreduce of the same model
@@ -77,7 +77,7 @@ def curves(folder: str) -> None:
 
 
 def main() -> int:
-    folder = sys.argv[1] if len(sys.argv) > 1 else "docs/results/torch"
+    folder = sys.argv[1] if len(sys.argv) > 1 else "results/torch"
     if "--curves" in sys.argv[2:]:
         curves(folder)
         return 0
