@@ -164,7 +164,41 @@ def _conservation_worker(rank: int, world: int) -> Dict[str, Any]:
     return {"worst": worst, "buckets": buckets, "rebuilds": state.rebuilds}
 
 
+def _world_group_worker(rank: int, world: int) -> Dict[str, Any]:
+    """process_group=dist.group.WORLD (PowerSGD's convention) with find_unused_parameters=True
+    and overlap: the state exchanges on a group of its own, so DDP's own allreduce on WORLD
+    cannot interleave with the buckets' exchanges (before: a hang until the group's timeout).
+    close() destroys that group."""
+    torch.manual_seed(0)
+    model = Net()
+    ddp = DDP(model, find_unused_parameters=True)
+    state = gct.GradcompState(process_group=dist.group.WORLD, selector="topk", density=0.05)
+    own = state._own_group
+    assert own is not None and own != dist.group.WORLD
+    ddp.register_comm_hook(state, gct.gradcomp_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = time.perf_counter()
+    for s in range(4):
+        x, y = batch(rank, s)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    seconds = time.perf_counter() - start
+    steps = state.stats()["totals"]["steps"]
+    state.close()
+    assert state._own_group is None
+    destroyed = own not in dist.distributed_c10d._pg_map  # torch's table of live groups
+    return {"seconds": seconds, "steps": steps, "destroyed": destroyed}
+
+
 class DDPTest(unittest.TestCase):
+    def test_world_group_with_unused_parameters_does_not_deadlock(self) -> None:
+        out = spawn(_world_group_worker, 2, timeout_s=30.0)
+        for rank in (0, 1):
+            self.assertEqual(out[rank]["steps"], 4)
+            self.assertLess(out[rank]["seconds"], 20.0)
+            self.assertTrue(out[rank]["destroyed"])
+
     def test_applied_plus_residual_is_the_sum_of_gradients_across_the_rebuild(self) -> None:
         out = spawn(_conservation_worker, 2)
         for rank in (0, 1):

@@ -39,7 +39,35 @@ def _is_real(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class GradcompConfig:
-    """What the hook does, as GradcompState's arguments of the same names document."""
+    """What the hook does: GradcompState's arguments but the group and the module.
+
+    Args:
+        selector: which coordinates are sent: 'topk' (exact top-k of |acc|), 'gaussiank'
+            (count in [2k/3, 4k/3], else the exact top-k), 'gaussiank_published' (the
+            GaussianK-SGD paper's corrections, count not guaranteed), 'randomk', 'threshold'
+            (needs ``threshold``), 'redsync' (RedSync's threshold bisection), 'dgc' (DGC's
+            sampled threshold; its feedback is DGC's momentum correction, so the optimizer's
+            momentum must be 0),
+            'dense' (every coordinate, e.g. with a quantizer).
+        density: fraction of each bucket's coordinates to send, in (0, 1].
+        quantizer: 'fp32', 'fp16', 'bf16', 'qsgd' (with ``bits``), 'terngrad', 'sign'.
+        feedback: 'residual' (error feedback: what is not sent is added to the next step),
+            'none', or 'dgc' (DGC momentum correction with masking; with 'topk' or 'dgc').
+            With selector 'dgc' the default 'residual' means 'dgc'.
+        exchange: 'allreduce' (dense sum; needs 'dense' or 'randomk' with 'fp32', 'fp16' or
+            'bf16'), 'allgather', 'gtopk', 'a2a' (TopKA2A) or 'auto' (the cost model picks).
+        seed: seeds the random selectors and stochastic rounding (the same on every rank).
+        bits: QSGD's bits per value, 2..16.
+        bucket_size: values sharing one scale (qsgd, terngrad, sign).
+        threshold: the |value| from which selector 'threshold' sends.
+        dgc_momentum, dgc_clip_norm: DGC's momentum and gradient clipping (0: off).
+        warmup_epochs, steps_per_epoch: DGC's exponential density warm-up: during epoch
+            e < warmup_epochs the density is density ** ((e + 1) / (warmup_epochs + 1)).
+        start_iter: iterations that run PyTorch's plain allreduce before compression starts,
+            as PowerSGD's ``start_powerSGD_iter``.
+        overlap: run each bucket on the state's thread (True, default), so that
+            communication overlaps the rest of the backward pass; False runs it in the hook.
+    """
 
     selector: str = "topk"
     density: float = 0.01

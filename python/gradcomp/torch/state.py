@@ -22,36 +22,12 @@ from .config import GradcompConfig
 class GradcompState:
     """The hook's configuration and state: one per DDP model.
 
-    Args:
+    The arguments are GradcompConfig's (config.py documents each), and:
         process_group: the group to exchange over (None: the default group). It must have
             the same size at every step as at the first.
-        selector: which coordinates are sent: 'topk' (exact top-k of |acc|), 'gaussiank'
-            (count in [2k/3, 4k/3], else the exact top-k), 'gaussiank_published' (the
-            GaussianK-SGD paper's corrections, count not guaranteed), 'randomk', 'threshold' (needs ``threshold``), 'redsync' (RedSync's
-            threshold bisection), 'dgc' (DGC's sampled threshold; its
-            feedback is DGC's momentum correction, so the optimizer's momentum must be 0),
-            'dense' (every coordinate, e.g. with a quantizer).
-        density: fraction of each bucket's coordinates to send, in (0, 1].
-        quantizer: 'fp32', 'fp16', 'bf16', 'qsgd' (with ``bits``), 'terngrad', 'sign'.
-        feedback: 'residual' (error feedback: what is not sent is added to the next step),
-            'none', or 'dgc' (DGC momentum correction with masking; with 'topk' or 'dgc').
-            With selector 'dgc' the default 'residual' means 'dgc'.
-        exchange: 'allreduce' (dense sum; needs 'dense' or 'randomk' with 'fp32', 'fp16' or
-            'bf16'), 'allgather', 'gtopk', 'a2a' (TopKA2A) or 'auto' (the cost model picks).
-        seed: seeds the random selectors and stochastic rounding (the same on every rank).
-        bits: QSGD's bits per value, 2..16.
-        bucket_size: values sharing one scale (qsgd, terngrad, sign).
-        threshold: the |value| from which selector 'threshold' sends.
-        dgc_momentum, dgc_clip_norm: DGC's momentum and gradient clipping (0: off).
-        warmup_epochs, steps_per_epoch: DGC's exponential density warm-up: during epoch
-            e < warmup_epochs the density is density ** ((e + 1) / (warmup_epochs + 1)).
-        start_iter: iterations that run PyTorch's plain allreduce before compression starts,
-            as PowerSGD's ``start_powerSGD_iter``.
         module: the model (or the DDP wrapper). Names its parameters in checkpoints, so that
             a checkpoint is keyed by parameter name; without it, parameters are keyed by
             their position in the buckets DDP formed first.
-        overlap: run each bucket on the state's thread (True, default), so that
-            communication overlaps the rest of the backward pass; False runs it in the hook.
     """
 
     def __init__(
@@ -89,6 +65,12 @@ class GradcompState:
         self.process_group = process_group
         self._module = module
         self._reset_runtime()
+        # The group the exchanges run on, made now where torch.distributed is up (every rank
+        # makes its state, so every rank of the default group takes part), else at the first
+        # bucket; close() destroys it.
+        self._own_group: Optional[dist.ProcessGroup] = None
+        if dist.is_available() and dist.is_initialized():
+            self._own_group = self._make_own_group()
         # Progress: survives checkpoints.
         self.iteration = 0  # backward passes seen (counted at the last bucket)
         self.world_size: Optional[int] = None
@@ -135,26 +117,42 @@ class GradcompState:
                 f"{self.world_size} ranks"
             )
         if self._engine is None:
-            self._engine = _ext.Engine(self._exchange_group(group), self._config)
+            self._engine = _ext.Engine(self._exchange_group(), self._config)
             if self._module is not None:
                 self._buckets.name_parameters(self._module)
         return self._engine
 
-    def _exchange_group(self, group: dist.ProcessGroup) -> dist.ProcessGroup:
-        """The group the exchanges run over. DDP issues collectives of its own on its group
-        (find_unused_parameters' allreduce right after the last bucket, buffer broadcasts),
-        from the autograd thread, while the state's thread may still exchange buckets: gloo
-        matches collectives by the order in which they are issued, so the two threads would
-        interleave differently on different ranks. With the default group, the state makes a
-        group of its own over the same ranks (every rank reaches this at its first bucket).
-        A group passed as process_group is used as it is: it must not be DDP's."""
-        if self.process_group is not None:
-            return group
+    def _is_default_group(self) -> bool:
+        try:
+            return self.process_group in (None, dist.distributed_c10d._get_default_group())
+        except Exception:
+            return self.process_group is None
+
+    def _make_own_group(self) -> Optional[dist.ProcessGroup]:
+        """With the default group (None, or dist.group.WORLD as PowerSGD's convention passes
+        it), a gloo group of the state's own over the same ranks; None for another group."""
+        if not self._is_default_group():
+            return None
         try:
             timeout = dist.distributed_c10d._get_default_store().timeout
         except Exception:
             timeout = dist.default_pg_timeout
         return dist.new_group(ranks=list(range(dist.get_world_size())), timeout=timeout, backend="gloo")
+
+    def _exchange_group(self) -> dist.ProcessGroup:
+        """The group the exchanges run over. DDP issues collectives of its own on its group
+        (find_unused_parameters' allreduce right after the last bucket, buffer broadcasts),
+        from the autograd thread, while the state's thread may still exchange buckets: gloo
+        matches collectives by the order in which they are issued, so the two threads would
+        interleave differently on different ranks. So with the default group (None or
+        dist.group.WORLD) the exchanges run on a group of the state's own over the same ranks.
+        Any other group passed as process_group is used as it is: it must not be DDP's."""
+        if not self._is_default_group():
+            return self._group()
+        if self._own_group is None:
+            self._own_group = self._make_own_group()
+        assert self._own_group is not None
+        return self._own_group
 
     # ---- the work of one bucket -------------------------------------------------------
 
@@ -226,8 +224,6 @@ class GradcompState:
         self._timeline = []
         self._totals["steps"] += 1
 
-    # ---- statistics ---------------------------------------------------------------------
-
     def stats(self) -> Dict[str, Any]:
         """The last step per bucket, and totals since the start (or the checkpoint)."""
         with self._lock:
@@ -290,7 +286,14 @@ class GradcompState:
             self._executor.submit(lambda: None).result()
 
     def close(self) -> None:
-        """Stops the state's thread (also done when the state is garbage-collected)."""
+        """Stops the state's thread (also done when the state is garbage-collected) and
+        destroys the group the state made. Collective where it made one: every rank closes."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        group = self.__dict__.get("_own_group")
+        if group is not None:
+            self._engine = None  # the engine holds the group
+            self._own_group = None
+            if dist.is_initialized():
+                dist.destroy_process_group(group)
