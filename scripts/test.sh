@@ -25,10 +25,24 @@ if [ "${#presets[@]}" -eq 0 ]; then
   presets=(default asan tsan)
 fi
 
+# Each phase's wall time, printed as it ends and again in a table at the end (the CI log's
+# record of where its time goes).
+phase_times=()
+timed() {  # timed <label> <command...>
+  local label="$1" start=$SECONDS
+  shift
+  "$@"
+  local took=$((SECONDS - start))
+  phase_times+=("$(printf '%-20s %4d s' "$label" "$took")")
+  echo "=== ${label}: ${took} s ==="
+}
+
 for preset in "${presets[@]}"; do
   echo "=== preset ${preset} ==="
-  cmake --preset "$preset"
-  cmake --build --preset "$preset" --parallel "$(nproc)"
-  ctest --preset "$preset" --parallel "$(nproc)"
+  timed "${preset} configure" cmake --preset "$preset"
+  timed "${preset} build" cmake --build --preset "$preset" --parallel "$(nproc)"
+  timed "${preset} tests" ctest --preset "$preset" --parallel "$(nproc)"
 done
+echo "=== phase times ==="
+printf '%s\n' "${phase_times[@]}"
 echo "=== all presets passed: ${presets[*]} ==="

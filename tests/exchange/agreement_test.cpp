@@ -108,6 +108,21 @@ TEST_CASE("ranks that disagree on a header field all throw, naming ranks and val
     });
     CHECK(contains(what[0], "rank 1 sent 12 bytes that are not an exchange header"));
   }
+  SUBCASE("a rank that announces more entries than its tensor has is refused on every rank") {
+    // gtopk takes its k from the largest announced count: 2^32 - 1 from one header would have
+    // made every rank size its buffers by it.
+    const auto what = errors_of(3, [&](in_process_comm& comm) {
+      exchange_header h = header_of(p, exchange_id::gtopk, 4);
+      if (comm.rank() == 1) h.count = 0xffffffffu;
+      std::vector<std::byte> scratch;
+      agree_on_header(comm, "test", h, agree::dense_size, scratch);
+    });
+    REQUIRE(what.size() == 3);
+    for (const auto& w : what) {
+      CHECK(contains(w, "rank 1 announced a payload of 4294967295 entries for a tensor of 100 "
+                        "elements; allowed: count <= dense_size"));
+    }
+  }
   SUBCASE("no disagreement: every rank gets every header") {
     run_in_process(3, [&](in_process_comm& comm) {
       payload q = p;

@@ -4,6 +4,7 @@
 // then commit or discard) over in-process ranks.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -115,13 +116,21 @@ TEST_CASE("registry: refusals name the field, the value and what is allowed") {
 }
 
 TEST_CASE("bucket_engine: every combination the registry accepts runs, and replicas agree") {
-  constexpr std::size_t n = 1031;
+  constexpr std::size_t n = 517;  // odd, several quantizer buckets of 512 and 16-lane chunks
   int ran = 0;
   int refused = 0;
   for (std::string_view s : runtime::selector_names) {
     for (std::string_view q : runtime::quantizer_names) {
       for (std::string_view f : runtime::feedback_names) {
         for (std::string_view x : runtime::exchange_names) {
+          // 'auto' measures the link at its first exchange (about a second): it runs for two
+          // combinations below, the refusals for all.
+          const bool measured = x == "auto";
+          if (measured && !((s == "topk" && q == "fp32" && f == "residual") ||
+                            (s == "randomk" && q == "bf16" && f == "none"))) {
+            if (!accepted(config_of(s, q, f, x))) ++refused;
+            continue;
+          }
           const rt_config c = config_of(s, q, f, x);
           if (!accepted(c)) {
             // The engine refuses what the registry refuses, before it makes anything.
@@ -146,7 +155,7 @@ TEST_CASE("bucket_engine: every combination the registry accepts runs, and repli
               CHECK(st.n == n);
               CHECK(st.density == doctest::Approx(static_cast<double>(st.selected) / n));
               CHECK(st.bytes_sent > 0u);
-              for (float v : g) REQUIRE(std::isfinite(v));
+              CHECK(std::all_of(g.begin(), g.end(), [](float v) { return std::isfinite(v); }));
               out[static_cast<std::size_t>(comm.rank())] = g;
             }
           });
@@ -156,7 +165,7 @@ TEST_CASE("bucket_engine: every combination the registry accepts runs, and repli
       }
     }
   }
-  CHECK(ran > 100);
+  CHECK(ran > 100);  // every valid combination but the auto exchange of most
   CHECK(refused > 0);
 }
 

@@ -6,9 +6,8 @@
 // the data, with no padding. Bootstrapped through MPI (from_mpi: rank 0's ncclUniqueId is
 // broadcast), or from an ncclUniqueId the caller hands to every rank (from_unique_id: threads
 // of one process, one per GPU, or any other channel). Needs the CUDA runtime and NCCL (link
-// CUDA::cudart and libnccl) and MPI's header; MPI's library only for from_mpi() (a program that
-// calls nothing from comm/mpi.hpp, linked with --as-needed, runs without libmpi: checked with
-// GCC and Open MPI, tests/cuda/nccl_local.cu).
+// CUDA::cudart and libnccl); MPI only where the caller bootstraps through mpi_comm (it includes
+// comm/mpi.hpp itself: this header includes no other communicator's).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,7 +24,6 @@
 #include <utility>
 #include <vector>
 
-#include <gradcomp/comm/mpi.hpp>
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/float16.hpp>
@@ -94,8 +92,16 @@ class nccl_comm {
   }
 
   // Creates the NCCL communicator of the ranks of `mpi` on the current CUDA device (select it
-  // with cudaSetDevice first; one device per rank): rank 0's ncclUniqueId is broadcast.
-  static nccl_comm from_mpi(mpi_comm& mpi, cudaStream_t stream) {
+  // with cudaSetDevice first; one device per rank): rank 0's ncclUniqueId is broadcast. Any
+  // gradcomp communicator that broadcasts bytes serves (mpi_comm from comm/mpi.hpp, which the
+  // caller includes; in_process_comm for threads of one process).
+  template <class BootstrapComm>
+    requires requires(BootstrapComm& c, std::span<std::byte> b) {
+      c.broadcast(b, 0);
+      { c.rank() } -> std::convertible_to<int>;
+      { c.size() } -> std::convertible_to<int>;
+    }
+  static nccl_comm from_mpi(BootstrapComm& mpi, cudaStream_t stream) {
     ncclUniqueId id{};
     if (mpi.rank() == 0) detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     mpi.broadcast(std::span<std::byte>(reinterpret_cast<std::byte*>(&id), sizeof(id)), 0);

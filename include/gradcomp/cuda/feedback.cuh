@@ -31,11 +31,9 @@
 
 #include <gradcomp/context.hpp>
 #include <gradcomp/cuda/block/sparse_common.cuh>
-#include <gradcomp/cuda/dispatch/launch.cuh>
-#include <gradcomp/cuda/dispatch/radix_select.cuh>
+#include <gradcomp/cuda/dispatch/feedback.cuh>
 #include <gradcomp/cuda/dispatch/scratch.cuh>
 #include <gradcomp/cuda/dispatch/sparse.cuh>
-#include <gradcomp/cuda/kernels/select_kernels.cuh>
 #include <gradcomp/device.hpp>
 #include <gradcomp/feedback/residual.hpp>
 
@@ -57,9 +55,7 @@ class device_policy<residual> {
       return;
     }
     if (e.empty()) return;
-    cuda::select_impl::axpy_kernel<T><<<cuda::grid_for(e.size(), 256, 4096), 256, 0, stream>>>(
-        e.data(), g.data(), e.size());
-    cuda::check_launch("axpy_kernel");
+    cuda::feedback_impl::launch_accumulate(e.data(), g.data(), e.size(), stream);
   }
 
   template <class T, class I, class F>
@@ -94,17 +90,14 @@ class device_policy<residual> {
     cuda::error_record* errors = s.take<cuda::error_record>(1);
     if (cuda::finish_size_query(where, tmp, s) || idx.empty()) return;
     const bool check = validation == device_validation::check;
-    const unsigned blocks = cuda::grid_for(idx.size(), 256, 4096);
     if (check) {
       detail::cuda_check(cudaMemsetAsync(errors, 0xff, sizeof(cuda::error_record), stream),
                          "cudaMemsetAsync");
-      cuda::select_impl::validate_selection_kernel<std::uint32_t>
-          <<<blocks, 256, 0, stream>>>(idx.data(), stats, idx.size(), e.size(), errors);
-      cuda::check_launch("validate_selection_kernel");
+      cuda::feedback_impl::launch_validate_selection(idx.data(), stats, idx.size(), e.size(),
+                                                     errors, stream);
     }
-    cuda::select_impl::gather_clear_kernel<T><<<blocks, 256, 0, stream>>>(
-        e.data(), e.size(), idx.data(), stats, idx.size(), values.data(), check ? errors : nullptr);
-    cuda::check_launch("gather_clear_kernel");
+    cuda::feedback_impl::launch_gather_clear(e.data(), e.size(), idx.data(), stats, idx.size(),
+                                             values.data(), check ? errors : nullptr, stream);
     if (check) finish_check(where, errors, idx.data(), e.size(), stream);
   }
 
@@ -128,11 +121,8 @@ class device_policy<residual> {
       cuda::sparse_impl::launch_index_check(errors, idx.data(), idx.size(), e.size(),
                                             /*increasing=*/false, stream);
     }
-    cuda::select_impl::scatter_add_kernel<T>
-        <<<cuda::grid_for(idx.size(), 256, 4096), 256, 0, stream>>>(
-            e.data(), e.size(), idx.data(), decoded.data(), idx.size(), sign,
-            check ? errors : nullptr);
-    cuda::check_launch("scatter_add_kernel");
+    cuda::feedback_impl::launch_scatter_add(e.data(), e.size(), idx.data(), decoded.data(),
+                                            idx.size(), sign, check ? errors : nullptr, stream);
     if (check) finish_check(where, errors, idx.data(), e.size(), stream);
   }
 

@@ -1,5 +1,8 @@
-// gradcomp/cuda/tuning.cuh: the launch shapes of the selection kernels as one constexpr
-// aggregate (a plain value, so benchmarks can inject alternatives): threads per block, items per thread, bits per radix pass.
+// gradcomp/cuda/tuning.cuh: every launch shape of gradcomp's kernels, in one place: the
+// selection kernels' as one constexpr aggregate (a plain value, so benchmarks can inject
+// alternatives: threads per block, items per thread, bits per radix pass), and the
+// element-wise kernels' (quantizers, sparse calls, feedback) as threads and a grid cap. The
+// values were chosen on sm_90; sm_80 builds use the same (not tuned there).
 // Every kernel that walks g does so in tiles of threads * items consecutive elements, one tile
 // per block, loaded row by row (row r of a tile is threads consecutive elements), so loads are
 // coalesced and the per-tile counts of the ordered passes line up with the tiles.
@@ -39,5 +42,19 @@ static_assert(default_select_tuning.radix_bits == detail::radix_digit_bits,
               "host and device radix selects must use the same digits");
 static_assert(default_select_tuning.buckets() % default_select_tuning.single_threads == 0,
               "the digit pick gives each thread the same number of buckets");
+
+// The element-wise kernels: one item per thread, blocks of `threads`, at most max_blocks
+// (grid-stride beyond).
+struct elementwise_tuning {
+  unsigned threads = 256;
+  std::size_t max_blocks = 1u << 20;
+};
+// The quantizers' encode, decode and validate kernels (their statistics kernel's block is fixed
+// by its shared tile).
+inline constexpr elementwise_tuning quantize_tuning_sm90{256, 1u << 20};
+// gather, the scatter-adds, decompress and index validation.
+inline constexpr elementwise_tuning sparse_tuning_sm90{256, 1u << 20};
+// e += g and the residual feedback's scatter, gather and validation: few blocks, each looping.
+inline constexpr elementwise_tuning feedback_tuning_sm90{256, 4096};
 
 }  // namespace gradcomp::cuda

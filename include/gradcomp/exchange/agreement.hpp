@@ -224,6 +224,17 @@ std::vector<exchange_header> agree_on_header(Comm& comm, std::string_view where,
                                               "(its own exception says which); no rank exchanged"));
     }
   }
+  // A payload has at most one entry per element of its tensor (fused tensors: of all of them):
+  // a count beyond that is a peer that lies, refused before any exchange sizes a buffer by it
+  // (gtopk's k is the largest count any rank announces).
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].count > all[r].dense_size) {
+      throw communicator_error(detail::concat(
+          "gradcomp::", where, ": rank ", r, " announced a payload of ", all[r].count,
+          " entries for a tensor of ", all[r].dense_size,
+          " elements; allowed: count <= dense_size. No rank exchanged"));
+    }
+  }
 
   auto fail = [&](std::string_view what, std::string detail_text) {
     throw communicator_error(detail::concat(

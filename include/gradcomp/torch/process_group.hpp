@@ -30,7 +30,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/types.h>
 
-#include <gradcomp/comm/in_process.hpp>  // detail::combine, share_begin, bytes_overlap: one fold rule
+#include <gradcomp/detail/comm_common.hpp>  // combine (the one fold rule), share_begin, ...
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/error.hpp>
 

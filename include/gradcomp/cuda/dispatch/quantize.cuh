@@ -14,6 +14,7 @@
 #include <gradcomp/cuda/block/sparse_common.cuh>
 #include <gradcomp/cuda/kernels/quantize.cuh>
 #include <gradcomp/cuda/memory.cuh>
+#include <gradcomp/cuda/tuning.cuh>
 #include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/detail/quantize_math.hpp>
 #include <gradcomp/device.hpp>
@@ -41,12 +42,9 @@ struct device_encoded_view {
 
 namespace cuda::quantize_impl {
 
-// Launch shapes (the statistics kernel's block size is fixed by its shared tile, stat_warps).
-struct quantize_tuning {
-  unsigned threads = 256;             // encode, decode, validate
-  std::size_t max_blocks = 1u << 20;  // grid-stride beyond this
-};
-inline constexpr quantize_tuning quantize_tuning_sm90{};
+// Launch shapes: cuda/tuning.cuh (the statistics kernel's block size is fixed by its shared
+// tile, stat_warps).
+using quantize_tuning = elementwise_tuning;
 
 // The scratch of the statistics tree: a ping and a pong buffer for its upper levels (none
 // when every bucket is one node).

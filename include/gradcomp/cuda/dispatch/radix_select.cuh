@@ -14,6 +14,7 @@
 
 #include <gradcomp/cuda/dispatch/launch.cuh>
 #include <gradcomp/cuda/dispatch/scratch.cuh>
+#include <gradcomp/cuda/dispatch/feedback.cuh>
 #include <gradcomp/cuda/kernels/select_kernels.cuh>
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/cuda/tuning.cuh>
@@ -44,8 +45,7 @@ template <class T>
 void launch_empty_selection(T* e, const T* g, std::size_t n, selection_stats* stats,
                             cudaStream_t stream) {
   if (e && n > 0) {
-    axpy_kernel<T><<<grid_for(n, 256, 4096), 256, 0, stream>>>(e, g, n);
-    check_launch("axpy_kernel");
+    feedback_impl::launch_accumulate(e, g, n, stream);
   }
   write_stats_kernel<<<1, 1, 0, stream>>>(stats, 0, 0.0, 0, false);
   check_launch("write_stats_kernel");

@@ -14,17 +14,15 @@
 #include <gradcomp/cuda/block/sparse_common.cuh>
 #include <gradcomp/cuda/kernels/sparse.cuh>
 #include <gradcomp/cuda/memory.cuh>
+#include <gradcomp/cuda/tuning.cuh>
 #include <gradcomp/detail/float16.hpp>
 #include <gradcomp/device.hpp>
 #include <gradcomp/error.hpp>
 
 namespace gradcomp::cuda::sparse_impl {
 
-struct sparse_tuning {
-  unsigned threads = 256;
-  std::size_t max_blocks = 1u << 20;  // grid-stride beyond this
-};
-inline constexpr sparse_tuning sparse_tuning_sm90{};
+// Launch shapes: cuda/tuning.cuh.
+using sparse_tuning = elementwise_tuning;
 
 // How a rejected index is reported: invalid_argument for a gather's indices (the caller's
 // selection), payload_error for scattered payloads (the host decoders' exception).

@@ -103,8 +103,7 @@ void topk_run(const topk& sel, temp_storage& tmp, T* e, const T* g, std::size_t 
   const read_values<T> final_vals{values};
   if (plan.radix_only) {
     if (e) {
-      axpy_kernel<T><<<grid_for(n, 256, 4096), 256, 0, stream>>>(e, g, n);
-      check_launch("axpy_kernel");
+      feedback_impl::launch_accumulate(e, g, n, stream);
     }
     init_kernel<T><<<1, 1, 0, stream>>>(st, mode_radix, k, final_vals, false);
     check_launch("init_kernel");

@@ -1,0 +1,97 @@
+// gradcomp/detail/comm_common.hpp: what the host communicators share (in_process_comm,
+// mpi_comm, process_group_comm): the element types a collective moves and reduces, the one
+// fold rule of allreduce (in rank order, the running result on the left), the split of n
+// elements over p ranks, and the checks of buffers and counts. Each communicator includes this
+// instead of another communicator's header.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/error.hpp>
+
+namespace gradcomp::detail {
+
+// Element types a collective can move: copied bytewise (between threads, or into a message).
+template <class T>
+concept in_process_element = std::is_trivially_copyable_v<T> && std::copyable<T>;
+
+// Element types allreduce can combine; sum needs `a + b`, max and min need `a < b`.
+template <class T>
+concept in_process_reducible = in_process_element<T> && requires(const T& a, const T& b) {
+  { a + b } -> std::convertible_to<T>;
+  { a < b } -> std::convertible_to<bool>;
+};
+
+// Start of rank r's share when n elements are split as evenly as possible over p ranks.
+inline std::size_t share_begin(std::size_t n, std::size_t p, std::size_t r) noexcept {
+  return n / p * r + std::min(r, n % p);
+}
+
+// Whether [a, a + na bytes) and [b, b + nb bytes) share a byte. std::less gives a total order
+// even for pointers into unrelated objects.
+inline bool bytes_overlap(const void* a, std::size_t na, const void* b, std::size_t nb) noexcept {
+  if (na == 0 || nb == 0) return false;
+  const auto* pa = static_cast<const unsigned char*>(a);
+  const auto* pb = static_cast<const unsigned char*>(b);
+  const std::less<const unsigned char*> before;
+  return before(pa, pb + nb) && before(pb, pa + na);
+}
+
+// An alltoallv's send_counts (one per rank) must add up to the send buffer's size: checked
+// without the sum wrapping, and refused with invalid_argument naming `where`.
+inline void check_send_counts(std::string_view where, std::span<const std::size_t> send_counts,
+                              std::size_t send_size) {
+  std::size_t total = 0;
+  bool sum_ok = true;
+  for (std::size_t s = 0; s < send_counts.size() && sum_ok; ++s) {
+    sum_ok = send_counts[s] <= send_size - total;  // cannot wrap
+    if (sum_ok) total += send_counts[s];
+  }
+  if (!sum_ok || total != send_size) {
+    std::size_t sum = 0;
+    for (const std::size_t c : send_counts) sum += c;  // for the message only; may wrap
+    throw_invalid_argument(where, "sum of send_counts", sum, concat("send.size() = ", send_size));
+  }
+}
+
+inline std::string describe(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+// acc[j] = acc[j] op x[j]: the running result is always the left operand, so the fold over
+// ranks is ((x0 op x1) op x2) ... on every rank.
+template <class T>
+void combine(T* acc, const T* x, std::size_t len, reduce_op op) {
+  switch (op) {
+    case reduce_op::sum:
+      for (std::size_t j = 0; j < len; ++j) acc[j] = static_cast<T>(acc[j] + x[j]);
+      break;
+    case reduce_op::max:
+      for (std::size_t j = 0; j < len; ++j) {
+        if (acc[j] < x[j]) acc[j] = x[j];
+      }
+      break;
+    case reduce_op::min:
+      for (std::size_t j = 0; j < len; ++j) {
+        if (x[j] < acc[j]) acc[j] = x[j];
+      }
+      break;
+  }
+}
+
+}  // namespace gradcomp::detail
