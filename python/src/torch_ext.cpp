@@ -118,6 +118,8 @@ PYBIND11_MODULE(_torch_ext, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const gradcomp::nonfinite_error& e) {
+      PyErr_SetString(PyExc_FloatingPointError, e.what());
     } catch (const gradcomp::invalid_argument& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const gradcomp::payload_error& e) {

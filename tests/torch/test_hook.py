@@ -505,6 +505,31 @@ def _malformed_checkpoint_worker(rank: int, world: int) -> int:
     return checks
 
 
+def _nonfinite_worker(rank: int, world: int) -> str:
+    """A NaN in a gradient is refused naming the bucket, the parameter and the element (the
+    engine alone would say "tensor 0", the bucket's id), and changes no state."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    params = list(model.parameters())
+    n = sum(p.numel() for p in params)
+    state = gct.GradcompState(selector="topk", density=0.25, overlap=False, module=model)
+    state._ensure_engine()
+    gct.gradcomp_hook(state, FakeBucket(0, grad_for(0, 0, n), params)).wait()
+    before = state.state_dict()
+    bad = grad_for(0, 1, n).clone()
+    bad[params[0].numel() + params[1].numel() + 5] = float("nan")  # element 5 of '1.weight'
+    try:
+        gct.gradcomp_hook(state, FakeBucket(0, bad, params))
+    except FloatingPointError as e:
+        text = str(e)
+    else:
+        raise AssertionError("a NaN gradient was accepted")
+    after = state.state_dict()
+    assert after["iteration"] == before["iteration"]
+    for k, v in before["feedback"].items():
+        assert all(torch.equal(a, b) for a, b in zip(v, after["feedback"][k]))
+    return text
+
+
 def _mixed_precision_worker(rank: int, world: int) -> bool:
     """fp16, bf16 and fp64 buckets are compressed through float32 staging: the result is the
     float32 result of the same values, cast back."""
@@ -530,6 +555,11 @@ class BadInputTest(unittest.TestCase):
     def test_malformed_checkpoints_are_refused_by_field(self) -> None:
         out = spawn(_malformed_checkpoint_worker, 1)
         self.assertEqual(out[0], 17)
+
+    def test_a_nonfinite_gradient_names_its_bucket_and_parameter(self) -> None:
+        text = spawn(_nonfinite_worker, 1)[0]
+        self.assertIn("parameter '1.weight' (bucket 0) holds nan at element 5", text)
+        self.assertNotIn("Unable to cast", text)
 
     def test_half_precision_buckets_go_through_float32(self) -> None:
         spawn(_mixed_precision_worker, 2)

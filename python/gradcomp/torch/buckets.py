@@ -125,6 +125,49 @@ class BucketFeedback:
             return None
         return groups
 
+    def run(self, engine: Any, index: int, staged: torch.Tensor, params: List[torch.Tensor],
+            step: int, density: float) -> List[Any]:
+        """Runs bucket `index` (its float32 values `staged`, written over with the result) on
+        the engine, as the saved buckets were after a resume (groups_for); the statistics of
+        each engine run."""
+        groups = self.groups_for(params, index)
+        if groups is None:
+            self.prepare(engine, index, params, staged.numel())
+            return [engine.run(index, staged, step, density)]
+        offsets = [0]
+        for p in params:
+            offsets.append(offsets[-1] + p.numel())
+        results = []
+        for g_index, positions in groups:
+            part = torch.cat([staged[offsets[j] : offsets[j + 1]] for j in positions])
+            self.prepare(engine, g_index, [params[j] for j in positions], part.numel())
+            results.append(engine.run(g_index, part, step, density))
+            at = 0
+            for j in positions:
+                n = offsets[j + 1] - offsets[j]
+                staged[offsets[j] : offsets[j + 1]].copy_(part[at : at + n])
+                at += n
+        return results
+
+    def nonfinite_message(self, index: int, params: List[torch.Tensor], flat: torch.Tensor,
+                          cause: str) -> str:
+        """The engine's refusal of a non-finite gradient in the hook's words: the bucket, the
+        parameter (its checkpoint key: its name with module=) and the element."""
+        bad = (~torch.isfinite(flat)).nonzero()
+        if bad.numel() == 0:
+            return f"gradcomp.torch: bucket {index}: {cause}"
+        at = int(bad[0])
+        start = 0
+        for j, p in enumerate(params):
+            if at < start + p.numel():
+                value = flat[at].item()
+                return (f"gradcomp.torch: the gradient of parameter {self.key(p, index, j)!r} "
+                        f"(bucket {index}) holds {value} at element {at - start}; non-finite "
+                        "gradients are refused before this rank's state "
+                        "changes")
+            start += p.numel()
+        return f"gradcomp.torch: bucket {index}: {cause}"
+
     def check_pending(self) -> None:
         if self.pending:
             names = sorted(self.pending)

@@ -165,25 +165,12 @@ class GradcompState:
         engine = self._engine
         staged = buffer if buffer.dtype == torch.float32 else buffer.to(torch.float32)
         density = self._config.density_at(step)
-        groups = self._buckets.groups_for(params, index)
-        if groups is None:
-            self._buckets.prepare(engine, index, params, buffer.numel())
-            results = [engine.run(index, staged, step, density)]
-        else:
-            offsets = [0]
-            for p in params:
-                offsets.append(offsets[-1] + p.numel())
-            results = []
-            for g_index, positions in groups:
-                part = torch.cat([staged[offsets[j] : offsets[j + 1]] for j in positions])
-                self._buckets.prepare(engine, g_index, [params[j] for j in positions], part.numel())
-                results.append(engine.run(g_index, part, step, density))
-                at = 0
-                for j in positions:
-                    n = offsets[j + 1] - offsets[j]
-                    staged[offsets[j] : offsets[j + 1]].copy_(part[at : at + n])
-                    at += n
+        try:
+            results = self._buckets.run(engine, index, staged, params, step, density)
+        except FloatingPointError as e:  # name the bucket and the parameter, not "tensor 0"
+            raise FloatingPointError(self._buckets.nonfinite_message(index, params, staged, str(e))) from None
         if staged is not buffer:
+
             buffer.copy_(staged)
         end = time.perf_counter()
         with self._lock:
