@@ -54,17 +54,6 @@ struct compress_stats {
   double contraction = std::numeric_limits<double>::quiet_NaN();
 };
 
-namespace detail {
-
-// Index of the first NaN or Inf, or g.size() if all finite. Vectorised: with the default
-// nonfinite_policy::error this check is a full read of g on every compress().
-template <gradient_value T>
-std::size_t find_nonfinite(std::span<const T> g) {
-  return first_nonfinite(g);
-}
-
-}  // namespace detail
-
 template <class Selector, class Quantizer, class Feedback, class T = float>
 class compressor {
   static_assert(gradient_value<T>, "compressor<S, Q, F, T>: T must be float or double.");
@@ -239,7 +228,7 @@ class compressor {
     if constexpr (checks_settings<Selector>) selector_.check();
     if (check_finite) {
       const std::size_t bad =
-          g_energy != nullptr ? detail::first_nonfinite(g, g_energy) : detail::find_nonfinite(g);
+          g_energy != nullptr ? detail::first_nonfinite(g, g_energy) : detail::first_nonfinite(g);
       if (bad != n) throw_nonfinite(g, {}, ctx.id);
     }
     return k;
@@ -249,14 +238,14 @@ class compressor {
   // acc = e + g that overflowed.
   [[noreturn]] static void throw_nonfinite(std::span<const T> g, std::span<const T> acc,
                                            const call_id& id) {
-    if (const std::size_t bad = detail::find_nonfinite(g); bad != g.size()) {
+    if (const std::size_t bad = detail::first_nonfinite(g); bad != g.size()) {
       throw nonfinite_error(detail::concat(
           "gradcomp::compressor::compress: gradient of tensor ", id.tensor_id, " holds ", g[bad],
           " at index ", bad,
           "; nonfinite_policy::error (the default) rejects non-finite gradients before any "
           "state changes"));
     }
-    const std::size_t bad = detail::find_nonfinite(acc);
+    const std::size_t bad = detail::first_nonfinite(acc);
     throw nonfinite_error(detail::concat(
         "gradcomp::compressor::compress: the accumulated gradient (feedback state + gradient) of "
         "tensor ", id.tensor_id, " overflowed to ", bad < acc.size() ? acc[bad] : T(0),

@@ -18,6 +18,7 @@
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/checkpoint.hpp>
+#include <gradcomp/detail/nonfinite.hpp>
 #include <gradcomp/detail/staged_feedback.hpp>
 #include <gradcomp/detail/tensor_record.hpp>
 #include <gradcomp/detail/timer.hpp>
@@ -280,7 +281,7 @@ class sparsified_sgd {
   void check_gradient(std::span<const T> grads) const {
     check_size("grads.size()", grads.size());
     if (!compressor_checks && compressor_.nonfinite() == nonfinite_policy::error) {
-      if (const std::size_t bad = detail::find_nonfinite(grads); bad != total_) {
+      if (const std::size_t bad = detail::first_nonfinite(grads); bad != total_) {
         const std::size_t t = tensor_of(bad);
         throw nonfinite_error(detail::concat(
             "gradcomp::sparsified_sgd::step: gradient of tensor ", tensors_[t].id, " holds ",

@@ -2,6 +2,7 @@
 // name, every combination the registry allows runs and keeps the replicas equal, the ones it
 // refuses are refused with the field and what is allowed, and the engine's transaction (run,
 // then commit or discard) over in-process ranks.
+// ctest-threads: no (each rank's engine is its own; the ranks share only in_process_comm)
 #include <doctest/doctest.h>
 
 #include <algorithm>

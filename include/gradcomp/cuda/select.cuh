@@ -63,6 +63,24 @@ inline void check_same_size(const char* where, std::size_t e, std::size_t g) {
   }
 }
 
+// The host's decisions for this call (topk::select_from's paths, topk::bracket_plan): the
+// dispatch layer runs the plan and never sees the policy.
+inline topk_plan plan_topk(const topk& sel, std::size_t n, std::size_t k) {
+  topk_plan p;
+  p.forced = sel.method == topk_method::radix;
+  if (p.forced || k == n || n <= detail::topk_direct_max || k <= sel.heap_max_k) {
+    p.radix_only = true;
+    return p;
+  }
+  const detail::topk_bracket_plan b = sel.bracket_plan(n, k);
+  p.s = b.s;
+  p.lo_pos = b.lo_pos;
+  p.hi = b.hi;
+  p.hi_pos = b.hi_pos;
+  p.budget = b.budget;
+  return p;
+}
+
 }  // namespace cuda::select_impl
 
 template <>
@@ -80,7 +98,8 @@ class device_policy<topk> {
     detail::check_index_range("topk", g.size());
     check_k("topk", ctx.k, g.size());
     cuda::select_impl::check_device_outputs("topk", indices.size(), ctx.k, stats);
-    cuda::select_impl::topk_run<T>(sel_, tmp, nullptr, g.data(), g.size(), ctx.k, indices.data(),
+    const auto plan = cuda::select_impl::plan_topk(sel_, g.size(), ctx.k);
+    cuda::select_impl::topk_run<T>(plan, tmp, nullptr, g.data(), g.size(), ctx.k, indices.data(),
                                    stats, stream);
   }
 
@@ -94,7 +113,8 @@ class device_policy<topk> {
     detail::check_index_range("topk", g.size());
     check_k("topk", ctx.k, g.size());
     cuda::select_impl::check_device_outputs("topk", indices.size(), ctx.k, stats);
-    cuda::select_impl::topk_run<T>(sel_, tmp, e.data(), g.data(), g.size(), ctx.k, indices.data(),
+    const auto plan = cuda::select_impl::plan_topk(sel_, g.size(), ctx.k);
+    cuda::select_impl::topk_run<T>(plan, tmp, e.data(), g.data(), g.size(), ctx.k, indices.data(),
                                    stats, stream);
   }
 

@@ -19,6 +19,7 @@
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/checkpoint.hpp>
+#include <gradcomp/detail/nonfinite.hpp>
 #include <gradcomp/detail/staged_feedback.hpp>
 #include <gradcomp/detail/tensor_record.hpp>
 #include <gradcomp/detail/timer.hpp>
@@ -93,7 +94,7 @@ class periodic_averaging {
   const step_stats& step(std::span<T> params, std::span<const T> grads) {
     check_size("params.size()", params.size());
     check_size("grads.size()", grads.size());
-    if (const std::size_t bad = detail::find_nonfinite(grads); bad != total_) {
+    if (const std::size_t bad = detail::first_nonfinite(grads); bad != total_) {
       throw nonfinite_error(detail::concat("gradcomp::periodic_averaging::step: the gradient holds ",
                                            grads[bad], " at index ", bad,
                                            "; nothing was changed"));

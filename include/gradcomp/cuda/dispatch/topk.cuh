@@ -22,13 +22,15 @@
 #include <gradcomp/cuda/dispatch/radix_select.cuh>
 #include <gradcomp/cuda/kernels/select_kernels.cuh>
 #include <gradcomp/detail/radix_digits.hpp>
-#include <gradcomp/select/topk.hpp>
+#include <gradcomp/detail/select/bracket.hpp>
+#include <gradcomp/detail/select/keys.hpp>
+#include <gradcomp/detail/select/scan.hpp>
 
 namespace gradcomp::cuda::select_impl {
 
 // What topk::select_from decides before it touches g: the same paths, and for the bracketed
 // one the host's own plan (topk::bracket_plan), so the bracket and the miss decision are the
-// host's.
+// host's. The facade (cuda/select.cuh) makes it from the policy; this layer needs only the plan.
 struct topk_plan {
   bool radix_only = false;  // forced radix, k == n, tiny n or tiny k: radix select over g
   bool forced = false;      // topk_method::radix (stats.iterations = passes)
@@ -38,22 +40,6 @@ struct topk_plan {
   std::size_t hi_pos = 0;   // bracket_hi::sample_rank: hi = the (hi_pos + 1)-th largest
   std::size_t budget = 0;  // candidate budget
 };
-
-inline topk_plan plan_topk(const topk& sel, std::size_t n, std::size_t k) {
-  topk_plan p;
-  p.forced = sel.method == topk_method::radix;
-  if (p.forced || k == n || n <= detail::topk_direct_max || k <= sel.heap_max_k) {
-    p.radix_only = true;
-    return p;
-  }
-  const detail::topk_bracket_plan b = sel.bracket_plan(n, k);
-  p.s = b.s;
-  p.lo_pos = b.lo_pos;
-  p.hi = b.hi;
-  p.hi_pos = b.hi_pos;
-  p.budget = b.budget;
-  return p;
-}
 
 // Bits needed for the indices 0 .. n-1 (at least 1): the sort of the picks looks at no more.
 inline int index_bits(std::size_t n) {
@@ -65,10 +51,9 @@ inline int index_bits(std::size_t n) {
 // Scratch layout, measured (tmp.ptr == nullptr) or carved, and the launches. e == nullptr:
 // select from g; else select from e + g and leave e = e + g.
 template <class T>
-void topk_run(const topk& sel, temp_storage& tmp, T* e, const T* g, std::size_t n, std::size_t k,
-              std::uint32_t* out, selection_stats* stats, cudaStream_t stream) {
+void topk_run(const topk_plan& plan, temp_storage& tmp, T* e, const T* g, std::size_t n,
+              std::size_t k, std::uint32_t* out, selection_stats* stats, cudaStream_t stream) {
   using key = detail::abs_key_t<T>;
-  const topk_plan plan = plan_topk(sel, n, k);
   scratch_carver c(tmp.ptr);
   auto* st = c.take<select_state<T>>(1);
   const radix_scratch rs = carve_radix<T>(c, n);
