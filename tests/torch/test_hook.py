@@ -498,9 +498,21 @@ def _malformed_checkpoint_worker(rank: int, world: int) -> int:
     refused(["'iteration'", ">= 0"], edited(iteration=-1))
     refused(["'iteration'"], edited(iteration="7"))
     refused(["buckets[0]", "no entry in 'feedback'"], edited(buckets={0: keys + ["ghost"]}))
-    for key, value in (("seed", 4), ("density", 0.02), ("threshold", 1.0), ("dgc_momentum", 0.5),
+    for key, value in (("seed", 4), ("density", 0.02), ("quantizer", "fp16"), ("start_iter", 2),
                        ("warmup_epochs", 1)):
         refused([f"made with {key} = {value!r}"], edited(config={**good["config"], key: value}))
+    # Fields this configuration does not use are not compared: a threshold without selector
+    # 'threshold', DGC's momentum without its feedback.
+    other = gct.GradcompState(selector="topk", density=0.01, overlap=False, seed=3)
+    other.load_state_dict(edited(config={**good["config"], "threshold": 1.0, "dgc_momentum": 0.5}))
+    assert other.iteration == good["iteration"]
+    # The configuration is fixed: writing a field of it is refused, not silently ignored.
+    try:
+        other.density = 0.5
+    except AttributeError as e:
+        assert "part of the state's configuration" in str(e)
+    else:
+        raise AssertionError("state.density = ... was accepted")
     refused(["a checkpoint is a dict"], [good])
     return checks
 

@@ -43,7 +43,7 @@ struct engine_config {
   std::string exchange = "allgather";  // exchange_names
   unsigned bits = 4;              // quantizer 'qsgd': bits per value, 2..16
   unsigned bucket_size = 512;     // 'qsgd': 1..2^24 values share one scale; 'terngrad',
-                                  // 'sign': 0 (one scale for the whole bucket)..2^24
+                                  // 'sign': any (0: one scale for the whole bucket)
   double threshold = 0.0;         // selector 'threshold': |g| >= threshold is sent; 0 < t < inf
   double dgc_momentum = 0.9;      // feedback 'dgc': momentum m, 0 <= m < 1
   double dgc_clip_norm = 0.0;     // feedback 'dgc': clip ||g|| before accumulating; 0 = off
@@ -184,11 +184,6 @@ inline void check_config(const engine_config& c) {
     if (c.bucket_size < 1 || c.bucket_size > (1u << 24)) {
       refuse("bucket_size", shown(c.bucket_size), "1 <= bucket_size <= 16777216 (quantizer 'qsgd')");
     }
-  }
-  if ((c.quantizer == "terngrad" || c.quantizer == "sign") && c.bucket_size > (1u << 24)) {
-    refuse("bucket_size", shown(c.bucket_size),
-           detail::concat("0 (one scale per bucket) <= bucket_size <= 16777216 (quantizer '",
-                          c.quantizer, "')"));
   }
   if (c.selector == "threshold" && !(c.threshold > 0.0 && std::isfinite(c.threshold))) {
     if (c.threshold == 0.0) {

@@ -7,6 +7,7 @@ state object itself also works, as PyTorch's PowerSGD state does, but unpickling
 pickle always does: load such files only from sources you trust.)
 """
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -54,9 +55,23 @@ def _field(state: Mapping[str, Any], field: str) -> Any:
 
 
 def _integer(value: Any, field: str, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise _bad(field, f"= {value!r}; allowed: an integer >= {low}")
-    return value
+    return int(value)
+
+
+def _compared(config: GradcompConfig) -> List[str]:
+    """The fields a checkpoint must share with this state: those that change what a step
+    computes under this configuration (a threshold only for selector 'threshold', DGC's settings
+    only with its feedback, steps_per_epoch only with a warm-up)."""
+    skip = set()
+    if config.selector != "threshold":
+        skip.add("threshold")
+    if config.feedback != "dgc":
+        skip.update(("dgc_momentum", "dgc_clip_norm"))
+    if config.warmup_epochs == 0:
+        skip.add("steps_per_epoch")
+    return [k for k in RESULT_FIELDS if k not in skip]
 
 
 def parse(state: Any, config: GradcompConfig, world_size: Optional[int],
@@ -72,7 +87,7 @@ def parse(state: Any, config: GradcompConfig, world_size: Optional[int],
     if not isinstance(saved, Mapping):
         raise _bad("config", f"is a {type(saved).__name__}, not a dict")
     ours = config.as_dict()
-    for key in RESULT_FIELDS:
+    for key in _compared(config):
         if key not in saved:
             raise _bad(f"config.{key}", "is missing")
         if saved[key] != ours[key]:

@@ -132,7 +132,8 @@ class GradcompConfig:
         c.seed = self.seed
         c.density = float(self.density)
         c.warmup_epochs = self.warmup_epochs
-        c.steps_per_epoch = self.steps_per_epoch if self.steps_per_epoch is not None else 1
+        # steps_per_epoch only matters with a warm-up (and is checked then).
+        c.steps_per_epoch = self.steps_per_epoch if self.warmup_epochs > 0 and self.steps_per_epoch else 1
         return c
 
     def as_dict(self) -> Dict[str, Any]:

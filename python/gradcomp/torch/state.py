@@ -69,7 +69,9 @@ class GradcompState:
         # makes its state, so every rank of the default group takes part), else at the first
         # bucket; close() destroys it.
         self._own_group: Optional[dist.ProcessGroup] = None
-        if dist.is_available() and dist.is_initialized():
+        # Not when unpickled or copied (__setstate__): new_group is collective, and a copy is
+        # made on one rank.
+        if dist.is_available() and dist.is_initialized() and not self.__dict__.pop("_restoring", False):
             self._own_group = self._make_own_group()
         # Progress: survives checkpoints.
         self.iteration = 0  # backward passes seen (counted at the last bucket)
@@ -264,7 +266,14 @@ class GradcompState:
         # As PowerSGD's state: the process group and the threads do not travel.
         return {"config": self.config.as_dict(), "state": self.state_dict()}
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in GradcompConfig.__dataclass_fields__ and "config" in self.__dict__:
+            raise AttributeError(f"gradcomp.torch: {name} is part of the state's configuration, "
+                                 "which is fixed; make a new GradcompState to change it")
+        object.__setattr__(self, name, value)
+
     def __setstate__(self, pickled: Dict[str, Any]) -> None:
+        self.__dict__["_restoring"] = True
         self.__init__(process_group=None, **pickled["config"])  # type: ignore[misc]
         self.load_state_dict(pickled["state"])
 
