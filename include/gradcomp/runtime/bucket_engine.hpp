@@ -60,9 +60,6 @@ class compress_half {
   virtual std::vector<std::span<float>> reset(std::int64_t bucket, std::size_t n) = 0;
   virtual void clear() = 0;
   [[nodiscard]] virtual std::size_t buffer_count() const = 0;
-  [[nodiscard]] virtual bool summable() const = 0;
-  // Whether restore() gives values back (the feedback has restore(); no_feedback has not).
-  [[nodiscard]] virtual bool restores() const = 0;
   // The decoded values of p in payload order (what the feedback subtracted).
   virtual void decode(const payload& p, std::vector<float>& values) const = 0;
 };
@@ -119,8 +116,6 @@ class compress_impl final : public compress_half {
   [[nodiscard]] std::size_t buffer_count() const override {
     return c_.make_state(0).buffers().size();
   }
-  [[nodiscard]] bool summable() const override { return C::summable; }
-  [[nodiscard]] bool restores() const override { return restores_picks<F, float>; }
   void decode(const payload& p, std::vector<float>& values) const override {
     values.resize(p.count);
     c_.decode_values(p, values);
@@ -224,7 +219,7 @@ class bucket_engine {
   // The configuration is checked whole (check_config) before anything is made.
   bucket_engine(Comm& comm, engine_config config)
       : comm_(&comm), config_(checked(std::move(config))), compress_(make_compress_half(config_)),
-        exchange_(make_exchange_half<Comm>(config_, compress_->summable())) {}
+        exchange_(make_exchange_half<Comm>(config_, summable(config_))) {}
 
   // Compresses g (one bucket's gradients) with the bucket's feedback state, exchanges, and
   // writes the mean over ranks of what every rank sent over g. The bucket's new feedback state
