@@ -201,15 +201,20 @@ nothing_of_up_left "a failed up (gcstate-h1 taken)"
 # host 1's bridge side. The state directory exists beforehand with a file of its owner's.
 mkdir -p "$work/bin" "$work/c2"
 echo "the owner's" >"$work/c2/notes"
-cat >"$work/bin/tc" <<EOF
+# A tc first in PATH that logs its arguments and, asked to shape host 1's bridge side
+# (gcstatev1), first runs the shell command $1: refuse, or interrupt up.
+tc_shim() {
+  cat >"$work/bin/tc" <<EOF
 #!/bin/sh
 echo "\$*" >>"$work/tc.log"
 case " \$* " in
-  *" gcstatev1 "*) echo "cluster_state_test's tc: refusing to shape gcstatev1" >&2; exit 1 ;;
+  *" gcstatev1 "*) $1 ;;
 esac
 exec $(command -v tc) "\$@"
 EOF
-chmod +x "$work/bin/tc"
+  chmod +x "$work/bin/tc"
+}
+tc_shim 'echo "cluster_state_test: tc refuses to shape gcstatev1" >&2; exit 1'
 out="$(PATH="$work/bin:$PATH" GRADCOMP_CLUSTER_STATE="$work/c2" cluster up 2 100mbit 2>&1)" &&
   fail "up with a failing tc succeeded: $out"
 grep -q "gcstatev1" "$work/tc.log" 2>/dev/null || fail "up did not get to host 1 before failing: $out"
@@ -219,14 +224,7 @@ nothing_of_up_left "an up that failed partway"
 
 # c3: the same, interrupted (SIGTERM, as ctest's timeout sends) while shaping host 1.
 rm -f "$work/tc.log"
-cat >"$work/bin/tc" <<EOF
-#!/bin/sh
-echo "\$*" >>"$work/tc.log"
-case " \$* " in
-  *" gcstatev1 "*) kill -TERM "\$PPID" ;;
-esac
-exec $(command -v tc) "\$@"
-EOF
+tc_shim 'kill -TERM "$PPID"'
 out="$(PATH="$work/bin:$PATH" GRADCOMP_CLUSTER_STATE="$work/c3" cluster up 2 100mbit 2>&1)" &&
   fail "an interrupted up succeeded: $out"
 grep -q "gcstatev1" "$work/tc.log" 2>/dev/null || fail "up was not interrupted at host 1: $out"
