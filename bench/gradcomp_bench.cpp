@@ -9,6 +9,7 @@
 //   step_pass/topk_residual/n:<n>/ppm:<ppm>         the staged top-k step's fused pass alone
 //   select_residual/<selector>/n:<n>/ppm:<ppm>      select on an error-feedback residual
 //   quantize/<quantizer>_encode/n:<n>, quantize/<quantizer>_decode/n:<n>
+//   quantize/draws/n:<n>                            the stochastic encoders' uniforms alone
 //   exchange_local/sparse_allgather/n:<n>/ppm:<ppm>/ranks:<P>  decode + add P payloads, mean
 //   exchange_local/topk_a2a/n:<n>/ppm:<ppm>/ranks:<P>  decode, scatter-add into a shard, copy out
 //   exchange_local/gtopk/n:<n>/ppm:<ppm>/ranks:<P>     the root's merges and output
@@ -17,7 +18,8 @@
 // <dist> is absent for normal input, `_laplace` or `_t3` (Student-t, 3 degrees of freedom) for
 // the heavy-tailed ones. Every benchmark reports bytes_per_second for n * 4 bytes (the
 // gradient it looks at), so GB/s compare across families like inverse times.
-// Everything is single-threaded.
+// Everything is single-threaded. The context names the host path that ran (gradcomp_host_isa:
+// portable, baseline, avx2 or avx512; GRADCOMP_HOST_ISA caps it) and the one the CPU offers.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -509,6 +511,43 @@ void bench_stream_read(benchmark::State& state) {
   tally{}.report(state, n, false);
 }
 
+// quantize/draws: the uniforms a stochastic encoder (TernGrad, QSGD) draws, one per value
+// (counter_rng::uniform), summed and nothing else, on the active path: the AVX2 form of
+// detail/host_simd/draws_avx2.hpp, the generic clone's 16 lanes, or the portable loop. What
+// bounds those encoders where the draw's 64-bit multiplies are dear (AVX2 has none).
+float draw_sum(std::uint64_t key, std::size_t n) {
+  namespace d = gradcomp::detail;
+#if GRADCOMP_VECTOR_EXTENSIONS && GRADCOMP_HOST_DISPATCH
+  if (d::active_host_isa() == d::host_isa::avx2) return d::avx2::uniform_sum(key, n);
+#endif
+#if GRADCOMP_VECTOR_EXTENSIONS
+  if (d::active_host_isa() != d::host_isa::portable) {
+    float total = 0.0f;
+    d::run_active([&](auto) {
+      d::simd16::f32 acc{};
+      for (std::size_t i = 0; i + d::simd16::width <= n; i += d::simd16::width) {
+        d::simd16::f32 u;
+        d::simd16::uniform(key, i, u);
+        acc += u;
+      }
+      for (std::size_t j = 0; j < d::simd16::width; ++j) total += acc[j];
+    });
+    return total;
+  }
+#endif
+  const d::counter_rng rng{key};
+  float total = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) total += rng.uniform(i);
+  return total;
+}
+
+void bench_draws(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  std::uint64_t key = 0x5eed;
+  for (auto _ : state) benchmark::DoNotOptimize(draw_sum(key++, n));
+  tally{}.report(state, state.range(0), false);
+}
+
 template <bool Libc>
 void bench_copy(benchmark::State& state) {
   const std::int64_t n = state.range(0);
@@ -599,6 +638,7 @@ void register_all() {
         add("baseline/memcpy", bench_copy<true>, n);
         add("baseline/output_pass", bench_output_pass, n);
         add("baseline/accumulate", bench_accumulate, n);
+        add("quantize/draws", bench_draws, n);
         add_ppm("baseline/nth_element", bench_textbook_topk<false>, n);
         add_ppm("baseline/partial_sort", bench_textbook_topk<true>, n);
       }
@@ -660,6 +700,12 @@ void register_all() {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  // Which host path the vector loops ran in (GRADCOMP_HOST_ISA caps it), so that a JSON says
+  // what it measured: the detected path, the ceiling and the one that ran.
+  namespace gd = gradcomp::detail;
+  benchmark::AddCustomContext("gradcomp_host_isa", gd::host_isa_name(gd::active_host_isa()));
+  benchmark::AddCustomContext("gradcomp_host_isa_detected",
+                              gd::host_isa_name(gd::detected_host_isa()));
   register_all();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -257,11 +257,12 @@ TEST_CASE("same bits: fp16's encoder on every path over the float bit patterns, 
 }
 
 // TernGrad's encoder has a loop of its own on AVX-512 with BMI2 (detail::terngrad_encode_hardware),
-// which the avx512 limit above runs in place of the generic AVX-512 clone. Here the portable
-// loop, that loop and the generic clone (called directly) are compared with MXCSR's
+// which the avx512 limit above runs in place of the generic AVX-512 clone, and one on AVX2 with
+// BMI2 (detail::avx2::terngrad_chunks). Here the portable loop, those loops and the generic
+// clone (called directly) are compared with MXCSR's
 // flush-to-zero and denormals-are-zero clear and set, on inputs that include a bucket whose
 // max is a subnormal (a zero max under DAZ) and buckets of subnormals among normal values.
-TEST_CASE("same bits: TernGrad's AVX-512 loop, the generic clone and the portable loop, FTZ and DAZ too") {
+TEST_CASE("same bits: TernGrad's AVX-512 and AVX2 loops, the generic clone and the portable loop, FTZ and DAZ too") {
   namespace d = gradcomp::detail;
 #if GRADCOMP_HOST_DISPATCH
   const bool own_loop = d::detected_host_isa() == d::host_isa::avx512 && d::cpu_has_bmi2();
@@ -293,12 +294,17 @@ TEST_CASE("same bits: TernGrad's AVX-512 loop, the generic clone and the portabl
         d::limit_host_isa(d::host_isa::portable);
         payload ref = blank(n);
         q.encode(v, call, ref);
-        d::limit_host_isa(d::host_isa::avx512);
+        // The AVX-512 loop, then the AVX2 one (detail/host_simd/draws_avx2.hpp).
         payload p = blank(n);
-        q.encode(v, call, p);
-        CHECK(p.values == ref.values);
-        REQUIRE(p.side.size() == ref.side.size());
-        CHECK(same_bytes(p.side.data(), ref.side.data(), p.side.size() * sizeof(float)));
+        for (const d::host_isa isa : {d::host_isa::avx2, d::host_isa::avx512}) {
+          d::limit_host_isa(isa);
+          CAPTURE(static_cast<int>(d::active_host_isa()));
+          p = blank(n);
+          q.encode(v, call, p);
+          CHECK(p.values == ref.values);
+          REQUIRE(p.side.size() == ref.side.size());
+          CHECK(same_bytes(p.side.data(), ref.side.data(), p.side.size() * sizeof(float)));
+        }
 #if GRADCOMP_VECTOR_EXTENSIONS
         // The generic clone of the active path, as encode() ran it before the loop of its own.
         std::fill(p.values.begin(), p.values.end(), std::byte{0xff});

@@ -4,6 +4,7 @@
 // checked).
 #pragma once
 
+#include <gradcomp/detail/host_simd/draws_avx2.hpp>
 #include <gradcomp/detail/host_simd/sums.hpp>
 
 namespace gradcomp::detail {
@@ -93,6 +94,12 @@ template <host_isa Isa, class Codec>
       sign_codes_avx512(v + i, chunks, out + i / 8);
       i += chunks * width;
     }
+  }
+  // The stochastic codecs on AVX2 (draws_avx2.hpp), where the CPU and the width allow.
+  if constexpr (Isa == host_isa::avx2 &&
+                requires { codec.codes_avx2(v, i, std::size_t{}, sv, bits, out); }) {
+    const std::size_t chunks = (end - i) / width;
+    if (chunks > 0 && codec.codes_avx2(v, i, chunks, sv, bits, out)) i += chunks * width;
   }
 #endif
   // A count of chunks, not i + width <= end: GCC 12 (-Warray-bounds) otherwise sees a
@@ -278,6 +285,16 @@ struct qsgd_codec {
   [[gnu::always_inline]] std::uint32_t code(float x, float norm, std::size_t i) const {
     return qsgd_code(x, norm, s, rng.uniform(i));
   }
+#if GRADCOMP_HOST_DISPATCH
+  // The codes of `chunks` chunks from v[i] on AVX2 (avx2::qsgd_chunks): false, having done
+  // nothing, for widths it does not pack and a zero norm (every code s).
+  bool codes_avx2(const float* v, std::size_t i, std::size_t chunks, float norm, unsigned bits,
+                  std::byte* out) const {
+    if (!(bits == 2 || bits == 4 || bits == 8) || !(norm > 0.0f)) return false;
+    avx2::qsgd_chunks(v, i, chunks, norm, s, bits, rng.key, out);
+    return true;
+  }
+#endif
   template <class U, class F>
   [[gnu::always_inline]] void chunk_values(const U& c, float norm, F& x) const { qsgd_values(c, norm, s, inv_s, x); }
   [[gnu::always_inline]] float value(std::uint32_t c, float norm) const { return qsgd_value(norm, c, s, inv_s); }
@@ -301,6 +318,16 @@ struct terngrad_codec {
   [[gnu::always_inline]] std::uint32_t code(float x, float max, std::size_t i) const {
     return terngrad_code(x, max, rng.uniform(i));
   }
+#if GRADCOMP_HOST_DISPATCH
+  // The codes of `chunks` chunks from v[i] on AVX2 with BMI2 (avx2::terngrad_chunks): false,
+  // having done nothing, without BMI2 or for a zero max (every code 0).
+  bool codes_avx2(const float* v, std::size_t i, std::size_t chunks, float max, unsigned bits,
+                  std::byte* out) const {
+    if (bits != 2 || !cpu_has_bmi2() || !(max > 0.0f)) return false;
+    avx2::terngrad_chunks(v, i, chunks, max, rng.key, out);
+    return true;
+  }
+#endif
   template <class U, class F>
   [[gnu::always_inline]] static void chunk_values(const U& c, float max, F& x) { terngrad_values(c, max, x); }
   [[gnu::always_inline]] static float value(std::uint32_t c, float max) { return terngrad_value(c, max); }

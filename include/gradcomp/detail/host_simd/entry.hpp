@@ -132,15 +132,6 @@ inline bool cpu_has_f16c() noexcept {
   }
 }
 
-// Whether the CPU has BMI2 (PDEP), for TernGrad's encoder below.
-inline bool cpu_has_bmi2() noexcept {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("bmi2") != 0;
-  }();
-  return has;
-}
-
 // Vector operators on these types rather than the shift and conversion intrinsics, whose
 // GCC 12 forms pass an undefined vector that -Wmaybe-uninitialized reports.
 typedef std::uint64_t u64x8 __attribute__((vector_size(64)));

@@ -213,18 +213,25 @@ template <bool Squares, host_isa Isa, class Visit = no_visit>
   return reduce_levels(level, sum_squares_reducer{});  // nodes are added as they are
 }
 
-// detail::max_abs_bits (exact in any order).
+// detail::max_abs_bits (exact in any order). Two maxima of 8 lanes rather than one of 16: GCC
+// 12 lowers the select of a 64-byte vector on AVX2 to pieces through the stack (TernGrad's
+// max pass ran at 2.4x a streaming read there); a 32-byte one is a vpmaxud, and on AVX-512
+// the pass is bound by memory either way.
 [[gnu::always_inline]] inline std::uint32_t max_abs_bits(const float* p, std::size_t n) {
-  u32 m{};
+  u32h m0{}, m1{};
   std::size_t i = 0;
   for (; i + width <= n; i += width) {
-    u32 x;
+    u32h x, y;
     load(x, p + i);
+    load(y, p + i + width / 2);
     x &= 0x7fffffffu;
-    m = x > m ? x : m;
+    y &= 0x7fffffffu;
+    m0 = x > m0 ? x : m0;
+    m1 = y > m1 ? y : m1;
   }
+  m0 = m1 > m0 ? m1 : m0;
   std::uint32_t best = 0;
-  for (std::size_t j = 0; j < width; ++j) best = m[j] > best ? m[j] : best;
+  for (std::size_t j = 0; j < width / 2; ++j) best = m0[j] > best ? m0[j] : best;
   for (; i < n; ++i) {
     const std::uint32_t a = abs_bits(p[i]);
     best = a > best ? a : best;
