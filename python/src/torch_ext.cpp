@@ -68,7 +68,15 @@ class engine {
       py::gil_scoped_release no_gil;
       st = engine_.run(bucket, g, step, density);
     }
-    return to_dict(st);
+    py::dict d = to_dict(st);
+    d["skipped"] = engine_.skipped();
+    return d;
+  }
+
+  // The caller's own part of the bucket failed: every rank learns it (bucket_engine::fail).
+  void fail(std::int64_t bucket, std::uint64_t step, const std::string& message) {
+    py::gil_scoped_release no_gil;
+    engine_.fail(bucket, step, message);
   }
 
   std::vector<at::Tensor> state(std::int64_t bucket) { return copies(engine_.feedback().buffers(bucket)); }
@@ -142,6 +150,7 @@ PYBIND11_MODULE(_torch_ext, m) {
       .def_readwrite("density", &rt::engine_config::density)
       .def_readwrite("warmup_epochs", &rt::engine_config::warmup_epochs)
       .def_readwrite("steps_per_epoch", &rt::engine_config::steps_per_epoch)
+      .def_readwrite("skip_nonfinite", &rt::engine_config::skip_nonfinite)
       .def("density_at", [](const rt::engine_config& c, std::uint64_t step) { return c.schedule().at(step); },
            py::arg("step"), "The density at a step: the schedule's warm-up, then density.");
 
@@ -153,6 +162,9 @@ PYBIND11_MODULE(_torch_ext, m) {
            py::arg("process_group"), py::arg("config"))
       .def("run", &engine::run, py::arg("bucket"), py::arg("grad"), py::arg("step"),
            py::arg("density"))
+      .def("fail", &engine::fail, py::arg("bucket"), py::arg("step"), py::arg("message"),
+           "Takes part in the bucket's agreement as failed with `message`, so that every rank "
+           "raises at once, and raises ValueError(message) here.")
       .def("state", &engine::state, py::arg("bucket"))
       .def("set_state", &engine::set_state, py::arg("bucket"), py::arg("buffers"))
       .def("clear", &engine::clear)

@@ -9,6 +9,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -195,4 +200,168 @@ TEST_CASE("bucket_engine: discard leaves every bucket's feedback as the last com
     std::vector<float> wrong(499, 1.0f);
     CHECK_THROWS_WITH_AS(e.run(0, wrong, 2, 0.01), doctest::Contains("had before (500)"), invalid_argument);
   });
+}
+
+namespace {
+
+std::vector<float> committed_state(runtime::bucket_engine<in_process_comm>& e, std::int64_t bucket) {
+  const auto b = e.feedback().buffers(bucket);
+  return b.empty() ? std::vector<float>{} : std::vector<float>(b[0].begin(), b[0].end());
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// A rank whose gradient holds a NaN still takes part in the bucket's agreement: every rank
+// throws in the same call, the others naming the rank and carrying its message; no rank's
+// feedback changes, and a retry of the step with finite gradients succeeds everywhere.
+TEST_CASE("bucket_engine: a non-finite gradient on one rank fails the bucket on every rank") {
+  for (const std::size_t bad_bucket : {std::size_t{0}, std::size_t{1}, std::size_t{2}}) {
+    CAPTURE(bad_bucket);
+    run_in_process(3, [&](in_process_comm& comm) {
+      runtime::bucket_engine<in_process_comm> e(comm, config_of("topk", "fp32", "residual", "allgather"));
+      std::vector<std::vector<float>> g;
+      for (std::size_t b = 0; b < 3; ++b) g.push_back(bucket_for(comm.rank(), b, 400 + 50 * b));
+      for (std::size_t b = 0; b < 3; ++b) e.run(static_cast<std::int64_t>(b), g[b], 0, 0.05);
+      e.commit();
+      std::vector<std::vector<float>> before;
+      for (std::int64_t b = 0; b < 3; ++b) before.push_back(committed_state(e, b));
+      // Step 1: rank 1's bucket `bad_bucket` holds a NaN.
+      for (std::size_t b = 0; b < 3; ++b) g[b] = bucket_for(comm.rank(), 10 + b, 400 + 50 * b);
+      if (comm.rank() == 1) g[bad_bucket][7] = std::numeric_limits<float>::quiet_NaN();
+      std::string failure;
+      for (std::size_t b = 0; b < 3 && failure.empty(); ++b) {
+        std::vector<float> copy = g[b];
+        try {
+          e.run(static_cast<std::int64_t>(b), copy, 1, 0.05);
+        } catch (const nonfinite_error& ex) {
+          failure = ex.what();
+          CHECK(b == bad_bucket);
+          // The bucket is left as it was (bit for bit: rank 1's holds a NaN).
+          CHECK(std::memcmp(copy.data(), g[b].data(), copy.size() * sizeof(float)) == 0);
+        }
+      }
+      REQUIRE_FALSE(failure.empty());
+      if (comm.rank() != 1) {
+        CHECK(failure.find("failed on rank 1") != std::string::npos);
+        CHECK(failure.find("holds nan") != std::string::npos);
+        CHECK(failure.find(std::string("bucket ") + std::to_string(bad_bucket) + " of step 1") !=
+              std::string::npos);
+      }
+      e.discard();
+      for (std::int64_t b = 0; b < 3; ++b) CHECK(committed_state(e, b) == before[static_cast<std::size_t>(b)]);
+      // The retry, finite everywhere, runs on every rank and the replicas agree.
+      g[bad_bucket] = bucket_for(comm.rank(), 10 + bad_bucket, 400 + 50 * bad_bucket);
+      std::vector<float> mean0;
+      for (std::size_t b = 0; b < 3; ++b) {
+        e.run(static_cast<std::int64_t>(b), g[b], 1, 0.05);
+        if (b == 0) mean0 = g[0];
+      }
+      e.commit();
+      std::vector<float> rank0_mean = mean0;
+      comm.broadcast(std::span<float>(rank0_mean), 0);
+      CHECK(rank0_mean == mean0);
+    });
+  }
+}
+
+// skip_nonfinite: every rank gets the bucket back as NaN, skipped() says so, nothing exchanged,
+// and no feedback state changed; the next bucket runs as usual.
+TEST_CASE("bucket_engine: skip_nonfinite skips the bucket on every rank") {
+  run_in_process(2, [](in_process_comm& comm) {
+    rt_config c = config_of("topk", "fp32", "residual", "allgather");
+    c.skip_nonfinite = true;
+    runtime::bucket_engine<in_process_comm> e(comm, c);
+    std::vector<float> a = bucket_for(comm.rank(), 0, 300);
+    e.run(0, a, 0, 0.05);
+    e.commit();
+    const std::vector<float> before = committed_state(e, 0);
+    a = bucket_for(comm.rank(), 1, 300);
+    if (comm.rank() == 0) a[3] = std::numeric_limits<float>::infinity();
+    e.run(0, a, 1, 0.05);
+    CHECK(e.skipped());
+    CHECK(std::all_of(a.begin(), a.end(), [](float x) { return std::isnan(x); }));
+    CHECK_FALSE(e.feedback().pending());
+    CHECK(committed_state(e, 0) == before);
+    a = bucket_for(comm.rank(), 2, 300);
+    e.run(0, a, 2, 0.05);
+    CHECK_FALSE(e.skipped());
+    CHECK(std::all_of(a.begin(), a.end(), [](float x) { return std::isfinite(x); }));
+    // Other errors are not skipped: a wrong size still fails on every rank.
+    std::vector<float> wrong(comm.rank() == 1 ? 299 : 300, 1.0f);
+    const std::string err = error_of([&] { e.run(0, wrong, 3, 0.05); });
+    if (comm.rank() == 1) {
+      CHECK(err.find("had before (300)") != std::string::npos);
+    } else {
+      CHECK(err.find("failed on rank 1") != std::string::npos);
+    }
+  });
+}
+
+// Ranks at different buckets (or steps) refuse to exchange, every one of them, naming both.
+TEST_CASE("bucket_engine: buckets of different indices or steps never pair up") {
+  run_in_process(2, [](in_process_comm& comm) {
+    runtime::bucket_engine<in_process_comm> e(comm, config_of("topk", "fp32", "residual", "allgather"));
+    std::vector<float> a = bucket_for(comm.rank(), 0, 256);  // the same size: only the tag differs
+    const std::string err = error_of([&] { e.run(comm.rank() == 0 ? 0 : 1, a, 0, 0.05); });
+    CHECK(err.find("ranks are at different buckets: rank 1 is at step 0, bucket 1; rank 0 at step 0, bucket 0") !=
+          std::string::npos);
+    CHECK_FALSE(e.feedback().pending());
+    const std::string err2 = error_of([&] { e.run(0, a, comm.rank() == 0 ? 5 : 6, 0.05); });
+    CHECK(err2.find("rank 1 is at step 6, bucket 0; rank 0 at step 5") != std::string::npos);
+  });
+}
+
+// fail(): a caller's own error before run() is carried to every rank.
+TEST_CASE("bucket_engine: fail carries a caller's own error to every rank") {
+  run_in_process(2, [](in_process_comm& comm) {
+    runtime::bucket_engine<in_process_comm> e(comm, config_of("topk", "fp32", "residual", "allgather"));
+    std::vector<float> a = bucket_for(comm.rank(), 0, 256);
+    if (comm.rank() == 0) {
+      CHECK_THROWS_WITH_AS(e.fail(0, 0, "checkpoint entry 'w' has 3 elements"),
+                           "checkpoint entry 'w' has 3 elements", invalid_argument);
+    } else {
+      CHECK_THROWS_WITH_AS(e.run(0, a, 0, 0.05),
+                           doctest::Contains("failed on rank 0 (no rank exchanged it, and no "
+                                             "feedback state changed): checkpoint entry 'w' has 3 elements"),
+                           communicator_error);
+    }
+  });
+}
+
+// The records peers send are checked before they are used.
+TEST_CASE("bucket_engine: malformed bucket records are refused") {
+  runtime::bucket_record r{7, 3, runtime::bucket_outcome::nonfinite, "holds nan"};
+  std::vector<std::byte> ok = runtime::detail_engine::write_record(r);
+  const runtime::bucket_record back = runtime::detail_engine::read_record(ok.data(), ok.size(), 1);
+  CHECK(back.step == 7);
+  CHECK(back.bucket == 3);
+  CHECK(back.outcome == runtime::bucket_outcome::nonfinite);
+  CHECK(back.message == "holds nan");
+  const auto refused = [](std::vector<std::byte> bytes) {
+    return error_of([&] { runtime::detail_engine::read_record(bytes.data(), bytes.size(), 2); });
+  };
+  CHECK(refused(std::vector<std::byte>(5)).find("rank 2 sent 5 bytes that are not a bucket record") !=
+        std::string::npos);
+  std::vector<std::byte> bad = ok;
+  bad[16] = std::byte{9};
+  CHECK(refused(bad).find("outcome 9") != std::string::npos);
+  bad = ok;
+  bad[18] = std::byte{0xff};  // a length that does not match the bytes
+  CHECK(refused(bad).find("a message of") != std::string::npos);
+  bad = ok;
+  bad.push_back(std::byte{0});
+  CHECK(refused(bad).find("exactly the bytes that follow") != std::string::npos);
+  // Messages are cut at bucket_message_max.
+  r.message.assign(5000, 'x');
+  CHECK(runtime::detail_engine::write_record(r).size() ==
+        runtime::bucket_record_head + runtime::bucket_message_max);
 }

@@ -530,8 +530,10 @@ def _nonfinite_worker(rank: int, world: int) -> str:
     bad = grad_for(0, 1, n).clone()
     bad[params[0].numel() + params[1].numel() + 5] = float("nan")  # element 5 of '1.weight'
     try:
-        gct.gradcomp_hook(state, FakeBucket(0, bad, params))
-    except FloatingPointError as e:
+        # The hook returns a failed future (raising out of DDP's autograd hook would break
+        # DDP's reducer), which raises when waited on.
+        gct.gradcomp_hook(state, FakeBucket(0, bad, params)).wait()
+    except (FloatingPointError, RuntimeError) as e:
         text = str(e)
     else:
         raise AssertionError("a NaN gradient was accepted")
@@ -599,6 +601,100 @@ def _raising_worker(rank: int, world: int) -> str:
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
     return "finished"
+
+
+def _one_rank_nonfinite_worker(rank: int, world: int, overlap: bool, policy: str, which: str) -> Dict[str, Any]:
+    """Rank 1 alone gets a NaN in one bucket (the first handed over, a middle one or the last) of
+    step 2. 'raise': every rank raises within seconds with the real cause, no feedback changes,
+    and a caller that catches it and goes on stays in step. 'skip': every rank gets NaN
+    gradients for that step, skips its optimizer step, and goes on in step."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    state = gct.GradcompState(selector="topk", density=0.1, module=model, overlap=overlap,
+                              nonfinite=policy)
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 1024
+    ddp = DDP(model, bucket_cap_mb=1024 / (1024 * 1024))
+    seen: List[int] = []
+    at = [0]  # the loop's step (the state's own counter does not advance past a skipped step)
+
+    def hook(st: gct.GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if at[0] == 2:
+            seen.append(bucket.index())
+            target = {"first": 1, "middle": 2, "last": None}[which]
+            hit = bucket.is_last() if target is None else len(seen) == target
+            if rank == 1 and hit:
+                bucket.buffer()[3] = float("nan")
+        return gct.gradcomp_hook(st, bucket)
+
+    ddp.register_comm_hook(state, hook)
+    out: Dict[str, Any] = {"errors": [], "skipped": []}
+    before = None
+    for s in range(6):
+        at[0] = s
+        x, y = batch(rank, s)
+        opt.zero_grad(set_to_none=True)
+        if s == 2:
+            before = state.state_dict()
+        t0 = time.perf_counter()
+        try:
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+        except Exception as e:  # the caller catches it and goes on with the next batch
+            out["errors"].append((s, type(e).__name__, str(e), time.perf_counter() - t0))
+            if s == 2:
+                out["unchanged"] = _same_state(before, state.state_dict())
+            continue
+        if state.last_step_skipped:
+            out["skipped"].append(s)
+            out["nan_grads"] = any(not torch.isfinite(p.grad).all() for p in model.parameters())
+            out["unchanged"] = _same_state(before, state.state_dict())
+            continue  # as GradScaler does
+        opt.step()
+    out["buckets"] = len(set(seen))
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    out["replicas_equal"] = all(torch.equal(gathered[0], g) for g in gathered)
+    out["skipped_steps"] = state.skipped_steps
+    state.close()
+    return out
+
+
+class OneRankFailsTest(unittest.TestCase):
+    def test_a_nonfinite_gradient_on_one_rank_raises_on_every_rank_within_seconds(self) -> None:
+        for overlap in (True, False):
+            for which in ("first", "middle", "last"):
+                with self.subTest(overlap=overlap, which=which):
+                    t0 = time.perf_counter()
+                    out = spawn(_one_rank_nonfinite_worker, 2, overlap, "raise", which, timeout_s=60.0)
+                    self.assertLess(time.perf_counter() - t0, 45.0)
+                    for rank in (0, 1):
+                        r = out[rank]
+                        self.assertGreaterEqual(r["buckets"], 3, "the model must have several buckets")
+                        self.assertEqual(len(r["errors"]), 1, r["errors"])
+                        step, kind, text, seconds = r["errors"][0]
+                        self.assertEqual(step, 2)
+                        self.assertLess(seconds, 10.0)
+                        self.assertNotIn("Unable to cast", text)
+                        self.assertTrue(r["unchanged"], "the failed step changed the hook's state")
+                        self.assertTrue(r["replicas_equal"], "the ranks drifted apart after the failure")
+                    self.assertIn("holds nan at element", out[1]["errors"][0][2])
+                    self.assertIn("failed on rank 1", out[0]["errors"][0][2])
+                    self.assertIn("holds nan", out[0]["errors"][0][2])
+
+    def test_a_nonfinite_gradient_on_one_rank_skips_the_step_on_every_rank(self) -> None:
+        for overlap in (True, False):
+            for which in ("first", "last"):
+                with self.subTest(overlap=overlap, which=which):
+                    out = spawn(_one_rank_nonfinite_worker, 2, overlap, "skip", which, timeout_s=60.0)
+                    for rank in (0, 1):
+                        r = out[rank]
+                        self.assertEqual(r["errors"], [])
+                        self.assertEqual(r["skipped"], [2])
+                        self.assertEqual(r["skipped_steps"], 1)
+                        self.assertTrue(r["nan_grads"])
+                        self.assertTrue(r["unchanged"], "the skipped step changed the hook's state")
+                        self.assertTrue(r["replicas_equal"])
 
 
 class FailureTest(unittest.TestCase):

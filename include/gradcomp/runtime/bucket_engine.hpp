@@ -14,8 +14,11 @@
 // feedback. Floats only: other dtypes are staged through float32 by the caller.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <exception>
 #include <limits>
 #include <map>
 #include <memory>
@@ -30,6 +33,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/staged_feedback.hpp>
 #include <gradcomp/detail/tensor_record.hpp>
+#include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/runtime/registry.hpp>
 #include <gradcomp/sgd.hpp>
@@ -161,6 +165,101 @@ class exchange_impl final : public exchange_half<Comm> {
   X x_;
 };
 
+// ---- the bucket's agreement -----------------------------------------------------------------
+// Before a bucket's exchange every rank allgathers a small record: which step and bucket it is
+// about to exchange, and whether its own part failed (a non-finite gradient, or any other
+// error, with the error's text). So a rank that fails locally still takes part, every rank
+// learns of the failure at once with its cause, and buckets of different steps or indices
+// never pair up in an exchange.
+
+enum class bucket_outcome : std::uint8_t { ok = 0, nonfinite = 1, failed = 2 };
+
+struct bucket_record {
+  std::uint64_t step = 0;
+  std::uint32_t bucket = 0;
+  bucket_outcome outcome = bucket_outcome::ok;
+  std::string message;  // the error's text, at most bucket_message_max bytes
+};
+
+inline constexpr std::size_t bucket_record_head = 20;  // "GCBK", step, bucket, outcome, 0, length
+inline constexpr std::size_t bucket_message_max = 1024;
+
+namespace detail_engine {
+
+inline constexpr std::byte magic[4] = {std::byte{'G'}, std::byte{'C'}, std::byte{'B'},
+                                       std::byte{'K'}};
+
+inline std::vector<std::byte> write_record(const bucket_record& r) {
+  const std::size_t len = std::min(r.message.size(), bucket_message_max);
+  std::vector<std::byte> out(bucket_record_head + len);
+  std::memcpy(out.data(), magic, 4);
+  detail::store_le64(out.data() + 4, r.step);
+  detail::store_le32(out.data() + 12, r.bucket);
+  out[16] = static_cast<std::byte>(r.outcome);
+  out[17] = std::byte{0};
+  detail::store_le16(out.data() + 18, static_cast<std::uint16_t>(len));
+  std::memcpy(out.data() + bucket_record_head, r.message.data(), len);
+  return out;
+}
+
+// Rank `rank`'s record from its `size` bytes; a communicator_error for anything that is not one.
+inline bucket_record read_record(const std::byte* in, std::size_t size, std::size_t rank) {
+  const auto refuse = [&](std::string_view why) {
+    throw communicator_error(detail::concat(
+        "gradcomp::bucket_engine: rank ", rank, " sent ", size, " bytes that are not a bucket "
+        "record (", why, "): the ranks are not running the same step of the same engine, or run "
+        "different gradcomp versions"));
+  };
+  if (size < bucket_record_head || std::memcmp(in, magic, 4) != 0) refuse("no \"GCBK\" head");
+  bucket_record r;
+  r.step = detail::load_le64(in + 4);
+  r.bucket = detail::load_le32(in + 12);
+  const auto outcome = static_cast<std::uint8_t>(in[16]);
+  if (outcome > 2) refuse(detail::concat("outcome ", unsigned{outcome}, "; allowed 0, 1, 2"));
+  r.outcome = static_cast<bucket_outcome>(outcome);
+  const std::size_t len = detail::load_le16(in + 18);
+  if (len > bucket_message_max || size != bucket_record_head + len) {
+    refuse(detail::concat("a message of ", len, " bytes in ", size, "; allowed: at most ",
+                          bucket_message_max, " and exactly the bytes that follow the head"));
+  }
+  r.message.assign(reinterpret_cast<const char*>(in + bucket_record_head), len);
+  return r;
+}
+
+}  // namespace detail_engine
+
+// Allgathers every rank's record for (step, bucket) and returns them in rank order, having
+// refused (communicator_error, the same on every rank) records that are malformed or name
+// another step or bucket.
+template <class Comm>
+std::vector<bucket_record> agree_on_bucket(Comm& comm, const bucket_record& mine,
+                                           std::vector<std::byte>& scratch) {
+  const std::vector<std::byte> bytes = detail_engine::write_record(mine);
+  std::vector<std::size_t> counts;
+  comm.allgatherv(std::span<const std::byte>(bytes), scratch, counts);
+  std::vector<bucket_record> all;
+  all.reserve(counts.size());
+  std::size_t offset = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] > scratch.size() - offset) {
+      throw communicator_error(detail::concat("gradcomp::bucket_engine: rank ", r, " announced ",
+                                              counts[r], " bytes beyond what arrived"));
+    }
+    all.push_back(detail_engine::read_record(scratch.data() + offset, counts[r], r));
+    offset += counts[r];
+  }
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (all[r].step != all[0].step || all[r].bucket != all[0].bucket) {
+      throw communicator_error(detail::concat(
+          "gradcomp::bucket_engine: ranks are at different buckets: rank ", r, " is at step ",
+          all[r].step, ", bucket ", all[r].bucket, "; rank 0 at step ", all[0].step, ", bucket ",
+          all[0].bucket, " (every rank must run the same buckets in the same order; no rank "
+          "exchanged)"));
+    }
+  }
+  return all;
+}
+
 // ---- choosing by name ---------------------------------------------------------------------
 // Both take a configuration check_config() has passed (bucket_engine checks it first); the
 // combinations it refuses are not instantiated.
@@ -228,15 +327,42 @@ class bucket_engine {
   // anywhere leaves all feedback state as it was. A failed exchange also leaves g as it was.
   //
   // The statistics are the drivers' tensor_stats, with the bucket id as the tensor's id.
+  //
+  // Every rank first agrees on the bucket (agree_on_bucket): a rank whose compression failed
+  // still takes part, and then every rank throws: the failing rank its own exception, the others
+  // nonfinite_error (a non-finite gradient) or communicator_error naming the rank and carrying
+  // its message. With config.skip_nonfinite, a bucket whose only failures are non-finite
+  // gradients is skipped on every rank instead: g is filled with NaN (what an allreduce of it
+  // would give), the step's new feedback states are forgotten, and skipped() is true.
   tensor_stats run(std::int64_t bucket, std::span<float> g, std::uint64_t step, double density) {
     if (bucket < 0 || bucket > std::int64_t{0xffffffff}) {
       detail::throw_invalid_argument("bucket_engine::run", "bucket", bucket, "0 <= bucket < 2^32");
     }
     if (compress_->pending() && step != pending_step_) compress_->discard();
     pending_step_ = step;
-    const compress_context ctx{density, call_id{config_.seed, step, static_cast<std::uint32_t>(bucket),
+    skipped_ = false;
+    const auto id = static_cast<std::uint32_t>(bucket);
+    const compress_context ctx{density, call_id{config_.seed, step, id,
                                                 static_cast<std::uint32_t>(comm_->rank())}};
-    const compress_stats cs = compress_->compress(bucket, g, ctx, payload_);
+    compress_stats cs;
+    bucket_record mine{step, id, bucket_outcome::ok, {}};
+    std::exception_ptr local;
+    try {
+      cs = compress_->compress(bucket, g, ctx, payload_);
+    } catch (const nonfinite_error& e) {
+      local = std::current_exception();
+      mine.outcome = bucket_outcome::nonfinite;
+      mine.message = e.what();
+    } catch (const std::exception& e) {
+      local = std::current_exception();
+      mine.outcome = bucket_outcome::failed;
+      mine.message = e.what();
+    }
+    if (settle(mine, local)) {
+      std::fill(g.begin(), g.end(), std::numeric_limits<float>::quiet_NaN());
+      skipped_ = true;
+      return detail::tensor_stats_of(id, g.size(), compress_stats{}, exchange_stats{}, 0);
+    }
     // The exchange writes the mean over g only once it has succeeded: into a buffer first.
     mean_.resize(g.size());
     exchange_stats xs;
@@ -256,12 +382,62 @@ class bucket_engine {
   [[nodiscard]] const engine_config& config() const noexcept { return config_; }
   [[nodiscard]] Comm& comm() noexcept { return *comm_; }
 
+  // Whether the last run() skipped its bucket (config.skip_nonfinite).
+  [[nodiscard]] bool skipped() const noexcept { return skipped_; }
+
+  // For a caller whose own part of the bucket failed before run(): takes part in the bucket's
+  // agreement as failed with `message` (so that the other ranks throw at once, carrying it),
+  // forgets the step's new feedback states, and throws invalid_argument(message) here.
+  [[noreturn]] void fail(std::int64_t bucket, std::uint64_t step, std::string message) {
+    bucket_record mine{step, static_cast<std::uint32_t>(bucket), bucket_outcome::failed,
+                       std::move(message)};
+    std::exception_ptr local;
+    try {
+      throw invalid_argument(mine.message);
+    } catch (...) {
+      local = std::current_exception();
+    }
+    settle(mine, local);
+    std::rethrow_exception(local);  // settle() rethrows it; for the compiler
+  }
+
   // Keeps the new feedback state of every bucket run since the last commit or discard.
   void commit() { compress_->commit(); }
   // Forgets them: every bucket's state is what the last commit left.
   void discard() { compress_->discard(); }
 
  private:
+  // The bucket's agreement: returns false when every rank succeeded, true when the bucket is
+  // skipped (skip_nonfinite and only non-finite failures), and otherwise throws on every rank,
+  // the failing ranks their own exception. Forgets the step's new feedback states whenever a
+  // rank failed.
+  bool settle(const bucket_record& mine, const std::exception_ptr& local) {
+    std::vector<bucket_record> all;
+    try {
+      all = agree_on_bucket(*comm_, mine, record_scratch_);
+    } catch (...) {
+      compress_->discard();
+      throw;
+    }
+    std::size_t first_failed = all.size();
+    bool only_nonfinite = true;
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      if (all[r].outcome == bucket_outcome::ok) continue;
+      if (first_failed == all.size()) first_failed = r;
+      only_nonfinite = only_nonfinite && all[r].outcome == bucket_outcome::nonfinite;
+    }
+    if (first_failed == all.size()) return false;
+    compress_->discard();
+    if (only_nonfinite && config_.skip_nonfinite) return true;
+    if (local) std::rethrow_exception(local);
+    const bucket_record& bad = all[first_failed];
+    const std::string text = detail::concat(
+        "gradcomp::bucket_engine: bucket ", bad.bucket, " of step ", bad.step, " failed on rank ",
+        first_failed, " (no rank exchanged it, and no feedback state changed): ", bad.message);
+    if (bad.outcome == bucket_outcome::nonfinite) throw nonfinite_error(text);
+    throw communicator_error(text);
+  }
+
   static engine_config checked(engine_config c) {
     check_config(c);
     return c;
@@ -274,7 +450,9 @@ class bucket_engine {
   payload payload_;
   unused_picks unused_;
   std::vector<float> mean_;
+  std::vector<std::byte> record_scratch_;
   std::uint64_t pending_step_ = 0;
+  bool skipped_ = false;
 };
 
 }  // namespace gradcomp::runtime

@@ -53,6 +53,10 @@ struct engine_config {
   double density = 0.01;
   unsigned warmup_epochs = 0;
   std::uint64_t steps_per_epoch = 1;
+  // bucket_engine: a non-finite gradient on any rank fails the bucket on every rank (false), or
+  // skips it on every rank (true: the bucket comes back as NaN everywhere, as an allreduce of
+  // it would, and no feedback state changes), for a loss scaler to skip the optimizer's step.
+  bool skip_nonfinite = false;
 
   [[nodiscard]] density_schedule schedule() const {
     return density_schedule::warmup(density, warmup_epochs, steps_per_epoch);

@@ -130,9 +130,19 @@ class BucketFeedback:
         """Runs bucket `index` (its float32 values `staged`, written over with the result) on
         the engine, as the saved buckets were after a resume (groups_for); the statistics of
         each engine run."""
-        groups = self.groups_for(params, index)
+        try:
+            groups = self.groups_for(params, index)
+            if groups is None:
+                self.prepare(engine, index, params, staged.numel())
+        except Exception as e:
+            # This rank's own part failed before the exchange: the others learn it from the
+            # bucket's agreement (and raise, carrying the message) instead of waiting.
+            try:
+                engine.fail(index, step, str(e))
+            except Exception:
+                pass
+            raise
         if groups is None:
-            self.prepare(engine, index, params, staged.numel())
             return [engine.run(index, staged, step, density)]
         offsets = [0]
         for p in params:
@@ -140,8 +150,18 @@ class BucketFeedback:
         results = []
         for g_index, positions in groups:
             part = torch.cat([staged[offsets[j] : offsets[j + 1]] for j in positions])
-            self.prepare(engine, g_index, [params[j] for j in positions], part.numel())
+            try:
+                self.prepare(engine, g_index, [params[j] for j in positions], part.numel())
+            except Exception as e:
+                try:
+                    engine.fail(g_index, step, str(e))
+                except Exception:
+                    pass
+                raise
             results.append(engine.run(g_index, part, step, density))
+            if results[-1].get("skipped"):
+                staged.fill_(float("nan"))
+                return results
             at = 0
             for j in positions:
                 n = offsets[j + 1] - offsets[j]

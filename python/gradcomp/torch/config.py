@@ -67,6 +67,12 @@ class GradcompConfig:
             as PowerSGD's ``start_powerSGD_iter``.
         overlap: run each bucket on the state's thread (True, default), so that
             communication overlaps the rest of the backward pass; False runs it in the hook.
+        nonfinite: what a NaN or Inf gradient on any rank does, agreed by every rank before the
+            bucket is exchanged: 'raise' (default: every rank raises, FloatingPointError naming
+            the rank, bucket and parameter, and no feedback state changes) or 'skip' (every
+            rank gets the step's buckets from that one on as NaN, as an allreduce would give
+            them, and no feedback state or step count changes: skip the optimizer's step, as
+            torch.cuda.amp.GradScaler does on its own; ``state.skipped_steps`` counts them).
     """
 
     selector: str = "topk"
@@ -84,6 +90,7 @@ class GradcompConfig:
     steps_per_epoch: Optional[int] = None
     start_iter: int = 0
     overlap: bool = True
+    nonfinite: str = "raise"
 
     def __post_init__(self) -> None:
         for field in ("selector", "quantizer", "feedback", "exchange"):
@@ -104,6 +111,10 @@ class GradcompConfig:
             raise _type_error("steps_per_epoch", self.steps_per_epoch, "an integer, or None")
         if not isinstance(self.overlap, bool):
             raise _type_error("overlap", self.overlap, "True or False")
+        if not isinstance(self.nonfinite, str):
+            raise _type_error("nonfinite", self.nonfinite, "'raise' or 'skip'")
+        if self.nonfinite not in ("raise", "skip"):
+            raise ValueError(f"gradcomp.torch: nonfinite = {self.nonfinite!r} is not allowed; allowed: 'raise', 'skip'")
         # Selector 'dgc' goes with DGC's momentum correction: the default feedback means it.
         if self.selector == "dgc" and self.feedback == "residual":
             object.__setattr__(self, "feedback", "dgc")
@@ -134,6 +145,7 @@ class GradcompConfig:
         c.warmup_epochs = self.warmup_epochs
         # steps_per_epoch only matters with a warm-up (and is checked then).
         c.steps_per_epoch = self.steps_per_epoch if self.warmup_epochs > 0 and self.steps_per_epoch else 1
+        c.skip_nonfinite = self.nonfinite == "skip"
         return c
 
     def as_dict(self) -> Dict[str, Any]:

@@ -18,6 +18,13 @@ def _allreduce_mean(group: dist.ProcessGroup, buffer: torch.Tensor) -> "torch.fu
     return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
 
 
+def _unwrap(fut: "torch.futures.Future[torch.Tensor]") -> torch.Tensor:
+    # DDP (PyTorch 1.13) reads a future's value on the C++ side, where an exception stored
+    # with set_exception is a value that is not a Tensor ("Unable to cast ... to Tensor"). A
+    # future chained with then() is failed on the C++ side instead when this raises it.
+    return fut.value()
+
+
 def _check_bucket(buffer: torch.Tensor) -> None:
     if buffer.device.type != "cpu":
         raise RuntimeError(
@@ -58,12 +65,17 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
         state._last_ready = time.perf_counter()
     if not state.config.overlap:
         fut: "torch.futures.Future[torch.Tensor]" = torch.futures.Future()
+        done = fut.then(_unwrap)
         try:
             fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
-        except BaseException:
-            state._abandon_iteration(step)  # nothing of the step is kept; a retry runs it again
-            raise
-        return fut
+        except BaseException as e:
+            # A failed future, not an exception out of the hook: raised from DDP's autograd
+            # hook it leaves DDP's reducer broken (the next backward pass fails an internal
+            # assertion), while a failed future is raised from backward() with the reducer
+            # ready for the next pass.
+            state._abandon_iteration(step, is_last)  # nothing of the step is kept; a retry runs it again
+            fut.set_exception(e)
+        return done
 
     if state._executor is None:
         state._executor = concurrent.futures.ThreadPoolExecutor(
@@ -75,8 +87,8 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
         try:
             fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
         except BaseException as e:  # the training loop sees it when DDP waits on the future
-            state._abandon_iteration(step)  # nothing of the step is kept; a retry runs it again
+            state._abandon_iteration(step, is_last)  # nothing of the step is kept; a retry runs it again
             fut.set_exception(e)
 
     state._executor.submit(work)
-    return fut
+    return fut.then(_unwrap)

@@ -50,6 +50,7 @@ class GradcompState:
         start_iter: int = 0,
         module: Optional[torch.nn.Module] = None,
         overlap: bool = True,
+        nonfinite: str = "raise",
     ) -> None:
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise TypeError(
@@ -60,7 +61,8 @@ class GradcompState:
             selector=selector, density=density, quantizer=quantizer, feedback=feedback,
             exchange=exchange, seed=seed, bits=bits, bucket_size=bucket_size, threshold=threshold,
             dgc_momentum=dgc_momentum, dgc_clip_norm=dgc_clip_norm, warmup_epochs=warmup_epochs,
-            steps_per_epoch=steps_per_epoch, start_iter=start_iter, overlap=overlap)
+            steps_per_epoch=steps_per_epoch, start_iter=start_iter, overlap=overlap,
+            nonfinite=nonfinite)
         self._config = self.config.engine_config()
         self.process_group = process_group
         self._module = module
@@ -98,6 +100,23 @@ class GradcompState:
         self._iteration_stats: List[Dict[str, Any]] = []
         self._last_ready = 0.0  # when DDP handed over the last bucket of the backward pass
         self._last_overlap: Optional[float] = None
+        # nonfinite='skip': the step whose buckets come back as NaN (every rank agreed), and
+        # how many steps were skipped so.
+        self._skipping_step: Optional[int] = None
+        # The step of a bucket that failed, while the step's other buckets come in.
+        self._failing_step: Optional[int] = None
+        self._skipped_steps = 0
+        self._last_skipped = False
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped on every rank for a non-finite gradient (nonfinite='skip')."""
+        return self._skipped_steps
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the last backward pass's buckets came back as NaN (nonfinite='skip')."""
+        return self._last_skipped
 
     @property
     def rebuilds(self) -> int:
@@ -167,14 +186,42 @@ class GradcompState:
         engine = self._engine
         staged = buffer if buffer.dtype == torch.float32 else buffer.to(torch.float32)
         density = self._config.density_at(step)
-        try:
-            results = self._buckets.run(engine, index, staged, params, step, density)
-        except FloatingPointError as e:  # name the bucket and the parameter, not "tensor 0"
-            raise FloatingPointError(self._buckets.nonfinite_message(index, params, staged, str(e))) from None
+        if self._failing_step == step:
+            # An earlier bucket of this step failed on every rank (the engine's agreement told
+            # each of them): the rest of the step fails too, on every rank, without an
+            # exchange, and nothing of it is kept.
+            if is_last:
+                self._failing_step = None
+            raise RuntimeError(
+                f"gradcomp.torch: bucket {index} of step {step} was not run: an earlier bucket "
+                "of this step failed (its error was raised first)")
+        if self._skipping_step == step:
+            # nonfinite='skip': an earlier bucket of this step was skipped on every rank; so is
+            # this one, on every rank, without an exchange.
+            staged.fill_(float("nan"))
+            results: List[Dict[str, Any]] = []
+        else:
+            try:
+                results = self._buckets.run(engine, index, staged, params, step, density)
+            except FloatingPointError as e:  # name the bucket and the parameter, not "tensor 0"
+                raise FloatingPointError(self._buckets.nonfinite_message(index, params, staged, str(e))) from None
+            if any(r.get("skipped") for r in results):
+                self._skipping_step = step
+                results = []
         if staged is not buffer:
-
             buffer.copy_(staged)
         end = time.perf_counter()
+        if is_last and self._skipping_step == step:
+            # The step was skipped on every rank: nothing of it is kept, and the next backward
+            # pass runs as this one's step number again.
+            self._abandon_iteration(step)
+            self._skipping_step = None
+            self._skipped_steps += 1
+            self._last_skipped = True
+            return buffer
+        if is_last:
+            # Before anything is kept: a checkpoint whose entries matched no parameter.
+            self._buckets.check_pending()
         with self._lock:
             self._iteration_stats.extend(results)
             self._timeline.append((start, end))
@@ -182,6 +229,7 @@ class GradcompState:
                 # Every bucket of the iteration succeeded: keep their new feedback state and
                 # count them. Until now a failure would have changed nothing.
                 engine.commit()
+                self._last_skipped = False
                 for stats in self._iteration_stats:
                     self._last[stats["bucket"]] = stats
                     self._totals["bytes_sent"] += stats["bytes_sent"]
@@ -190,14 +238,15 @@ class GradcompState:
                     self._totals["elements"] += stats["n"]
                 self._iteration_stats = []
                 self._finish_iteration()
-        if is_last:
-            self._buckets.check_pending()
         return buffer
 
-    def _abandon_iteration(self, step: int) -> None:
+    def _abandon_iteration(self, step: int, is_last: bool = True) -> None:
         # A bucket of iteration `step` failed: its buckets' new feedback state and statistics
-        # are forgotten, and a retry runs the iteration again from where it started.
+        # are forgotten, and a retry runs the iteration again from where it started. The
+        # step's later buckets fail as well (_run_bucket), so that none of them commits.
         self.iteration = min(self.iteration, step)
+        self._skipping_step = None
+        self._failing_step = None if is_last else step
         with self._lock:
             if self._engine is not None:
                 self._engine.discard()
