@@ -389,14 +389,9 @@ class bucket_engine {
   // agreement as failed with `message` (so that the other ranks throw at once, carrying it),
   // forgets the step's new feedback states, and throws invalid_argument(message) here.
   [[noreturn]] void fail(std::int64_t bucket, std::uint64_t step, std::string message) {
-    bucket_record mine{step, static_cast<std::uint32_t>(bucket), bucket_outcome::failed,
-                       std::move(message)};
-    std::exception_ptr local;
-    try {
-      throw invalid_argument(mine.message);
-    } catch (...) {
-      local = std::current_exception();
-    }
+    const std::exception_ptr local = std::make_exception_ptr(invalid_argument(message));
+    const bucket_record mine{step, static_cast<std::uint32_t>(bucket), bucket_outcome::failed,
+                             std::move(message)};
     settle(mine, local);
     std::rethrow_exception(local);  // settle() rethrows it; for the compiler
   }

@@ -125,24 +125,28 @@ class BucketFeedback:
             return None
         return groups
 
-    def run(self, engine: Any, index: int, staged: torch.Tensor, params: List[torch.Tensor],
-            step: int, density: float) -> List[Any]:
-        """Runs bucket `index` (its float32 values `staged`, written over with the result) on
-        the engine, as the saved buckets were after a resume (groups_for); the statistics of
-        each engine run."""
+    def prepare_or_fail(self, engine: Any, index: int, params: List[torch.Tensor], n: int,
+                        step: int) -> None:
+        """prepare(); when it raises, this rank's own part of the bucket failed before the
+        exchange: engine.fail() first tells the other ranks through the bucket's agreement (they
+        raise, carrying the message, instead of waiting), then the error is raised here."""
         try:
-            groups = self.groups_for(params, index)
-            if groups is None:
-                self.prepare(engine, index, params, staged.numel())
+            self.prepare(engine, index, params, n)
         except Exception as e:
-            # This rank's own part failed before the exchange: the others learn it from the
-            # bucket's agreement (and raise, carrying the message) instead of waiting.
             try:
                 engine.fail(index, step, str(e))
             except Exception:
                 pass
             raise
+
+    def run(self, engine: Any, index: int, staged: torch.Tensor, params: List[torch.Tensor],
+            step: int, density: float) -> List[Any]:
+        """Runs bucket `index` (its float32 values `staged`, written over with the result) on
+        the engine, as the saved buckets were after a resume (groups_for); the statistics of
+        each engine run."""
+        groups = self.groups_for(params, index)
         if groups is None:
+            self.prepare_or_fail(engine, index, params, staged.numel(), step)
             return [engine.run(index, staged, step, density)]
         offsets = [0]
         for p in params:
@@ -150,14 +154,7 @@ class BucketFeedback:
         results = []
         for g_index, positions in groups:
             part = torch.cat([staged[offsets[j] : offsets[j + 1]] for j in positions])
-            try:
-                self.prepare(engine, g_index, [params[j] for j in positions], part.numel())
-            except Exception as e:
-                try:
-                    engine.fail(g_index, step, str(e))
-                except Exception:
-                    pass
-                raise
+            self.prepare_or_fail(engine, g_index, [params[j] for j in positions], part.numel(), step)
             results.append(engine.run(g_index, part, step, density))
             if results[-1].get("skipped"):
                 staged.fill_(float("nan"))
