@@ -132,6 +132,27 @@ concept point_to_point = requires(C& c, std::span<const T> send, std::vector<T>&
 // Optional: a communicator that can only be used from another thread under conditions
 // (mpi_comm needs MPI_THREAD_SERIALIZED) checks them in require_thread_support(who), which a
 // driver with a communication thread of its own (layerwise_sgd) calls before it starts.
+// Optional: receives bounded by the protocol. In allgatherv and alltoallv the peers announce
+// how much they send, and the receiver sizes its buffer by it; a communicator whose peers are
+// other processes takes a receive_limit, the most elements any one rank may contribute there
+// (what the calling protocol allows: 48 bytes for an exchange header, a wire payload's size
+// for a tensor of n elements), and throws communicator_error on every rank (each sees every
+// rank's counts) before anything is allocated or received. The exchanges pass their limit
+// through detail::allgatherv_within and detail::alltoallv_within, which fall back to the plain
+// collective on a communicator without the overload (in_process_comm: its peers are threads of
+// this process) and then rely on the checks of what arrived.
+struct receive_limit {
+  std::size_t per_rank = static_cast<std::size_t>(-1);
+};
+
+template <class C, class T>
+concept bounds_receives =
+    requires(C& c, std::span<const T> send, std::span<const std::size_t> send_counts,
+             std::vector<T>& recv, std::vector<std::size_t>& recv_counts, receive_limit limit) {
+      c.allgatherv(send, recv, recv_counts, limit);
+      c.alltoallv(send, send_counts, recv, recv_counts, limit);
+    };
+
 template <class C>
 concept checks_thread_support = requires(const C& c, std::string_view who) {
   c.require_thread_support(who);

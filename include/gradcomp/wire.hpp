@@ -296,6 +296,14 @@ inline std::size_t wire_size(const payload& p) noexcept {
                                   detail::packed_size(count, p.bits_per_value));
 }
 
+// The most bytes any valid payload for a tensor of dense_size elements encodes to: the header
+// and, per entry, a 4-byte index, at most one 4-byte side value and at most 32 bits of value,
+// plus the packing's rounding. What an exchange lets a peer announce before it sizes a buffer.
+inline constexpr std::size_t wire_max_size(std::uint64_t dense_size) noexcept {
+  const std::uint64_t n = dense_size < wire_max_dense_size ? dense_size : wire_max_dense_size;
+  return static_cast<std::size_t>(wire_header_bytes + 8u + 12u * n);
+}
+
 // Writes p into out, which must hold at least wire_size(p) bytes; returns the bytes written.
 // Throws payload_error if p is inconsistent, invalid_argument if out is too small.
 inline std::size_t encode_wire(const payload& p, std::span<std::byte> out) {

@@ -726,3 +726,59 @@ TEST_CASE("in_process: a rank that returns while others wait fails the run") {
   CHECK(contains(thrown, "rank 0 returned while rank"));
   CHECK(contains(thrown, "barrier"));
 }
+
+TEST_CASE("check_announced: each count within the protocol's limit, the total within the transport's") {
+  using gradcomp::receive_limit;
+  using gradcomp::detail::check_announced;
+  auto message = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const communicator_error& e) {
+      return e.what();
+    }
+    return {};
+  };
+  const std::vector<std::uint64_t> fine{0, 48, 48};
+  CHECK(message([&] { check_announced("x", fine, 1, receive_limit{48}, 1000); }).empty());
+  CHECK(message([&] { check_announced("x", std::vector<std::uint64_t>{}, 1, receive_limit{}, 0); }).empty());
+  // Rank 2 claims more than one rank may send: named with its count and the limit.
+  const std::string over = message([] {
+    check_announced("agree", std::vector<std::uint64_t>{48, 48, 0xffffffffu}, 1, receive_limit{48}, 1u << 30);
+  });
+  CHECK(over.find("gradcomp::agree: rank 2 announced 4294967295 elements; allowed: at most 48") != std::string::npos);
+  CHECK(over.find("protocol") != std::string::npos);
+  // Without a protocol limit, the transport's bound still holds, per rank and in total.
+  const std::string huge = message([] {
+    check_announced("x", std::vector<std::uint64_t>{1, std::uint64_t{1} << 62}, 1, receive_limit{}, 1u << 31);
+  });
+  CHECK(huge.find("rank 1 announced 4611686018427387904 elements; allowed: at most 2147483648") != std::string::npos);
+  const std::string total = message([] {
+    check_announced("x", std::vector<std::uint64_t>{1u << 30, 1u << 30, 1u << 30}, 1, receive_limit{}, 1u << 31);
+  });
+  CHECK(total.find("add up to 3221225472 elements or more") != std::string::npos);
+  // An alltoallv matrix (3 ranks): entry 5 is row 1, so rank 1 lied.
+  const std::string row = message([] {
+    check_announced("a2a", std::vector<std::uint64_t>{0, 1, 2, 3, 4, 99, 6, 7, 8}, 3, receive_limit{10}, 1000);
+  });
+  CHECK(row.find("rank 1 announced 99 elements; allowed: at most 10") != std::string::npos);
+}
+
+TEST_CASE("in_process: a receive limit it cannot apply before the collective is checked after it") {
+  // in_process_comm's peers are threads of this process: allgatherv_within and
+  // alltoallv_within check its counts once received, naming the rank, on every rank alike.
+  static_assert(!gradcomp::bounds_receives<in_process_comm, std::byte>);
+  std::vector<std::string> seen(3);
+  run_in_process(3, [&](in_process_comm& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    const std::vector<std::byte> mine(r == 2 ? 9 : 4);
+    std::vector<std::byte> all;
+    std::vector<std::size_t> counts;
+    try {
+      gradcomp::detail::allgatherv_within(c, std::span<const std::byte>(mine), all, counts,
+                                          gradcomp::receive_limit{8}, "test");
+    } catch (const communicator_error& e) {
+      seen[r] = e.what();
+    }
+  });
+  for (const auto& s : seen) CHECK(s == "gradcomp::test: rank 2 sent 9 elements; allowed: at most 8");
+}

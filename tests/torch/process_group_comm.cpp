@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -33,6 +35,72 @@ namespace {
 
 using namespace gradcomp;
 
+// Forwards to gloo; once armed, it lies in one message of counts this rank sends (the
+// (skip + 1)-th after arming): the alltoall_base of process_group_comm's allgatherv (8 bytes to
+// each rank) or alltoallv (a row of size() counts to each rank). Counts of 8 * size() bytes per
+// rank are tampered only at the entry for the next rank, so the lie reaches every rank's matrix.
+class tampering_group final : public c10d::ProcessGroup {
+ public:
+  explicit tampering_group(c10::intrusive_ptr<c10d::ProcessGroup> inner)
+      : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
+
+  void lie(std::uint64_t value, int skip) {
+    lie_ = value;
+    skip_ = skip;
+    armed_ = true;
+    seen_ = 0;
+  }
+  // Counts messages this rank sent since lie() without lying in them (lie(0, -1): count only).
+  [[nodiscard]] int seen() const { return seen_; }
+  void disarm() { armed_ = false; }
+
+  const std::string getBackendName() const override { return inner_->getBackendName(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    return inner_->broadcast(tensors, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    return inner_->barrier(opts);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
+                                               std::vector<std::int64_t>& out_splits,
+                                               std::vector<std::int64_t>& in_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    if (armed_ && is_counts(in, in_splits) && skip_ >= 0 && skip_-- == 0) {
+      armed_ = false;
+      at::Tensor lying = in.clone();
+      auto* words = reinterpret_cast<std::uint64_t*>(lying.data_ptr());
+      const auto p = static_cast<std::size_t>(getSize());
+      const auto row = static_cast<std::size_t>(in_splits[0]) / sizeof(std::uint64_t);
+      const std::size_t at = row == 1 ? 0 : static_cast<std::size_t>(getRank() + 1) % p;
+      for (std::size_t s = 0; s < p; ++s) words[s * row + at] = lie_;
+      return inner_->alltoall_base(out, lying, out_splits, in_splits, opts);
+    }
+    if (armed_ && is_counts(in, in_splits)) ++seen_;
+    return inner_->alltoall_base(out, in, out_splits, in_splits, opts);
+  }
+
+ private:
+  bool is_counts(const at::Tensor& in, const std::vector<std::int64_t>& splits) const {
+    const auto p = static_cast<std::int64_t>(getSize());
+    if (splits.empty()) return false;
+    const std::int64_t each = splits[0];
+    if (each != 8 && each != 8 * p) return false;
+    for (const auto x : splits) {
+      if (x != each) return false;
+    }
+    return in.numel() == each * p;
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> inner_;
+  std::uint64_t lie_ = 0;
+  int skip_ = 0;
+  int seen_ = 0;
+  bool armed_ = false;
+};
+
+c10::intrusive_ptr<tampering_group> the_tamperer;
 std::unique_ptr<process_group_comm> the_comm;
 
 process_group_comm& comm() { return *the_comm; }
@@ -150,6 +218,115 @@ TEST_CASE("bucket_engine over gloo equals bucket_engine in process, every exchan
   }
 }
 
+// Every rank runs `f` while the last rank lies (`lie` elements) in its (skip + 1)-th message of
+// counts: every rank must throw communicator_error naming the liar and the count, before any
+// buffer is sized by it (an unbounded 2^32 - 1 would allocate gigabytes, 2^62 bytes are more
+// than any allocation or torch's int message offsets), and
+// the ranks must still be in step afterwards.
+void refused_everywhere(std::uint64_t lie, int skip, const std::function<void()>& f,
+                        const std::string& needle) {
+  const int liar = comm().size() - 1;
+  if (comm().rank() == liar) the_tamperer->lie(lie, skip);
+  std::string what;
+  bool right_type = false;
+  try {
+    f();
+  } catch (const communicator_error& e) {
+    right_type = true;
+    what = e.what();
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  the_tamperer->disarm();
+  CAPTURE(what);
+  CHECK(right_type);
+  CHECK(what.find(needle) != std::string::npos);
+  CHECK(what.find("rank " + std::to_string(liar)) != std::string::npos);
+  // Still in step: a clean allgatherv returns every rank's own number.
+  const std::vector<int> mine{comm().rank(), 7};
+  std::vector<std::byte> all;
+  std::vector<std::size_t> counts;
+  comm().allgatherv(std::as_bytes(std::span<const int>(mine)), all, counts);
+  REQUIRE(all.size() == static_cast<std::size_t>(comm().size()) * sizeof(int) * 2);
+  for (int r = 0; r < comm().size(); ++r) {
+    int got = -1;
+    std::memcpy(&got, all.data() + static_cast<std::size_t>(r) * 2 * sizeof(int), sizeof(int));
+    CHECK(got == r);
+  }
+}
+
+TEST_CASE("counts a peer announces are bounded before anything is sized by them, on every rank") {
+  if (comm().size() < 2) return;  // one rank announces nothing to anyone
+  const std::vector<std::byte> bytes(40);
+  std::vector<std::byte> recv_bytes;
+  std::vector<float> recv_floats;
+  std::vector<index_value> recv_pairs;
+  std::vector<std::size_t> counts;
+  const std::string big = "announced 4294967295 elements";
+  // allgatherv with the protocol's limit, and without one (the size of a message still bounds).
+  refused_everywhere(0xffffffffu, 0, [&] {
+    comm().allgatherv(std::span<const std::byte>(bytes), recv_bytes, counts, receive_limit{64});
+  }, big);
+  refused_everywhere(std::uint64_t{1} << 62, 0, [&] {
+    const std::vector<float> f(10, 1.0f);
+    comm().allgatherv(std::span<const float>(f), recv_floats, counts);
+  }, "announced 4611686018427387904 elements");
+  // alltoallv: the lie is in one entry of the liar's row, which every rank sees.
+  refused_everywhere(0xffffffffu, 0, [&] {
+    const auto p = static_cast<std::size_t>(comm().size());
+    const std::vector<index_value> pairs(p, index_value{1, 1.0f});
+    const std::vector<std::size_t> each(p, 1);
+    comm().alltoallv(std::span<const index_value>(pairs), std::span<const std::size_t>(each),
+                     recv_pairs, counts, receive_limit{100});
+  }, big);
+  refused_everywhere(std::uint64_t{1} << 62, 0, [&] {
+    const auto p = static_cast<std::size_t>(comm().size());
+    const std::vector<index_value> pairs(p, index_value{1, 1.0f});
+    const std::vector<std::size_t> each(p, 1);
+    comm().alltoallv(std::span<const index_value>(pairs), std::span<const std::size_t>(each),
+                     recv_pairs, counts);
+  }, "announced 4611686018427387904 elements");
+}
+
+TEST_CASE("every message of counts in every exchange of a step refuses a lying peer") {
+  if (comm().size() < 2) return;
+  namespace rt = gradcomp::runtime;
+  const std::size_t n = 5003;
+  for (const char* ex : {"allreduce", "allgather", "gtopk", "a2a", "auto"}) {
+    rt::engine_config c;
+    c.exchange = ex;
+    c.selector = std::string(ex) == "allreduce" ? "randomk" : "topk";
+    CAPTURE(ex);
+    rt::bucket_engine<process_group_comm> engine(comm(), c), clean(comm(), c);
+    auto step = [&](rt::bucket_engine<process_group_comm>& e, std::uint64_t s) {
+      auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::laplace, n,
+                                                static_cast<std::uint64_t>(comm().rank()) + 10 * s);
+      e.run(3, std::span<float>(g), s, 0.01);
+      e.commit();
+      return g;
+    };
+    // How many messages of counts the liar sends in one step (the first step calibrates
+    // 'auto', so count on the second).
+    (void)step(engine, 0);
+    the_tamperer->lie(0, -1);
+    (void)step(engine, 1);
+    const int messages = the_tamperer->seen();
+    the_tamperer->disarm();
+    CAPTURE(messages);
+    CHECK(messages >= 2);  // the bucket's agreement and at least one exchange message
+    for (int k = 0; k < messages; ++k) {
+      CAPTURE(k);
+      refused_everywhere(0xffffffffu, k, [&] { (void)step(engine, 2); },
+                         "announced 4294967295 elements");
+    }
+    // The failed steps changed nothing: step 2 now equals that of an engine that never failed.
+    const auto got = step(engine, 2);
+    (void)step(clean, 0);
+    (void)step(clean, 1);
+    CHECK(gradcomp_test::same_bits(got, step(clean, 2)));
+  }
+}
+
 int main(int argc, char** argv) {
   int ranks = 1;
   std::vector<char*> args;
@@ -181,12 +358,13 @@ int main(int argc, char** argv) {
     if (pid == 0) {
       int status = 1;
       try {
-        auto group = make_group(store, r, ranks);
-        the_comm = std::make_unique<process_group_comm>(group);
+        the_tamperer = c10::make_intrusive<tampering_group>(make_group(store, r, ranks));
+        the_comm = std::make_unique<process_group_comm>(the_tamperer);
         doctest::Context context(static_cast<int>(args.size()), args.data());
         if (r != 0) context.setOption("minimal", true);
         status = context.run();
         the_comm.reset();
+        the_tamperer.reset();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", r, e.what());
       }

@@ -127,8 +127,8 @@ class mpi_comm {
 
   template <detail::mpi_element T>
   void allgatherv(std::span<const std::type_identity_t<T>> send, std::vector<T>& recv,
-                  std::vector<std::size_t>& recv_counts) {
-    iallgatherv<T>(send, recv, recv_counts).wait();
+                  std::vector<std::size_t>& recv_counts, receive_limit limit = {}) {
+    iallgatherv<T>(send, recv, recv_counts, limit).wait();
   }
 
   template <detail::mpi_element T>
@@ -139,8 +139,8 @@ class mpi_comm {
   template <detail::mpi_element T>
   void alltoallv(std::span<const std::type_identity_t<T>> send,
                  std::span<const std::size_t> send_counts, std::vector<T>& recv,
-                 std::vector<std::size_t>& recv_counts) {
-    ialltoallv<T>(send, send_counts, recv, recv_counts).wait();
+                 std::vector<std::size_t>& recv_counts, receive_limit limit = {}) {
+    ialltoallv<T>(send, send_counts, recv, recv_counts, limit).wait();
   }
 
   template <detail::mpi_element T>
@@ -162,10 +162,13 @@ class mpi_comm {
   }
 
   // recv is resized to the total and receives rank 0's elements, then rank 1's, ...;
-  // recv_counts[r] is rank r's count in elements. Counts may differ and be zero.
+  // recv_counts[r] is rank r's count in elements. Counts may differ and be zero. A count beyond
+  // `limit` (see bounds_receives) makes every rank throw communicator_error before recv is
+  // touched: every rank sees the same counts.
   template <detail::mpi_element T>
   [[nodiscard]] mpi_request iallgatherv(std::span<const std::type_identity_t<T>> send,
-                                        std::vector<T>& recv, std::vector<std::size_t>& recv_counts) {
+                                        std::vector<T>& recv, std::vector<std::size_t>& recv_counts,
+                                        receive_limit limit = {}) {
     struct data {
       std::vector<T> own;  // send, when it lives in recv
       std::uint64_t mine = 0;
@@ -180,7 +183,7 @@ class mpi_comm {
     d->mine = send.size();
     d->counts.resize(static_cast<std::size_t>(size_));
     const MPI_Datatype type = bytes_type(sizeof(T));
-    return start([d, send, &recv, &recv_counts, type](std::vector<MPI_Request>& reqs,
+    return start([d, send, &recv, &recv_counts, type, limit](std::vector<MPI_Request>& reqs,
                                                                   int phase, MPI_Comm c) {
       if (phase == 0) {
         reqs.emplace_back();
@@ -191,6 +194,7 @@ class mpi_comm {
       }
       if (phase == 1) {
         // Every rank sees the same counts, so a size error is thrown on every rank alike.
+        detail::check_announced("mpi_comm::allgatherv", d->counts, 1, limit, detail::most_int);
         std::size_t total = 0;
         d->icounts.resize(d->counts.size());
         d->idispls.resize(d->counts.size());
@@ -244,11 +248,14 @@ class mpi_comm {
 
   // send holds the blocks for rank 0, 1, ... back to back (send_counts[s] elements for rank s,
   // summing to send.size()); recv is resized and receives the blocks addressed to this rank in
-  // source rank order, recv_counts[s] from rank s.
+  // source rank order, recv_counts[s] from rank s. Every rank gathers every rank's row of
+  // counts, so a count beyond `limit` (see bounds_receives) makes every rank throw the same
+  // communicator_error before anything is allocated or received.
   template <detail::mpi_element T>
   [[nodiscard]] mpi_request ialltoallv(std::span<const std::type_identity_t<T>> send,
                                        std::span<const std::size_t> send_counts,
-                                       std::vector<T>& recv, std::vector<std::size_t>& recv_counts) {
+                                       std::vector<T>& recv, std::vector<std::size_t>& recv_counts,
+                                       receive_limit limit = {}) {
     const auto p = static_cast<std::size_t>(size_);
     if (send_counts.size() != p) {
       detail::throw_invalid_argument("mpi_comm::alltoallv", "send_counts.size()",
@@ -256,12 +263,12 @@ class mpi_comm {
     }
     struct data {
       std::vector<T> own;
-      std::vector<std::uint64_t> sc, rc;
+      std::vector<std::uint64_t> sc, matrix;
       std::vector<int> isc, isd, irc, ird;
     };
     auto d = std::make_shared<data>();
     d->sc.resize(p);
-    d->rc.resize(p);
+    d->matrix.resize(p * p);
     d->isc.resize(p);
     d->isd.resize(p);
     detail::check_send_counts("mpi_comm::alltoallv", send_counts, send.size());
@@ -275,26 +282,32 @@ class mpi_comm {
       send = d->own;
     }
     const MPI_Datatype type = bytes_type(sizeof(T));
-    return start([d, send, &recv, &recv_counts, type, p](std::vector<MPI_Request>& reqs,
-                                                                     int phase, MPI_Comm c) {
+    const auto me = static_cast<std::size_t>(rank_);
+    return start([d, send, &recv, &recv_counts, type, p, me, limit](
+                     std::vector<MPI_Request>& reqs, int phase, MPI_Comm c) {
       if (phase == 0) {
+        // Row s of the matrix: what rank s sends to each rank.
         reqs.emplace_back();
-        detail::mpi_check(MPI_Ialltoall(d->sc.data(), 1, MPI_UINT64_T, d->rc.data(), 1,
-                                        MPI_UINT64_T, c, &reqs.back()),
-                          "MPI_Ialltoall (counts)");
+        detail::mpi_check(MPI_Iallgather(d->sc.data(), static_cast<int>(p), MPI_UINT64_T,
+                                         d->matrix.data(), static_cast<int>(p), MPI_UINT64_T, c,
+                                         &reqs.back()),
+                          "MPI_Iallgather (counts)");
         return true;
       }
       if (phase == 1) {
+        detail::check_announced("mpi_comm::alltoallv", d->matrix, p, limit, detail::most_int);
         d->irc.resize(p);
         d->ird.resize(p);
+        recv_counts.resize(p);
         std::size_t at = 0;
         for (std::size_t s = 0; s < p; ++s) {
+          const auto in = static_cast<std::size_t>(d->matrix[s * p + me]);
           d->ird[s] = detail::mpi_int(at, "alltoallv receive displacement");
-          d->irc[s] = detail::mpi_int(static_cast<std::size_t>(d->rc[s]), "alltoallv receive count");
-          at += static_cast<std::size_t>(d->rc[s]);
+          d->irc[s] = detail::mpi_int(in, "alltoallv receive count");
+          recv_counts[s] = in;
+          at += in;
         }
         recv.resize(at);
-        recv_counts.assign(d->rc.begin(), d->rc.end());
         reqs.emplace_back();
         detail::mpi_check(MPI_Ialltoallv(send.data(), d->isc.data(), d->isd.data(), type,
                                          recv.data(), d->irc.data(), d->ird.data(), type, c,
@@ -529,5 +542,6 @@ class mpi_comm {
 };
 
 static_assert(communicator<mpi_comm>);
+static_assert(bounds_receives<mpi_comm, std::byte>);
 
 }  // namespace gradcomp

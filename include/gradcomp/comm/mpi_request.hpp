@@ -145,6 +145,8 @@ void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 
 // Counts and displacements in MPI-3 are int.
+inline constexpr std::uint64_t most_int = INT_MAX;
+
 inline int mpi_int(std::size_t v, const char* what) {
   if (v > static_cast<std::size_t>(INT_MAX)) {
     throw invalid_argument(concat("gradcomp::mpi: ", what, " = ", v,

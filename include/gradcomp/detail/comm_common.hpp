@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/error.hpp>
@@ -60,6 +62,70 @@ inline void check_send_counts(std::string_view where, std::span<const std::size_
     std::size_t sum = 0;
     for (const std::size_t c : send_counts) sum += c;  // for the message only; may wrap
     throw_invalid_argument(where, "sum of send_counts", sum, concat("send.size() = ", send_size));
+  }
+}
+
+// The counts peers announced for a collective (counts[i] elements from rank i / per_row:
+// per_row 1 for allgatherv, size() for alltoallv's matrix), checked before anything is sized
+// by them: each at most limit.per_rank, and all of them together at most `most_total`, what
+// the transport can address in one collective (MPI: an int count of elements; torch's
+// alltoall_base: an int byte offset). Every rank that sees the same counts throws the same
+// communicator_error, naming the rank, its count and the bound.
+inline void check_announced(std::string_view where, std::span<const std::uint64_t> counts,
+                            std::size_t per_row, receive_limit limit, std::uint64_t most_total) {
+  const std::uint64_t most = std::min<std::uint64_t>(limit.per_rank, most_total);
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] > most) {
+      throw communicator_error(concat(
+          "gradcomp::", where, ": rank ", i / per_row, " announced ", counts[i],
+          " elements; allowed: at most ", most,
+          limit.per_rank <= most_total ? " (what the protocol lets one rank send here)"
+                                       : " (what one collective of this transport can address)",
+          ". Nothing was received"));
+    }
+    total += counts[i];  // no overflow: both are at most most_total < 2^63
+    if (total > most_total) {
+      throw communicator_error(concat("gradcomp::", where, ": the counts announced add up to ",
+                                      total, " elements or more; allowed: at most ", most_total,
+                                      " in one collective. Nothing was received"));
+    }
+  }
+}
+
+// allgatherv and alltoallv with the receive bounded by `limit` (see bounds_receives), through
+// the communicator's own overload where it has one. Otherwise allgatherv's counts are checked
+// once received (every rank sees the same counts, so every rank throws alike), and alltoallv's
+// are left to the caller's checks of what arrived, which fail the exchange on every rank (a
+// check here would throw on the receiving rank alone and leave the others waiting).
+template <class T, class Comm>
+void allgatherv_within(Comm& comm, std::span<const T> send, std::vector<T>& recv,
+                       std::vector<std::size_t>& recv_counts, receive_limit limit,
+                       std::string_view where) {
+  if constexpr (bounds_receives<Comm, T>) {
+    (void)where;
+    comm.allgatherv(send, recv, recv_counts, limit);
+  } else {
+    comm.allgatherv(send, recv, recv_counts);
+    for (std::size_t r = 0; r < recv_counts.size(); ++r) {
+      if (recv_counts[r] > limit.per_rank) {
+        throw communicator_error(concat("gradcomp::", where, ": rank ", r, " sent ",
+                                        recv_counts[r], " elements; allowed: at most ",
+                                        limit.per_rank));
+      }
+    }
+  }
+}
+
+template <class T, class Comm>
+void alltoallv_within(Comm& comm, std::span<const T> send, std::span<const std::size_t> send_counts,
+                      std::vector<T>& recv, std::vector<std::size_t>& recv_counts,
+                      receive_limit limit) {
+  if constexpr (bounds_receives<Comm, T>) {
+    comm.alltoallv(send, send_counts, recv, recv_counts, limit);
+  } else {
+    (void)limit;
+    comm.alltoallv(send, send_counts, recv, recv_counts);
   }
 }
 

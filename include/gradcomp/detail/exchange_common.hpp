@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/comm_common.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/sparse.hpp>
 
@@ -37,9 +38,11 @@ void decode_pairs(std::string_view where, const Compressor& c, const payload& p,
 }
 
 // Sends `send` to rank dest and receives from rank source (-1: none). Every rank must call it,
-// with matching pairs, since without sendrecv() it is one collective alltoallv.
+// with matching pairs, since without sendrecv() it is one collective alltoallv, whose receive
+// is bounded by `limit` (sendrecv receives the message that arrived, whatever it claims).
 template <class T, class Comm>
-void pairwise(Comm& comm, std::span<const T> send, int dest, std::vector<T>& recv, int source) {
+void pairwise(Comm& comm, std::span<const T> send, int dest, std::vector<T>& recv, int source,
+              receive_limit limit) {
   if constexpr (point_to_point<Comm, T>) {
     comm.sendrecv(send, dest, recv, source);
   } else {
@@ -48,8 +51,8 @@ void pairwise(Comm& comm, std::span<const T> send, int dest, std::vector<T>& rec
     if (dest >= 0) send_counts[static_cast<std::size_t>(dest)] = send.size();
     std::vector<T> all;
     std::vector<std::size_t> counts;
-    comm.alltoallv(dest >= 0 ? send : std::span<const T>(), std::span<const std::size_t>(send_counts),
-                   all, counts);
+    alltoallv_within(comm, dest >= 0 ? send : std::span<const T>(),
+                     std::span<const std::size_t>(send_counts), all, counts, limit);
     recv.clear();
     if (source >= 0) {
       std::size_t at = 0;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/comm_common.hpp>
 #include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/sparse.hpp>
@@ -194,7 +195,10 @@ std::vector<exchange_header> agree_on_header(Comm& comm, std::string_view where,
   std::byte bytes[exchange_header_bytes];
   detail::write_header(mine, bytes);
   std::vector<std::size_t> counts;
-  comm.allgatherv(std::span<const std::byte>(bytes), scratch, counts);
+  // A header is exchange_header_bytes long: a peer that announces more is refused before
+  // anything is sized by it.
+  detail::allgatherv_within(comm, std::span<const std::byte>(bytes), scratch, counts,
+                            receive_limit{exchange_header_bytes}, where);
 
   // A rank that runs some other collective here sends something else; say so rather than
   // parse it.

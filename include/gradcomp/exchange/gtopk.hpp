@@ -178,7 +178,9 @@ class gtopk {
         outgoing_.push_back(index_value{failed ? status_failed : status_ok, 0.0f});
         if (!failed) outgoing_.insert(outgoing_.end(), current_.begin(), current_.end());
       }
-      detail::pairwise(comm, std::span<const index_value>(outgoing_), dest, received_, source);
+      // A message is a status pair and at most k pairs.
+      detail::pairwise(comm, std::span<const index_value>(outgoing_), dest, received_, source,
+                       receive_limit{k + 1});
       st.bytes_sent += outgoing_.size() * sizeof(index_value);
       st.bytes_received += received_.size() * sizeof(index_value);
       if (source < 0 || !failure.empty() || below_failed) continue;

@@ -358,7 +358,9 @@ link_model measure_link(Comm& comm, const link_measure_options& o = {}, link_pro
     std::vector<std::size_t> counts;
     auto gather = [&](std::size_t bytes, unsigned repeats) {
       const std::span<const std::byte> msg(out.data(), bytes);
-      return detail::least_time_after_barrier(comm, repeats, [&] { comm.allgatherv(msg, in, counts); });
+      return detail::least_time_after_barrier(comm, repeats, [&] {
+        detail::allgatherv_within(comm, msg, in, counts, receive_limit{bytes}, "measure_link");
+      });
     };
     double t[2] = {gather(o.small_bytes, o.small_repeats), gather(o.large_bytes, o.large_repeats)};
     comm.allreduce(std::span<double>(t), reduce_op::max);  // the slowest rank sets the pace

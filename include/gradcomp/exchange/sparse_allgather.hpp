@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/comm_common.hpp>
 #include <gradcomp/detail/rank_mean.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
@@ -38,7 +39,10 @@ class sparse_allgather {
       own_error = std::current_exception();
       send_.clear();
     }
-    comm.allgatherv(std::span<const std::byte>(send_), recv_, counts_);
+    // No payload for this tensor is longer than wire_max_size(out.size()): a peer that
+    // announces more is refused before anything is sized by it.
+    detail::allgatherv_within(comm, std::span<const std::byte>(send_), recv_, counts_,
+                              receive_limit{wire_max_size(out.size())}, "sparse_allgather");
     if (own_error) std::rethrow_exception(own_error);
 
     combine(c, std::span<const std::byte>(recv_), std::span<const std::size_t>(counts_), out);

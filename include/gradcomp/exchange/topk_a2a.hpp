@@ -212,8 +212,12 @@ class topk_a2a {
         send_counts_[s] = j - from;
       }
     }
-    comm.alltoallv(std::span<const index_value>(pairs_), std::span<const std::size_t>(send_counts_),
-                   received_, recv_counts_);
+    // A rank sends an owner at most one pair per element of its shard, and no shard is longer
+    // than ceil(n / p): a peer that announces more is refused before anything is sized by it.
+    const receive_limit widest{static_cast<std::size_t>((n + p - 1) / p)};
+    detail::alltoallv_within(comm, std::span<const index_value>(pairs_),
+                             std::span<const std::size_t>(send_counts_), received_, recv_counts_,
+                             widest);
     st.bytes_sent += (pairs_.size() - send_counts_[r]) * sizeof(index_value);
     st.bytes_received += (received_.size() - recv_counts_[r]) * sizeof(index_value);
 
@@ -232,7 +236,9 @@ class topk_a2a {
                                               std::span<T>(shard));
     if (!rejected.empty()) shard.push_back(T(0));
 
-    comm.allgatherv(std::span<const T>(shard), dense, shard_counts_);
+    // A shard one element too long is how a rank says it rejected a message.
+    detail::allgatherv_within(comm, std::span<const T>(shard), dense, shard_counts_,
+                              receive_limit{widest.per_rank + 1}, "topk_a2a (shards)");
     if (!rejected.empty()) throw payload_error(rejected);
     for (std::uint64_t s = 0; s < p; ++s) {
       if (shard_counts_[s] != topk_a2a_shard_begin(n, p, s + 1) - topk_a2a_shard_begin(n, p, s)) {

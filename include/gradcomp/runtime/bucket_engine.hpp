@@ -31,6 +31,7 @@
 
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/comm_common.hpp>
 #include <gradcomp/detail/staged_feedback.hpp>
 #include <gradcomp/detail/tensor_record.hpp>
 #include <gradcomp/detail/bitpack.hpp>
@@ -236,7 +237,9 @@ std::vector<bucket_record> agree_on_bucket(Comm& comm, const bucket_record& mine
                                            std::vector<std::byte>& scratch) {
   const std::vector<std::byte> bytes = detail_engine::write_record(mine);
   std::vector<std::size_t> counts;
-  comm.allgatherv(std::span<const std::byte>(bytes), scratch, counts);
+  detail::allgatherv_within(comm, std::span<const std::byte>(bytes), scratch, counts,
+                            receive_limit{bucket_record_head + bucket_message_max},
+                            "bucket_engine: the bucket's agreement");
   std::vector<bucket_record> all;
   all.reserve(counts.size());
   std::size_t offset = 0;

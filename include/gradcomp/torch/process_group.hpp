@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -114,13 +115,18 @@ class process_group_comm {
 
   // recv is resized to the total and receives rank 0's elements, then rank 1's, ...;
   // recv_counts[r] is rank r's count. Counts may differ, and be zero on any or every rank.
+  // With a receive_limit, a rank that announces more than limit.per_rank elements makes every
+  // rank throw communicator_error before recv is touched (every rank sees the same counts).
   template <detail::pg_element T>
   void allgatherv(std::span<const std::type_identity_t<T>> send, std::vector<T>& recv,
-                  std::vector<std::size_t>& recv_counts) {
+                  std::vector<std::size_t>& recv_counts, receive_limit limit = {}) {
     const auto p = static_cast<std::size_t>(size_);
     // Staged first: resizing recv may move a send buffer that lives inside it.
     stage_repeated(std::as_bytes(send), p);
-    const std::vector<std::uint64_t> counts = everyone_s(static_cast<std::uint64_t>(send.size()));
+    const std::uint64_t mine = send.size();
+    const std::vector<std::uint64_t> counts =
+        everyone_s(std::span<const std::uint64_t>(&mine, 1), "allgatherv (counts)");
+    detail::check_announced("process_group_comm::allgatherv", counts, 1, limit, most_elements<T>());
     std::vector<std::int64_t> to_each(p, bytes_of<T>(send.size())), from_each(p);
     std::size_t total = 0;
     for (std::size_t s = 0; s < p; ++s) {
@@ -151,12 +157,16 @@ class process_group_comm {
 
   // send holds the blocks for rank 0, 1, ... back to back (send_counts[s] elements for rank s,
   // summing to send.size()); recv is resized and receives the blocks addressed to this rank in
-  // source rank order, recv_counts[s] from rank s.
+  // source rank order, recv_counts[s] from rank s. Every rank announces its whole row of counts
+  // to every rank, so all of them check the same matrix: a count beyond `limit` (or one whose
+  // bytes do not fit a message) makes every rank throw the same communicator_error before
+  // anything is allocated or received.
   template <detail::pg_element T>
   void alltoallv(std::span<const std::type_identity_t<T>> send,
                  std::span<const std::size_t> send_counts, std::vector<T>& recv,
-                 std::vector<std::size_t>& recv_counts) {
+                 std::vector<std::size_t>& recv_counts, receive_limit limit = {}) {
     const auto p = static_cast<std::size_t>(size_);
+    const auto r = static_cast<std::size_t>(rank_);
     if (send_counts.size() != p) {
       detail::throw_invalid_argument("process_group_comm::alltoallv", "send_counts.size()",
                                      send_counts.size(), detail::concat("size() = ", p));
@@ -165,24 +175,24 @@ class process_group_comm {
     if (detail::bytes_overlap(send.data(), send.size_bytes(), recv.data(),
                               recv.capacity() * sizeof(T))) {
       const auto bytes = std::as_bytes(send);
-      staging_.assign(bytes.begin(), bytes.end());
-      send = std::span<const T>(reinterpret_cast<const T*>(staging_.data()), send.size());
+      own_send_.assign(bytes.begin(), bytes.end());
+      send = std::span<const T>(reinterpret_cast<const T*>(own_send_.data()), send.size());
     }
-    // Counts first: every rank tells each peer how many elements it sends it.
-    std::vector<std::uint64_t> out_counts(send_counts.begin(), send_counts.end());
-    std::vector<std::uint64_t> in_counts(p);
-    const std::vector<std::int64_t> one_each(p, sizeof(std::uint64_t));
-    alltoall_bytes(out_counts.data(), p * sizeof(std::uint64_t), one_each, in_counts.data(),
-                   p * sizeof(std::uint64_t), one_each, "alltoallv (counts)");
+    // Counts first: row s of the matrix is what rank s sends to each rank.
+    const std::vector<std::uint64_t> row(send_counts.begin(), send_counts.end());
+    const std::vector<std::uint64_t> matrix = everyone_s(row, "alltoallv (counts)");
+    detail::check_announced("process_group_comm::alltoallv", matrix, p, limit, most_elements<T>());
     std::vector<std::int64_t> to_each(p), from_each(p);
     std::size_t in_total = 0;
     for (std::size_t s = 0; s < p; ++s) {
+      const auto in = static_cast<std::size_t>(matrix[s * p + r]);
       to_each[s] = bytes_of<T>(send_counts[s]);
-      from_each[s] = bytes_of<T>(static_cast<std::size_t>(in_counts[s]));
-      in_total += static_cast<std::size_t>(in_counts[s]);
+      from_each[s] = bytes_of<T>(in);
+      in_total += in;
     }
     recv.resize(in_total);
-    recv_counts.assign(in_counts.begin(), in_counts.end());
+    recv_counts.resize(p);
+    for (std::size_t s = 0; s < p; ++s) recv_counts[s] = static_cast<std::size_t>(matrix[s * p + r]);
     if (in_total == 0 && send.empty()) {
       // Still a collective for the others, who may send or receive: take part.
       std::byte none{};
@@ -213,18 +223,28 @@ class process_group_comm {
   }
 
  private:
+  // torch's alltoall_base takes lengths and offsets in bytes up to INT_MAX.
+  template <class T>
+  static constexpr std::uint64_t most_elements() {
+    return static_cast<std::uint64_t>(std::numeric_limits<int>::max()) / sizeof(T);
+  }
+
   template <class T>
   static std::int64_t bytes_of(std::size_t elements) {
     return static_cast<std::int64_t>(elements * sizeof(T));
   }
 
-  // `value` from every rank, in rank order.
-  std::vector<std::uint64_t> everyone_s(std::uint64_t value) {
+  // `values` from every rank, rank 0's first (the same number from each).
+  std::vector<std::uint64_t> everyone_s(std::span<const std::uint64_t> values, const char* what) {
     const auto p = static_cast<std::size_t>(size_);
-    std::vector<std::uint64_t> out(p, value), in(p);
-    const std::vector<std::int64_t> one_each(p, sizeof(std::uint64_t));
-    alltoall_bytes(out.data(), p * sizeof(std::uint64_t), one_each, in.data(),
-                   p * sizeof(std::uint64_t), one_each, "allgatherv (counts)");
+    const std::size_t n = values.size();
+    std::vector<std::uint64_t> out(p * n), in(p * n);
+    for (std::size_t s = 0; s < p; ++s) {
+      std::copy(values.begin(), values.end(), out.begin() + static_cast<std::ptrdiff_t>(s * n));
+    }
+    const std::vector<std::int64_t> each(p, static_cast<std::int64_t>(n * sizeof(std::uint64_t)));
+    alltoall_bytes(out.data(), out.size() * sizeof(std::uint64_t), each, in.data(),
+                   in.size() * sizeof(std::uint64_t), each, what);
     return in;
   }
 
@@ -270,8 +290,11 @@ class process_group_comm {
   int size_ = 1;
   std::vector<std::byte> staging_;
   std::vector<std::byte> shares_;
+  std::vector<std::byte> own_send_;  // alltoallv's send, when it lives in recv
 };
 
 static_assert(communicator<process_group_comm>);
+static_assert(bounds_receives<process_group_comm, std::byte>);
+static_assert(bounds_receives<process_group_comm, index_value>);
 
 }  // namespace gradcomp
