@@ -294,6 +294,65 @@ TEST_CASE("module_lags: a parameter the loss did not reach is named") {
   });
 }
 
+TEST_CASE("module_lags: a gradient missing on one rank fails the step on every rank, and none applies it") {
+  // Rank 1's loss skips fc2 at step 1: before, rank 1 applied the step and then threw (a retry
+  // applied it twice) while rank 0 applied it and went on.
+  const int in = 6, hidden = 5, ranks = 2;
+  Net initial(in, hidden);
+  std::vector<Net> models, clean;
+  for (int r = 0; r < ranks; ++r) {
+    models.emplace_back(in, hidden);
+    clean.emplace_back(in, hidden);
+    copy_parameters(initial, models.back());
+    copy_parameters(initial, clean.back());
+  }
+  using C = compressor<topk, identity, residual>;
+  using L = tm::module_lags<C, sparse_allgather, in_process_comm>;
+  const std::vector<double> densities(4, 0.5);
+  std::vector<std::string> errors(ranks);
+  std::vector<bool> unchanged(ranks, false);
+  run_in_process(ranks, [&](in_process_comm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    L lags(*models[r], comm, densities);
+    auto step = [&](int s, bool full) {
+      lags.begin_step();
+      auto [x, y] = batch(comm.rank(), s, in);
+      auto out = full ? models[r]->forward(x) : models[r]->fc1->forward(x).narrow(1, 0, 3);
+      torch::mse_loss(out, y).backward();
+      lags.finish_step();
+    };
+    step(0, true);
+    Net before(in, hidden);
+    copy_parameters(models[r], before);
+    try {
+      step(1, comm.rank() != 1);
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+    }
+    unchanged[r] = same_bits(models[r], before);
+    step(1, true);  // the retry applies step 1 once
+    step(2, true);
+  });
+  CHECK(errors[1].find("the gradient of 'fc2.") != std::string::npos);
+  CHECK(errors[1].find("no rank applied this step") != std::string::npos);
+  CHECK(errors[0].find("rank 1's backward pass did not produce every gradient") != std::string::npos);
+  CHECK(unchanged[0]);
+  CHECK(unchanged[1]);
+  run_in_process(ranks, [&](in_process_comm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    L lags(*clean[r], comm, densities);
+    for (int s = 0; s < 3; ++s) {
+      lags.begin_step();
+      auto [x, y] = batch(comm.rank(), s, in);
+      torch::mse_loss(clean[r]->forward(x), y).backward();
+      lags.finish_step();
+    }
+  });
+  for (int r = 0; r < ranks; ++r) {
+    CHECK(same_bits(models[static_cast<std::size_t>(r)], clean[static_cast<std::size_t>(r)]));
+  }
+}
+
 TEST_CASE("module_lags takes densities in registration order, whatever the names' order") {
   // Registered fc2 first: registration order is fc2.weight, fc2.bias, fc1.weight, fc1.bias,
   // while the driver's tensors are ordered by name.

@@ -223,6 +223,7 @@ class layerwise_sgd {
     error_ = nullptr;
     std::fill(is_ready_.begin(), is_ready_.end(), false);
     start_ = clock::now();
+    waited_ = false;
     in_step_ = true;
   }
 
@@ -249,6 +250,37 @@ class layerwise_sgd {
     work_cv_.notify_one();
   }
 
+  // Waits for the exchanges in flight and returns whether all of them succeeded, changing
+  // nothing: for a caller that must agree with the other ranks before the step is applied
+  // (module_lags). finish_step() or abandon_step() follows.
+  bool wait_exchanges() {
+    if (!in_step_) {
+      detail::throw_invalid_argument("layerwise_sgd::wait_exchanges", "state", "no step",
+                                     "begin_step() first");
+    }
+    if (!waited_) {
+      backward_end_ = since_start();
+      std::unique_lock lock(mu_);
+      done_cv_.wait(lock, [this] { return done_ == queue_.size(); });
+      finished_ = since_start();
+      waited_ = true;
+    }
+    const std::lock_guard lock(mu_);
+    return !error_;
+  }
+
+  // Ends the step without applying any of it, whatever its exchanges did: every tensor's staged
+  // state is dropped and no parameter, velocity, feedback buffer or counter changes. The
+  // tensors still to be made ready need not be.
+  void abandon_step() {
+    if (!in_step_) return;
+    (void)wait_exchanges();
+    const std::lock_guard lock(mu_);
+    for (const std::size_t t : queue_) optimizers_[t]->discard_step();
+    error_ = nullptr;
+    in_step_ = false;
+  }
+
   // The backward pass is over: waits for the exchanges in flight and reports the step. Every
   // tensor must have been made ready.
   const layerwise_stats& finish_step() {
@@ -256,10 +288,10 @@ class layerwise_sgd {
       detail::throw_invalid_argument("layerwise_sgd::finish_step", "state", "no step",
                                      "begin_step() first");
     }
-    const double backward_end = since_start();
+    (void)wait_exchanges();
+    const double backward_end = backward_end_;
+    const double finished = finished_;
     std::unique_lock lock(mu_);
-    done_cv_.wait(lock, [this] { return done_ == queue_.size(); });
-    const double finished = since_start();
     in_step_ = false;
     if (error_ || queue_.size() != tensors_.size()) {
       // Nothing of the step is kept: the tensors exchanged so far are discarded.
@@ -378,6 +410,8 @@ class layerwise_sgd {
 
   // Caller's side only.
   bool in_step_ = false;
+  bool waited_ = false;  // wait_exchanges() ran in this step
+  double backward_end_ = 0.0, finished_ = 0.0;
   std::vector<bool> is_ready_;
   layerwise_stats stats_;
   std::uint64_t step_ = 0;

@@ -212,6 +212,7 @@ class module_lags : public module_base<typename Compressor::value_type> {
   module_lags(torch::nn::Module& m, Comm& comm, std::span<const double> densities, Compressor c = {},
               Exchange x = {}, sgd_options sgd = {}, std::optional<merge_plan> groups = {})
       : base(m, module_layout::flat, groups),
+        comm_(&comm),
         driver_(comm, detail_module::specs(this->groups_), by_name(densities), std::move(c), std::move(x), sgd),
         hooks_(this->params_, [this](std::size_t param) { gradient_done(param); }, "module_lags") {
     group_of_ = detail_module::group_of_parameters(this->groups_, this->params_.size());
@@ -238,23 +239,53 @@ class module_lags : public module_base<typename Compressor::value_type> {
     driver_.begin_step(this->param_span("module_lags"), this->grad_span("module_lags"));
   }
 
-  // After backward(): every tensor must have been handed over.
+  // After backward(): every tensor must have been handed over. Before anything is applied, the
+  // ranks agree (one allreduce of one number) on whether every rank's backward pass produced
+  // every gradient: if one did not, that rank still hands the missing tensors over (zeros) so
+  // that the exchanges match, and then no rank applies any of the step; the rank that missed
+  // one throws invalid_argument naming the parameter, the others communicator_error naming the
+  // rank. A retry then applies the step once.
   const layerwise_stats& finish_step() {
     {
       const std::lock_guard lock(mu_);
       armed_ = false;
     }
-    if (cursor_ != order_.size()) {
-      // Hand the rest over so the driver's step can end, then report which gradient is missing.
-      const std::size_t g = order_[cursor_];
+    const bool missing = cursor_ != order_.size();
+    const std::size_t first_missing = missing ? order_[cursor_] : 0;
+    try {
+      while (cursor_ < order_.size()) driver_.ready(order_[cursor_++]);
+    } catch (...) {
+      driver_.abandon_step();
+      throw;
+    }
+    // The exchanges' own failures throw on every rank alike (finish_step() rethrows them); a
+    // missing gradient is known to its rank only, so every rank says whether it missed one.
+    // The communicator is free again once the exchanges are done.
+    const bool exchanged = driver_.wait_exchanges();
+    double missed[1] = {missing ? static_cast<double>(comm_->rank() + 1) : 0.0};
+    if (exchanged) {
       try {
-        while (cursor_ < order_.size()) driver_.ready(order_[cursor_++]);
-        driver_.finish_step();
+        comm_->allreduce(std::span<double>(missed), reduce_op::max);
       } catch (...) {
+        driver_.abandon_step();
+        throw;
       }
+    }
+    if (missing) {
+      driver_.abandon_step();
       throw invalid_argument(detail::concat(
-          "gradcomp::torch_module::module_lags::finish_step: the gradient of '", this->groups_[g].name,
-          "' was not produced by the backward pass; every parameter must take part in the loss"));
+          "gradcomp::torch_module::module_lags::finish_step: the gradient of '",
+          this->groups_[first_missing].name,
+          "' was not produced by the backward pass; every parameter must take part in the loss "
+          "(no rank applied this step)"));
+    }
+    if (missed[0] > 0.0) {
+      driver_.abandon_step();
+      throw communicator_error(detail::concat(
+          "gradcomp::torch_module::module_lags::finish_step: rank ",
+          static_cast<int>(missed[0]) - 1,
+          "'s backward pass did not produce every gradient (its own error names the parameter); "
+          "no rank applied this step"));
     }
     return driver_.finish_step();
   }
@@ -286,6 +317,7 @@ class module_lags : public module_base<typename Compressor::value_type> {
     }
   }
 
+  Comm* comm_;
   driver_type driver_;
   std::vector<std::size_t> group_of_;
   std::vector<std::size_t> missing_;
