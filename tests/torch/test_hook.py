@@ -342,12 +342,106 @@ class FailedStepTest(unittest.TestCase):
             self.assertGreater(out[0], 0)
 
 
+def _one_bucket_resume_worker(rank: int, world: int, selector: str, quantizer: str) -> Dict[str, Any]:
+    """A model that fits in one bucket (DDP's default 25 MB cap) with a policy whose result
+    depends on each element's position in the bucket: the saved bucket is in the rebuilt
+    (gradient) order, the resumed run's first bucket in registration order. 5 + 5 steps must
+    equal 10 straight."""
+    cap = 25 * 1024 * 1024
+
+    def fresh() -> tuple:
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = gct.GradcompState(selector=selector, quantizer=quantizer, density=0.1, module=model)
+        return model, opt, state
+
+    model, opt, state = fresh()
+    _train(rank, world, 10, cap, state, model, opt)
+    straight = [p.detach().clone() for p in model.parameters()]
+    buckets = len(state.state_dict()["buckets"])
+    state.close()
+
+    model, opt, state = fresh()
+    _train(rank, world, 5, cap, state, model, opt)
+    ckpt = {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()),
+            "gradcomp": state.state_dict()}
+    state.close()
+    model, opt, state = fresh()
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    state.load_state_dict(ckpt["gradcomp"])
+    _train(rank, world, 5, cap, state, model, opt, first_step=5)
+    rebuilds = state.rebuilds
+    state.close()
+    worst = max((a - b.detach()).abs().max().item() for a, b in zip(straight, model.parameters()))
+    return {"buckets": buckets, "worst": worst, "rebuilds": rebuilds}
+
+
+def _other_buckets_resume_worker(rank: int, world: int, cap: int, unused: bool,
+                                 named: bool = True) -> Dict[str, Any]:
+    """Resumed with another bucket_cap_mb, or with find_unused_parameters=True (which changes
+    how DDP forms and rebuilds its buckets): the feedback follows its parameters into whatever
+    buckets the resumed run has, at most one rebuild happens (DDP's own, after the first
+    iteration), and every parameter's feedback is carried: after the resume's first step no
+    checkpoint entry is left unclaimed."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = gct.GradcompState(selector="topk", density=0.1, module=model if named else None)
+    _train(rank, world, 3, 4096, state, model, opt)
+    saved = state.state_dict()
+    state.close()
+
+    state = gct.GradcompState(selector="topk", density=0.1, module=model if named else None)
+    state.load_state_dict(saved)
+    dist._DEFAULT_FIRST_BUCKET_BYTES = cap
+    ddp = DDP(model, bucket_cap_mb=cap / (1024 * 1024), find_unused_parameters=unused)
+    ddp.register_comm_hook(state, gct.gradcomp_hook)
+    for s in range(3, 9):
+        x, y = batch(rank, s)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    out = {"rebuilds": state.rebuilds, "steps": state.state_dict()["iteration"],
+           "pending": len(state._buckets.pending),
+           "buckets": len(state.state_dict()["buckets"])}
+    state.close()
+    return out
+
+
 class CheckpointTest(unittest.TestCase):
     def test_resumed_run_is_bit_identical(self) -> None:
         out = spawn(_checkpoint_worker, 2)
         # Several buckets in the saved run, one in the resumed run's first iteration: the
         # resumed first step had to be compressed as the saved buckets were.
         self.assertGreater(out[0], 1)
+
+    def test_one_bucket_model_resumes_bit_identically_with_position_dependent_policies(self) -> None:
+        for selector, quantizer in (("topk", "qsgd"), ("randomk", "fp32"), ("randomk", "qsgd")):
+            with self.subTest(selector=selector, quantizer=quantizer):
+                out = spawn(_one_bucket_resume_worker, 2, selector, quantizer)
+                for rank in (0, 1):
+                    self.assertEqual(out[rank]["buckets"], 1)
+                    self.assertEqual(out[rank]["worst"], 0.0)
+
+    def test_resume_with_other_buckets_rebuilds_at_most_once(self) -> None:
+        for cap, unused in ((2048, False), (25 * 1024 * 1024, False), (4096, True), (2048, True)):
+            with self.subTest(cap=cap, find_unused_parameters=unused):
+                out = spawn(_other_buckets_resume_worker, 2, cap, unused)
+                for rank in (0, 1):
+                    self.assertLessEqual(out[rank]["rebuilds"], 1)
+                    self.assertEqual(out[rank]["steps"], 9)
+                    self.assertEqual(out[rank]["pending"], 0)
+
+    def test_positional_checkpoint_under_other_buckets_is_refused_naming_module(self) -> None:
+        # Without module=, keys are positions in DDP's first buckets; find_unused_parameters
+        # forms them differently, and the resume must say so rather than mix parameters up.
+        out = spawn(_other_buckets_resume_worker, 2, 4096, True, False, allow_failure=True)
+        for rank in (0, 1):
+            self.assertIsInstance(out[rank], tuple)
+            self.assertIn("checkpoint keys parameters by their position", out[rank][1])
+            self.assertIn("module=model", out[rank][1])
 
 
 # ---- bad input ------------------------------------------------------------------------------

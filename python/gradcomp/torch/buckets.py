@@ -68,10 +68,7 @@ class BucketFeedback:
                 for k, p in zip(keys, params):
                     saved = pending.get(k)
                     if saved is not None and saved[b].numel() != p.numel():
-                        raise ValueError(
-                            f"gradcomp.torch: checkpoint entry {k!r} has {saved[b].numel()} "
-                            f"elements, the parameter has {p.numel()}"
-                        )
+                        raise ValueError(self.size_mismatch(k, saved[b].numel(), p.numel()))
                     parts.append(saved[b] if saved is not None else torch.zeros(p.numel(), dtype=torch.float32))
                 buffers.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32))
         # Commit.
@@ -89,6 +86,17 @@ class BucketFeedback:
         for pid, _ in layout:
             self.owner[pid] = index
 
+    @staticmethod
+    def size_mismatch(key: str, saved: int, now: int) -> str:
+        text = f"gradcomp.torch: checkpoint entry {key!r} has {saved} elements, the parameter has {now}"
+        if key.startswith("bucket") and ".param" in key:
+            # A positional key: the parameter at that place of DDP's first buckets.
+            text += (" (the checkpoint keys parameters by their position in DDP's first buckets, "
+                     "as a state without module= does, and this run's DDP formed its first "
+                     "buckets differently: another bucket_cap_mb or find_unused_parameters; save "
+                     "and load with GradcompState(module=model) to resume under any bucketing)")
+        return text
+
     def released(self, engine: Any) -> Dict[str, List[torch.Tensor]]:
         """Every bucket's feedback buffers, split by parameter (nothing changes)."""
         out: Dict[str, List[torch.Tensor]] = {}
@@ -104,10 +112,14 @@ class BucketFeedback:
 
     def groups_for(self, params: List[torch.Tensor], index: int) -> Optional[List[Tuple[int, List[int]]]]:
         """After a checkpoint was loaded: DDP's first iteration puts every parameter in one
-        bucket, while the run that saved the checkpoint had rebuilt buckets. To continue exactly
-        as it would have, such a bucket is compressed as the saved buckets were: a list of
-        (saved bucket index, positions of its parameters in this bucket). None when this bucket
-        is compressed whole (it is one of the saved buckets, or nothing was saved)."""
+        bucket of registration order, while the run that saved the checkpoint had rebuilt its
+        buckets (in the order the gradients came). To continue exactly as it would have, such a
+        bucket is compressed as the saved buckets were: a list of (saved bucket index, positions
+        of its parameters in this bucket), one entry too when the saved run had one bucket of
+        the same parameters in another order (a policy that depends on an element's position in
+        the bucket, such as qsgd's buckets or randomk's picks, sees the saved order). None when
+        this bucket is compressed whole (it is one of the saved buckets as it was, or nothing
+        was saved, or the saved buckets do not tile it)."""
         if not self.resume_groups:
             return None
         keys = [self.key(p, index, j) for j, p in enumerate(params)]
@@ -121,7 +133,7 @@ class BucketFeedback:
             if g_keys and all(k in where for k in g_keys):
                 groups.append((g_index, [where[k] for k in g_keys]))
                 covered += len(g_keys)
-        if covered != len(keys) or len(groups) < 2:
+        if covered != len(keys) or not groups:
             return None
         return groups
 
