@@ -7,8 +7,6 @@
 //                                                   staged (as the drivers run it)
 //   step_in_place/topk_residual/n:<n>/ppm:<ppm>     the same in place (one feedback state)
 //   step_pass/topk_residual/n:<n>/ppm:<ppm>         the staged top-k step's fused pass alone
-//   step_pass_tested/..., step_pass_bitloop/...    the same pass testing every block, and the
-//                                                   portable form (a bit loop per hot block)
 //   select_residual/<selector>/n:<n>/ppm:<ppm>      select on an error-feedback residual
 //   quantize/<quantizer>_encode/n:<n>, quantize/<quantizer>_decode/n:<n>
 //   quantize/draws/n:<n>                            the stochastic encoders' uniforms alone
@@ -221,13 +219,6 @@ void bench_step(benchmark::State& state, gb::dist d, Compressor proto, bool stag
 // sample and its exact finish. The bracket is the one topk samples for that (e, g) pair, taken
 // before the timed loop. Counter `candidates`: the bracket's values per call (sure and
 // candidates together; a call that misses counts 0, and `misses` counts it).
-// Form (the name's prefix): step_pass, the pass topk runs (on AVX-512 and AVX2 the split pass,
-// every block split where topk::splits_every_block says so); step_pass_tested, the split pass
-// testing every block; step_pass_bitloop, the portable bracket_pass (a bit loop per hot block)
-// in the same clone.
-enum class pass_form { as_topk, tested, bitloop };
-
-template <pass_form Form>
 void bench_topk_pass(benchmark::State& state) {
   namespace gd = gradcomp::detail;
   const auto n = static_cast<std::size_t>(state.range(0));
@@ -251,8 +242,6 @@ void bench_topk_pass(benchmark::State& state) {
     const auto src = gd::accumulating_source<float>(out, view(res[i]), view(in[i]), nullptr, nullptr);
     brackets.push_back(gd::sample_bracket<float>(src, plan, keys.data()));
   }
-  const bool dense = sel.splits_every_block(plan);
-  state.counters["dense"] = dense ? 1.0 : 0.0;
   std::vector<std::uint32_t> sure(k + gd::scan_block);
   std::vector<std::uint32_t> cand(plan.budget + gd::scan_block);
   std::vector<std::uint32_t> cand_keys(plan.budget + gd::scan_block);
@@ -267,13 +256,8 @@ void bench_topk_pass(benchmark::State& state) {
         gd::accumulating_source<float>(out, view(res[i]), view(in[i]), &energy, &nonfinite);
     gd::bracket_lists<float> lists{sure.data(), k, cand.data(), cand_keys.data(), plan.budget};
     bool ok = false;
-    gd::run_active([&](auto isa) {
-      if constexpr (Form == pass_form::bitloop) {
-        ok = gd::bracket_pass<float>(src, brackets[i].first, brackets[i].second, lists);
-      } else {
-        ok = gd::bracket_pass_on<float>(isa, src, brackets[i].first, brackets[i].second, lists,
-                                        Form == pass_form::as_topk && dense);
-      }
+    gd::run_active([&](auto) {
+      ok = gd::bracket_pass<float>(src, brackets[i].first, brackets[i].second, lists);
     });
     gd::stream_fence();
     found += static_cast<double>(lists.n_sure + lists.n_cand);
@@ -690,9 +674,7 @@ void register_all() {
             }
           }
         }
-        add_ppm("step_pass/topk_residual", bench_topk_pass<pass_form::as_topk>, n);
-        add_ppm("step_pass_tested/topk_residual", bench_topk_pass<pass_form::tested>, n);
-        add_ppm("step_pass_bitloop/topk_residual", bench_topk_pass<pass_form::bitloop>, n);
+        add_ppm("step_pass/topk_residual", bench_topk_pass, n);
         add_ppm("select_residual/topk",
                 [](benchmark::State& s) { bench_select_residual(s, topk{}); }, n);
         add_ppm("select_residual/gaussiank",

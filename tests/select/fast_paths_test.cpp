@@ -60,8 +60,8 @@ TEST_CASE("topk select_accumulate: bracket hit, forced miss and tie overflow") {
 // target gives, bit for bit: the indices and stats of select(), and of select_accumulate_into()
 // also the sums it writes (streamed from 8 MiB on), the energy (whose squares an AVX-512 clone
 // could fuse into FMAs) and the non-finite flag. Paths the CPU lacks run the widest it has.
-template <class Selector, class T, class Tune = void (*)(Selector&)>
-void check_isa_paths(Tune tune = [](Selector&) {}) {
+template <class Selector, class T>
+void check_isa_paths() {
   namespace d = gradcomp::detail;
   struct restore {
     d::host_isa isa;
@@ -77,10 +77,9 @@ void check_isa_paths(Tune tune = [](Selector&) {}) {
     gradcomp::selection_stats plain_st, fused_st;
     std::vector<T> sums;
   };
-  const auto run = [&tune](const std::vector<T>& e, const std::vector<T>& g, std::size_t k) {
+  const auto run = [](const std::vector<T>& e, const std::vector<T>& g, std::size_t k) {
     result r;
     Selector sel;
-    tune(sel);
     const gradcomp::select_context ctx{k, 0.0, {}};
     r.plain_st = sel.select(std::span<const T>(g), ctx, r.plain);
     r.sums.assign(g.size(), T(-1));
@@ -123,10 +122,6 @@ void check_isa_paths(Tune tune = [](Selector&) {}) {
 TEST_CASE("topk: every instruction-set path of the bracket pass gives the same bits") {
   check_isa_paths<gradcomp::topk, float>();
   check_isa_paths<gradcomp::topk, double>();
-  // The split pass (float on AVX2 and AVX-512) in both forms: every block split, and cold
-  // blocks skipped after a test.
-  check_isa_paths<gradcomp::topk, float>([](gradcomp::topk& s) { s.dense_pass_above = 0.0; });
-  check_isa_paths<gradcomp::topk, float>([](gradcomp::topk& s) { s.dense_pass_above = 1.0; });
 }
 
 TEST_CASE("gaussiank: every instruction-set path of the statistics pass gives the same bits") {

@@ -18,7 +18,6 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/context.hpp>
 #include <gradcomp/detail/select/bracket.hpp>
-#include <gradcomp/detail/select/bracket_pass.hpp>
 #include <gradcomp/detail/select/exact_finish.hpp>
 #include <gradcomp/detail/select/keys.hpp>
 #include <gradcomp/detail/select/radix_select.hpp>
@@ -34,6 +33,72 @@ namespace detail {
 
 // Below this size the exact finish on all of g is cheaper than sampling.
 inline constexpr std::size_t topk_direct_max = 2048;
+
+// The bracketed pass: indices with key > hi go to `sure`, lo <= key <= hi to `cand` with
+// their keys in `cand_keys` (the finish then never goes back to g), all in index order.
+// Blocks without any key >= lo cost one vectorised test; the buffers need cap + scan_block
+// entries, as they are checked once per block. Gives up as soon as sure exceeds sure_cap or
+// cand exceeds cand_cap (the bracket missed, or the input is dominated by ties) and returns
+// false; the source's side effects (e += g) are completed either way.
+template <class T>
+struct bracket_lists {
+  std::uint32_t* sure;
+  std::size_t sure_cap;
+  std::uint32_t* cand;
+  abs_key_t<T>* cand_keys;
+  std::size_t cand_cap;
+  std::size_t n_sure = 0;
+  std::size_t n_cand = 0;
+};
+
+template <class T, class Source>
+bool bracket_pass(const Source& source, abs_key_t<T> lo, abs_key_t<T> hi, bracket_lists<T>& out) {
+  using key = abs_key_t<T>;
+  // A local copy: the stores to e cannot change it, so its pointers stay in registers.
+  const Source src = source;
+  const std::size_t n = src.size();
+  const auto t = static_cast<signed_key_t<T>>(lo) - 1;
+  std::uint32_t* const sure = out.sure;
+  std::uint32_t* const cand = out.cand;
+  key* const cand_keys = out.cand_keys;
+  std::size_t ns = 0;
+  std::size_t nc = 0;
+  auto hot = [&](const T* p, std::size_t b, std::size_t len) {
+    for_each_above(p, len, t, [&](std::size_t j, key kk) {
+      // Written to both lists, kept in one: whether a value is sure or a candidate is a coin
+      // flip to the branch predictor when the bracket holds many.
+      const auto i = static_cast<std::uint32_t>(b + j);
+      const bool is_sure = kk > hi;
+      sure[ns] = i;
+      cand[nc] = i;
+      cand_keys[nc] = kk;
+      ns += is_sure;
+      nc += !is_sure;
+    });
+  };
+  std::size_t i = 0;
+  for (; i + scan_block <= n; i += scan_block) {
+    const T* p = src.hot_block(i, t);
+    if (p == nullptr) continue;
+    if (ns > out.sure_cap || nc > out.cand_cap) {
+      src.finish(i + scan_block);
+      return false;
+    }
+    hot(p, i, scan_block);
+  }
+  if (ns > out.sure_cap || nc > out.cand_cap) {
+    src.finish(i);
+    return false;
+  }
+  if (i < n) {
+    const std::size_t len = std::min(scan_block, n - i);  // bounded, for the compiler
+    hot(src.block(i, len), i, len);
+  }
+  src.finish(n);  // nothing left to add; a source may still hold what it gathered (sum_source)
+  out.n_sure = ns;
+  out.n_cand = nc;
+  return true;
+}
 
 // The bracket [lo, hi] of the sampled path: the plan's sample of src's keys (strided), and the
 // keys at the plan's ranks in it, largest first, taken with nth_element. keys is scratch of at
@@ -138,11 +203,6 @@ struct topk {
   double candidate_budget_factor = 4.0;
   std::size_t min_candidate_budget = 4096;
   std::size_t heap_max_k = 64;
-  // The share of hot blocks (those holding a key of the bracket or above, as the sample
-  // expects it) above which the pass on AVX-512 and AVX2 splits every block without testing
-  // it; at or below it, cold blocks are skipped after one test. Any value in [0, 1]: 1 never
-  // splits every block. The selection is the same either way.
-  double dense_pass_above = 0.2;
   topk_method method = topk_method::automatic;
   detail::select_scratch scratch{};  // reused between calls; not copied
   // select_accumulate_into reports a NaN or Inf in e + g (selection_stats::nonfinite).
@@ -226,17 +286,6 @@ struct topk {
     return p;
   }
 
-  // Whether the pass on AVX-512 and AVX2 splits every block without testing it: where the
-  // bracket holds enough keys (as the sample expects) for more than dense_pass_above of the
-  // blocks to be hot (detail/select/bracket_pass.hpp).
-  [[nodiscard]] bool splits_every_block(const detail::topk_bracket_plan& plan) const {
-    const double in_bracket =
-        plan.lo_pos >= plan.s ? 1.0
-                              : static_cast<double>(plan.lo_pos + 1) / static_cast<double>(plan.s);
-    const double hot = 1.0 - std::pow(1.0 - in_bracket, static_cast<double>(detail::scan_block));
-    return hot > dense_pass_above;
-  }
-
   // The tunables' ranges; select() and select_accumulate() call it before anything is written,
   // and compressor<> before the feedback state changes. A NaN or negative factor would reach
   // a double -> size_t conversion (undefined behaviour); bracket_margin, min_candidate_budget
@@ -257,10 +306,6 @@ struct topk {
     if (!(candidate_budget_factor > 0.0 && std::isfinite(candidate_budget_factor))) {
       detail::throw_invalid_argument("topk", "candidate_budget_factor", candidate_budget_factor,
                                      "0 < candidate_budget_factor < inf");
-    }
-    if (!(dense_pass_above >= 0.0 && dense_pass_above <= 1.0)) {
-      detail::throw_invalid_argument("topk", "dense_pass_above", dense_pass_above,
-                                     "0 <= dense_pass_above <= 1");
     }
     if (method != topk_method::automatic && method != topk_method::radix) {
       detail::throw_invalid_argument("topk", "method", static_cast<int>(method),
@@ -317,11 +362,8 @@ struct topk {
     // The pass runs in the widest clone the CPU offers (detail/host_dispatch.hpp), where its
     // 16-byte vectors take the VEX/EVEX forms: the same operations, so the same selection, sums
     // and energy on every path (square_unfused keeps an AVX-512 clone from fusing the squares).
-    const bool dense = splits_every_block(plan);
     bool pass_ok = false;
-    const auto pass = [&](auto isa) {
-      pass_ok = detail::bracket_pass_on<T>(isa, src, lo, hi, lists, dense);
-    };
+    const auto pass = [&](auto) { pass_ok = detail::bracket_pass<T>(src, lo, hi, lists); };
     detail::run_active(pass);
     const std::size_t ns = lists.n_sure;
     const std::size_t nc = lists.n_cand;

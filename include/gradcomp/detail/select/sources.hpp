@@ -28,8 +28,6 @@ namespace gradcomp::detail {
 //   at(i)                the value the pass will see at i, with no side effect (for samples)
 //   block(b, len)        the values of [b, b + len), called once per range in index order
 //   hot_block(b, t)      block(b, scan_block) if it holds a key > t, else null
-//   any_block(b, t, hot) block(b, scan_block) always, with hot = whether it holds a key > t
-//                        (for a pass that handles cold blocks without a branch)
 //   finish(b)            completes the side effects for [b, n): when a pass stops early, and
 //                        (finish(n)) at its end
 //   values()             what holds the values once the pass is done (g, or e = acc)
@@ -181,10 +179,6 @@ struct read_source {
     const T* p = g.data() + b;
     return block_any_above(p, t) ? p : nullptr;
   }
-  const T* any_block(std::size_t b, signed_key_t<T> /*t*/, bool& hot) const noexcept {
-    hot = true;  // nothing to do per block: the caller's own test decides
-    return g.data() + b;
-  }
   void finish(std::size_t /*b*/) const noexcept {}
   std::span<const T> values() const noexcept { return g; }
 };
@@ -235,11 +229,6 @@ struct sum_source {
     return out.data() + b;
   }
   const T* hot_block(std::size_t b, signed_key_t<T> t) const noexcept {
-    bool hot = false;
-    const T* p = any_block(b, t, hot);
-    return hot ? p : nullptr;
-  }
-  const T* any_block(std::size_t b, signed_key_t<T> t, bool& hot_out) const noexcept {
     T* o = out.data() + b;
     const T* ep = e.data() + b;
     const T* gp = g.data() + b;
@@ -260,9 +249,9 @@ struct sum_source {
       hot = stream ? sum_block_any_above<T, false, true>(o, copy, ep, gp, tt)
                    : sum_block_any_above<T, false>(o, copy, ep, gp, tt);
     }
-    hot_out = hot;
+    if (!hot) return nullptr;
     const T* p = stream ? copy : o;
-    if (hot && nonfinite != nullptr) flag(block_any_above(p, finite_key_max<T>));
+    if (nonfinite != nullptr) flag(block_any_above(p, finite_key_max<T>));
     return p;
   }
   void finish(std::size_t b) const noexcept { add(b, g.size() - b); }
