@@ -29,6 +29,10 @@ class BucketFeedback:
         # The buckets (parameter keys by bucket index) of the run a checkpoint came from.
         self.resume_groups: Dict[int, List[str]] = {}
         self.rebuilds = 0  # times DDP re-formed the buckets and the feedback followed
+        # The bucket indices run in the step in flight (`step`): their layouts are already
+        # those of DDP's buckets of this step, so a rebuild seen later in the step keeps them.
+        self.ran: set = set()
+        self.ran_step: Optional[int] = None
 
     def name_parameters(self, module: torch.nn.Module) -> None:
         for name, p in module.named_parameters():
@@ -53,12 +57,14 @@ class BucketFeedback:
                 f"{sum(numel for _, numel in layout)}"
             )
         # DDP rebuilt its buckets when this index now holds other parameters, or these
-        # parameters were in another bucket: then every parameter's feedback is released to
-        # the pending pool, from which the new buckets take theirs.
+        # parameters were in another bucket: then the feedback of every bucket not yet run in
+        # this step is released to the pending pool, from which the new buckets take theirs.
+        # The buckets already run in this step are DDP's new ones (DDP rebuilds between
+        # iterations): they keep their state, staged feedback included.
         rebuild = index in self.layouts or any(self.owner.get(pid, index) != index for pid, _ in layout)
         pending = dict(self.pending)
         if rebuild:
-            pending.update(self.released(engine))
+            pending.update(self.released(engine, keep=self.ran))
         keys = [self.key(p, index, j) for j, p in enumerate(params)]
         buffers = None
         if engine.buffer_count > 0:
@@ -71,11 +77,13 @@ class BucketFeedback:
                         raise ValueError(self.size_mismatch(k, saved[b].numel(), p.numel()))
                     parts.append(saved[b] if saved is not None else torch.zeros(p.numel(), dtype=torch.float32))
                 buffers.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32))
-        # Commit.
+        # Commit. The engine's states of the released buckets stay until their indices are
+        # set again below or by the buckets still to come; none is read before that.
         if rebuild:
-            self.layouts.clear()
-            self.owner.clear()
-            engine.clear()
+            for old in [i for i in self.layouts if i not in self.ran]:
+                for pid, _ in self.layouts.pop(old):
+                    if self.owner.get(pid) == old:
+                        del self.owner[pid]
             self.rebuilds += 1
         if buffers is not None:
             engine.set_state(index, buffers)
@@ -97,10 +105,13 @@ class BucketFeedback:
                      "and load with GradcompState(module=model) to resume under any bucketing)")
         return text
 
-    def released(self, engine: Any) -> Dict[str, List[torch.Tensor]]:
-        """Every bucket's feedback buffers, split by parameter (nothing changes)."""
+    def released(self, engine: Any, keep: Optional[set] = None) -> Dict[str, List[torch.Tensor]]:
+        """Every bucket's feedback buffers (but the buckets in `keep`), split by parameter
+        (nothing changes)."""
         out: Dict[str, List[torch.Tensor]] = {}
         for index, layout in self.layouts.items():
+            if keep is not None and index in keep:
+                continue
             state = engine.state(index)
             if not state:
                 continue
@@ -156,9 +167,12 @@ class BucketFeedback:
         """Runs bucket `index` (its float32 values `staged`, written over with the result) on
         the engine, as the saved buckets were after a resume (groups_for); the statistics of
         each engine run."""
+        if step != self.ran_step:
+            self.ran, self.ran_step = set(), step
         groups = self.groups_for(params, index)
         if groups is None:
             self.prepare_or_fail(engine, index, params, staged.numel(), step)
+            self.ran.add(index)
             return [engine.run(index, staged, step, density)]
         offsets = [0]
         for p in params:
@@ -167,6 +181,7 @@ class BucketFeedback:
         for g_index, positions in groups:
             part = torch.cat([staged[offsets[j] : offsets[j + 1]] for j in positions])
             self.prepare_or_fail(engine, g_index, [params[j] for j in positions], part.numel(), step)
+            self.ran.add(g_index)
             results.append(engine.run(g_index, part, step, density))
             if results[-1].get("skipped"):
                 staged.fill_(float("nan"))
@@ -224,5 +239,6 @@ class BucketFeedback:
             engine.clear()
         self.layouts.clear()
         self.owner.clear()
+        self.ran, self.ran_step = set(), None
         self.pending = pending
         self.resume_groups = resume_groups
