@@ -129,9 +129,6 @@ concept point_to_point = requires(C& c, std::span<const T> send, std::vector<T>&
   c.sendrecv(send, 0, recv, 0);
 };
 
-// Optional: a communicator that can only be used from another thread under conditions
-// (mpi_comm needs MPI_THREAD_SERIALIZED) checks them in require_thread_support(who), which a
-// driver with a communication thread of its own (layerwise_sgd) calls before it starts.
 // Optional: receives bounded by the protocol. In allgatherv and alltoallv the peers announce
 // how much they send, and the receiver sizes its buffer by it; a communicator whose peers are
 // other processes takes a receive_limit, the most elements any one rank may contribute there
@@ -153,6 +150,9 @@ concept bounds_receives =
       c.alltoallv(send, send_counts, recv, recv_counts, limit);
     };
 
+// Optional: a communicator that can only be used from another thread under conditions
+// (mpi_comm needs MPI_THREAD_SERIALIZED) checks them in require_thread_support(who), which a
+// driver with a communication thread of its own (layerwise_sgd) calls before it starts.
 template <class C>
 concept checks_thread_support = requires(const C& c, std::string_view who) {
   c.require_thread_support(who);

@@ -175,8 +175,8 @@ class process_group_comm {
     if (detail::bytes_overlap(send.data(), send.size_bytes(), recv.data(),
                               recv.capacity() * sizeof(T))) {
       const auto bytes = std::as_bytes(send);
-      own_send_.assign(bytes.begin(), bytes.end());
-      send = std::span<const T>(reinterpret_cast<const T*>(own_send_.data()), send.size());
+      staging_.assign(bytes.begin(), bytes.end());
+      send = std::span<const T>(reinterpret_cast<const T*>(staging_.data()), send.size());
     }
     // Counts first: row s of the matrix is what rank s sends to each rank.
     const std::vector<std::uint64_t> row(send_counts.begin(), send_counts.end());
@@ -234,17 +234,16 @@ class process_group_comm {
     return static_cast<std::int64_t>(elements * sizeof(T));
   }
 
-  // `values` from every rank, rank 0's first (the same number from each).
+  // `values` from every rank, rank 0's first (the same number from each). Leaves staging_
+  // alone: allgatherv has its payload staged there already.
   std::vector<std::uint64_t> everyone_s(std::span<const std::uint64_t> values, const char* what) {
     const auto p = static_cast<std::size_t>(size_);
-    const std::size_t n = values.size();
-    std::vector<std::uint64_t> out(p * n), in(p * n);
-    for (std::size_t s = 0; s < p; ++s) {
-      std::copy(values.begin(), values.end(), out.begin() + static_cast<std::ptrdiff_t>(s * n));
-    }
-    const std::vector<std::int64_t> each(p, static_cast<std::int64_t>(n * sizeof(std::uint64_t)));
-    alltoall_bytes(out.data(), out.size() * sizeof(std::uint64_t), each, in.data(),
-                   in.size() * sizeof(std::uint64_t), each, what);
+    std::vector<std::byte> out;
+    repeat_into(std::as_bytes(values), p, out);
+    std::vector<std::uint64_t> in(p * values.size());
+    const std::vector<std::int64_t> each(p, static_cast<std::int64_t>(values.size_bytes()));
+    alltoall_bytes(out.data(), out.size(), each, in.data(), in.size() * sizeof(std::uint64_t), each,
+                   what);
     return in;
   }
 
@@ -252,9 +251,14 @@ class process_group_comm {
   // The buffer is kept from call to call (bytes never lies inside it: callers pass the user's
   // send buffer or a local one).
   void stage_repeated(std::span<const std::byte> bytes, std::size_t p) {
-    staging_.resize(bytes.size() * p);
+    repeat_into(bytes, p, staging_);
+  }
+
+  static void repeat_into(std::span<const std::byte> bytes, std::size_t p,
+                          std::vector<std::byte>& out) {
+    out.resize(bytes.size() * p);
     if (bytes.empty()) return;
-    for (std::size_t s = 0; s < p; ++s) std::memcpy(staging_.data() + s * bytes.size(), bytes.data(), bytes.size());
+    for (std::size_t s = 0; s < p; ++s) std::memcpy(out.data() + s * bytes.size(), bytes.data(), bytes.size());
   }
 
   void alltoall_bytes(const void* send, std::size_t send_bytes, std::vector<std::int64_t> to_each,
@@ -290,7 +294,6 @@ class process_group_comm {
   int size_ = 1;
   std::vector<std::byte> staging_;
   std::vector<std::byte> shares_;
-  std::vector<std::byte> own_send_;  // alltoallv's send, when it lives in recv
 };
 
 static_assert(communicator<process_group_comm>);
