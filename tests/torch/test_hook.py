@@ -209,15 +209,21 @@ class DDPTest(unittest.TestCase):
             self.assertLess(out[rank]["worst"], 1e-5)
 
 
+def _fresh(momentum: float, **config: Any) -> tuple:
+    """The same start every time: Net with seed 0, SGD (lr 0.1) and a state at density 0.1
+    keyed by parameter name, with `config` for the rest."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    state = gct.GradcompState(density=0.1, module=model, **config)
+    return model, opt, state
+
+
 def _checkpoint_worker(rank: int, world: int) -> int:
     cap = 4096  # several buckets after the rebuild; DDP's first iteration has one
 
     def fresh() -> tuple:
-        torch.manual_seed(0)
-        model = Net()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        state = gct.GradcompState(selector="topk", density=0.1, module=model)
-        return model, opt, state
+        return _fresh(momentum=0.9, selector="topk")
 
     model, opt, state = fresh()
     _train(rank, world, 6, cap, state, model, opt)
@@ -278,11 +284,7 @@ def _failed_step_worker(rank: int, world: int, overlap: bool) -> int:
     cap = 4096  # several buckets after DDP's first iteration
 
     def fresh() -> tuple:
-        torch.manual_seed(0)
-        model = Net()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        state = gct.GradcompState(selector="topk", density=0.1, module=model, overlap=overlap)
-        return model, opt, state
+        return _fresh(momentum=0.9, selector="topk", overlap=overlap)
 
     model, opt, state = fresh()
     _train(rank, world, 4, cap, state, model, opt)
@@ -350,11 +352,7 @@ def _one_bucket_resume_worker(rank: int, world: int, selector: str, quantizer: s
     cap = 25 * 1024 * 1024
 
     def fresh() -> tuple:
-        torch.manual_seed(0)
-        model = Net()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        state = gct.GradcompState(selector=selector, quantizer=quantizer, density=0.1, module=model)
-        return model, opt, state
+        return _fresh(momentum=0.0, selector=selector, quantizer=quantizer)
 
     model, opt, state = fresh()
     _train(rank, world, 10, cap, state, model, opt)
