@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -21,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include <gradcomp/comm/mpi_rank_order.hpp>
 #include <gradcomp/comm/mpi_request.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/comm_common.hpp>  // combine (the one fold rule), share_begin, ...
@@ -446,66 +446,12 @@ class mpi_comm {
     });
   }
 
-  using scratch_pool = detail::mpi_scratch_pool;
-  template <class T>
-  using scratch_lease = detail::mpi_scratch_lease<T>;
-
-  // Per chunk of the buffer: an alltoallv hands every rank its share of every rank's chunk,
-  // the rank folds them in rank order, and an in-place allgatherv spreads the folded shares.
+  // Per chunk: an alltoallv of shares, a fold in rank order, an allgatherv (comm/mpi_rank_order.hpp).
   template <class T>
   mpi_request rank_order_allreduce(std::span<T> data, reduce_op op) {
-    struct state_data {
-      scratch_lease<T> shares;  // P blocks of this rank's share of the current chunk
-      std::vector<int> sc, sd, rc, rd, gc, gd;
-      std::size_t chunk_at = 0, chunk_len = 0;
-    };
-    const auto p = static_cast<std::size_t>(size_);
-    const auto r = static_cast<std::size_t>(rank_);
-    const std::size_t chunk = std::min(options_.chunk_elements, static_cast<std::size_t>(INT_MAX));
-    auto d = std::make_shared<state_data>();
-    d->shares.pool = scratch_;
-    for (auto* v : {&d->sc, &d->sd, &d->rc, &d->rd, &d->gc, &d->gd}) v->resize(p);
-    const MPI_Datatype type = bytes_type(sizeof(T));
-    return start([d, data, op, p, r, chunk, type](std::vector<MPI_Request>& reqs,
-                                                              int phase, MPI_Comm c) {
-      // Even phases scatter chunk phase/2, odd phases gather it.
-      const std::size_t round = static_cast<std::size_t>(phase) / 2;
-      if (phase % 2 == 0) {
-        if (round * chunk >= data.size()) {
-          d->shares.give_back();  // the last chunk is folded and gathered
-          return false;
-        }
-        d->chunk_at = round * chunk;
-        d->chunk_len = std::min(chunk, data.size() - d->chunk_at);
-        const std::size_t n = d->chunk_len;
-        const std::size_t mine = detail::share_begin(n, p, r + 1) - detail::share_begin(n, p, r);
-        d->shares.reserve(p * mine);
-        for (std::size_t s = 0; s < p; ++s) {
-          d->sd[s] = static_cast<int>(detail::share_begin(n, p, s));
-          d->sc[s] = static_cast<int>(detail::share_begin(n, p, s + 1)) - d->sd[s];
-          d->rc[s] = static_cast<int>(mine);
-          d->rd[s] = static_cast<int>(s * mine);
-        }
-        reqs.emplace_back();
-        detail::mpi_check(MPI_Ialltoallv(data.data() + d->chunk_at, d->sc.data(), d->sd.data(),
-                                         type, d->shares.data(), d->rc.data(), d->rd.data(), type,
-                                         c, &reqs.back()),
-                          "MPI_Ialltoallv (allreduce shares)");
-        return true;
-      }
-      const std::size_t n = d->chunk_len;
-      const std::size_t begin = detail::share_begin(n, p, r);
-      const std::size_t mine = detail::share_begin(n, p, r + 1) - begin;
-      T* acc = d->shares.data();  // block of rank 0
-      for (std::size_t s = 1; s < p; ++s) detail::combine(acc, acc + s * mine, mine, op);
-      std::copy_n(acc, mine, data.data() + d->chunk_at + begin);
-      reqs.emplace_back();
-      detail::mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL,
-                                        data.data() + d->chunk_at, d->sc.data(), d->sd.data(),
-                                        type, c, &reqs.back()),
-                        "MPI_Iallgatherv (allreduce shares)");
-      return true;
-    });
+    return start(detail::mpi_rank_order_allreduce(
+        data, op, size_, rank_, std::min(options_.chunk_elements, static_cast<std::size_t>(INT_MAX)),
+        bytes_type(sizeof(T)), scratch_));
   }
 
   // Non-blocking collectives are matched by the order in which ranks start them, but a
@@ -538,7 +484,7 @@ class mpi_comm {
   std::array<std::shared_ptr<mpi_request::state>, slot_count> slot_owner_{};
   std::size_t next_slot_ = 0;
   detail::mpi_type_cache types_;
-  std::shared_ptr<scratch_pool> scratch_ = std::make_shared<scratch_pool>();
+  std::shared_ptr<detail::mpi_scratch_pool> scratch_ = std::make_shared<detail::mpi_scratch_pool>();
 };
 
 static_assert(communicator<mpi_comm>);

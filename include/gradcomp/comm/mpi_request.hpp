@@ -1,7 +1,7 @@
 // gradcomp/comm/mpi_request.hpp: what mpi_comm (comm/mpi.hpp) is built on: MPI's error codes as
 // exceptions, datatypes and user reductions, the environment (MPI_Init_thread for a scope),
-// a collective in flight (mpi_request, with its phases), and the scratch buffers and type
-// caches a communicator keeps. Needs <mpi.h>; link MPI::MPI_CXX.
+// a collective in flight (mpi_request, with its phases), and the type caches a communicator
+// keeps (its rank-order allreduce is comm/mpi_rank_order.hpp). Needs <mpi.h>; link MPI::MPI_CXX.
 #pragma once
 
 // gradcomp uses the C API only; the deprecated C++ bindings do not compile warning-free.
@@ -14,7 +14,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <any>
 #include <array>
 #include <chrono>
 #include <climits>
@@ -25,7 +24,6 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -194,6 +192,12 @@ class mpi_environment {
   int provided_ = MPI_THREAD_SINGLE;
 };
 
+namespace detail {
+// post(reqs, phase, comm) starts phase `phase` of a collective on comm by appending requests;
+// it returns false when there is no such phase (the collective is complete).
+using mpi_poster = std::function<bool(std::vector<MPI_Request>&, int, MPI_Comm)>;
+}  // namespace detail
+
 // A collective in flight. It may have several phases (sizes first, then data; or reduce, then
 // gather), which test() and wait() start one after the other. The buffers passed to the
 // collective must stay alive and untouched until done() is true; a vector passed to receive
@@ -245,9 +249,7 @@ class mpi_request {
  private:
   friend class mpi_comm;
 
-  // post(reqs, phase, comm) starts phase `phase` on comm by appending requests; it returns
-  // false when there is no such phase (the collective is complete).
-  using poster = std::function<bool(std::vector<MPI_Request>&, int, MPI_Comm)>;
+  using poster = detail::mpi_poster;
 
   struct state {
     MPI_Comm comm = MPI_COMM_NULL;
@@ -343,66 +345,6 @@ inline const char* mpi_thread_level_name(int level) noexcept {
   }
   return "an unknown thread level";
 }
-
-// Scratch buffers of the rank-order allreduce, kept between calls: a fresh one per call (P
-// shares of a chunk, up to chunk_elements values: 64 MB of floats) is mapped anew each time
-// and costs a page fault per page, more than the fold itself. A request takes the largest
-// free buffer of its element type at its first chunk and gives it back when its last chunk is
-// gathered (or when its state is destroyed), so the pool holds, per element type, one buffer
-// per request in flight at once (at most four: start() keeps four slots), each as large as
-// the largest chunk it served. They are freed with the mpi_comm (which holds the pool).
-struct mpi_scratch_pool {
-  std::mutex mutex;
-  std::vector<std::any> free;  // each a std::vector<T>
-};
-template <class T>
-struct mpi_scratch_lease {
-  std::shared_ptr<mpi_scratch_pool> pool;
-  std::vector<T> buf;
-  bool held = false;
-  mpi_scratch_lease() = default;
-  mpi_scratch_lease(const mpi_scratch_lease&) = delete;
-  mpi_scratch_lease& operator=(const mpi_scratch_lease&) = delete;
-  ~mpi_scratch_lease() { give_back(); }
-  // At least `n` elements at data(): a buffer from the pool on first use, grown (never
-  // shrunk, so no pass re-fills what it already holds) when too small.
-  void reserve(std::size_t n) {
-    if (!held && pool) {
-      const std::lock_guard lock(pool->mutex);
-      auto& f = pool->free;
-      auto best = f.end();
-      std::size_t best_size = 0;
-      for (auto it = f.begin(); it != f.end(); ++it) {
-        const auto* v = std::any_cast<std::vector<T>>(&*it);
-        if (v && (best == f.end() || v->size() > best_size)) {
-          best = it;
-          best_size = v->size();
-        }
-      }
-      if (best != f.end()) {
-        buf = std::move(*std::any_cast<std::vector<T>>(&*best));
-        f.erase(best);
-      }
-    }
-    held = true;
-    if (buf.size() < n) {
-      buf.clear();  // nothing to keep: skip the copy of the old contents
-      buf.resize(n);
-    }
-  }
-  T* data() noexcept { return buf.data(); }
-  void give_back() noexcept {
-    if (!held || !pool) return;
-    held = false;
-    try {
-      const std::lock_guard lock(pool->mutex);
-      pool->free.emplace_back(std::move(buf));
-    } catch (...) {
-      // No memory for the pool's entry: the buffer is freed instead, as it was before.
-    }
-    buf = {};
-  }
-};
 
 // The derived datatypes and user reductions of one mpi_comm, created once each and freed with
 // it (release(), before MPI_Finalize).
