@@ -1,7 +1,6 @@
 """gradcomp_hook: the DDP communication hook, ``ddp.register_comm_hook(state, gradcomp_hook)``."""
 
 import concurrent.futures
-import time
 
 import torch
 import torch.distributed as dist
@@ -62,7 +61,7 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
 
     params = list(bucket.parameters())
     if is_last:
-        state._last_ready = time.perf_counter()
+        state._stats.mark_last_ready()
     if not state.config.overlap:
         fut: "torch.futures.Future[torch.Tensor]" = torch.futures.Future()
         done = fut.then(_unwrap)

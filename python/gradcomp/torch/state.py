@@ -1,22 +1,23 @@
 """GradcompState: the hook's configuration, its engine and thread, and what a step leaves.
 
 The configuration is a GradcompConfig (config.py), the feedback's bucket tracking a
-BucketFeedback (buckets.py), checkpoints are made and checked in checkpoint.py, and the hook
-function is in hook.py.
+BucketFeedback (buckets.py), the statistics a StepStats (stats.py), the process groups in
+groups.py; checkpoints are made and checked in checkpoint.py, and the hook function is in
+hook.py.
 """
 
 import concurrent.futures
-import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from .. import _torch_ext as _ext
-from . import checkpoint
+from . import checkpoint, groups
 from .buckets import BucketFeedback
 from .config import GradcompConfig
+from .stats import StepStats
 
 
 class GradcompState:
@@ -74,11 +75,10 @@ class GradcompState:
         # Not when unpickled or copied (__setstate__): new_group is collective, and a copy is
         # made on one rank.
         if dist.is_available() and dist.is_initialized() and not self.__dict__.pop("_restoring", False):
-            self._own_group = self._make_own_group()
-        # Progress: survives checkpoints.
+            self._own_group = groups.make_own_group(process_group)
+        # Progress: survives checkpoints (with the statistics' totals).
         self.iteration = 0  # backward passes seen (counted at the last bucket)
         self.world_size: Optional[int] = None
-        self._totals = {k: 0 for k in checkpoint.TOTALS}
 
     def __getattr__(self, name: str) -> Any:
         # The configuration's fields read as the state's own (state.density, state.selector).
@@ -93,13 +93,7 @@ class GradcompState:
         self._engine: Optional[Any] = None
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._buckets = BucketFeedback()
-        self._lock = threading.Lock()
-        self._last: Dict[int, Dict[str, Any]] = {}
-        self._timeline: List[Tuple[float, float]] = []  # (start, end) of each bucket's work
-        # The buckets' statistics of the iteration in flight, counted once it has succeeded.
-        self._iteration_stats: List[Dict[str, Any]] = []
-        self._last_ready = 0.0  # when DDP handed over the last bucket of the backward pass
-        self._last_overlap: Optional[float] = None
+        self._stats = StepStats()
         # nonfinite='skip': the step whose buckets come back as NaN (every rank agreed), and
         # how many steps were skipped so.
         self._skipping_step: Optional[int] = None
@@ -124,7 +118,7 @@ class GradcompState:
         return self._buckets.rebuilds
 
     def _group(self) -> dist.ProcessGroup:
-        return self.process_group if self.process_group is not None else dist.group.WORLD
+        return groups.group_of(self.process_group)
 
     def _ensure_engine(self) -> Any:
         group = self._group()
@@ -143,35 +137,12 @@ class GradcompState:
                 self._buckets.name_parameters(self._module)
         return self._engine
 
-    def _is_default_group(self) -> bool:
-        try:
-            return self.process_group in (None, dist.distributed_c10d._get_default_group())
-        except Exception:
-            return self.process_group is None
-
-    def _make_own_group(self) -> Optional[dist.ProcessGroup]:
-        """With the default group (None, or dist.group.WORLD as PowerSGD's convention passes
-        it), a gloo group of the state's own over the same ranks; None for another group."""
-        if not self._is_default_group():
-            return None
-        try:
-            timeout = dist.distributed_c10d._get_default_store().timeout
-        except Exception:
-            timeout = dist.default_pg_timeout
-        return dist.new_group(ranks=list(range(dist.get_world_size())), timeout=timeout, backend="gloo")
-
     def _exchange_group(self) -> dist.ProcessGroup:
-        """The group the exchanges run over. DDP issues collectives of its own on its group
-        (find_unused_parameters' allreduce right after the last bucket, buffer broadcasts),
-        from the autograd thread, while the state's thread may still exchange buckets: gloo
-        matches collectives by the order in which they are issued, so the two threads would
-        interleave differently on different ranks. So with the default group (None or
-        dist.group.WORLD) the exchanges run on a group of the state's own over the same ranks.
-        Any other group passed as process_group is used as it is: it must not be DDP's."""
-        if not self._is_default_group():
+        """The group the exchanges run over (groups.py says why it is not always DDP's)."""
+        if not groups.is_default_group(self.process_group):
             return self._group()
         if self._own_group is None:
-            self._own_group = self._make_own_group()
+            self._own_group = groups.make_own_group(self.process_group)
         assert self._own_group is not None
         return self._own_group
 
@@ -222,22 +193,13 @@ class GradcompState:
         if is_last:
             # Before anything is kept: a checkpoint whose entries matched no parameter.
             self._buckets.check_pending()
-        with self._lock:
-            self._iteration_stats.extend(results)
-            self._timeline.append((start, end))
-            if is_last:
-                # Every bucket of the iteration succeeded: keep their new feedback state and
-                # count them. Until now a failure would have changed nothing.
-                engine.commit()
-                self._last_skipped = False
-                for stats in self._iteration_stats:
-                    self._last[stats["bucket"]] = stats
-                    self._totals["bytes_sent"] += stats["bytes_sent"]
-                    self._totals["bytes_received"] += stats["bytes_received"]
-                    self._totals["selected"] += stats["selected"]
-                    self._totals["elements"] += stats["n"]
-                self._iteration_stats = []
-                self._finish_iteration()
+        self._stats.stage(results, start, end)
+        if is_last:
+            # Every bucket of the iteration succeeded: keep their new feedback state and count
+            # them. Until now a failure would have changed nothing.
+            engine.commit()
+            self._last_skipped = False
+            self._stats.commit()
         return buffer
 
     def _abandon_iteration(self, step: int, is_last: bool = True) -> None:
@@ -247,40 +209,16 @@ class GradcompState:
         self.iteration = min(self.iteration, step)
         self._skipping_step = None
         self._failing_step = None if is_last else step
-        with self._lock:
-            if self._engine is not None:
-                self._engine.discard()
-            self._iteration_stats = []
-            self._timeline = []
-
-    def _finish_iteration(self) -> None:
-        # Overlap: the part of the bucket work that ran before DDP handed over the last bucket
-        # (by then the backward pass has computed every gradient).
-        total = sum(e - s for s, e in self._timeline)
-        hidden = sum(max(0.0, min(e, self._last_ready) - s) for s, e in self._timeline)
-        self._last_overlap = hidden / total if total > 0 else None
-        self._timeline = []
-        self._totals["steps"] += 1
+        if self._engine is not None:
+            self._engine.discard()
+        self._stats.discard()
 
     def stats(self) -> Dict[str, Any]:
-        """The last step per bucket, and totals since the start (or the checkpoint)."""
-        with self._lock:
-            buckets = [dict(self._last[i]) for i in sorted(self._last)]
-            totals = dict(self._totals)
-            overlap = self._last_overlap
-        selected = sum(b["selected"] for b in buckets)
-        n = sum(b["n"] for b in buckets)
-        return {
-            "iteration": self.iteration,
-            "buckets": buckets,
-            "selected": selected,
-            "n": n,
-            "density": selected / n if n else 0.0,
-            "bytes_sent": sum(b["bytes_sent"] for b in buckets),
-            "bytes_received": sum(b["bytes_received"] for b in buckets),
-            "overlap": overlap,
-            "totals": totals,
-        }
+        """The last step per bucket, and totals since the start (or the checkpoint): "iteration",
+        "buckets" (each bucket's engine figures), "selected", "n", "density", "bytes_sent",
+        "bytes_received", "overlap" (the share of the bucket work done during the backward
+        pass, None before a step) and "totals"."""
+        return self._stats.summary(self.iteration)
 
     # ---- checkpoints ----------------------------------------------------------------------
 
@@ -290,7 +228,7 @@ class GradcompState:
         self._wait_idle()
         return checkpoint.make(self.config, self.iteration, self.world_size,
                                self._buckets.feedback(self._engine), self._buckets.buckets(),
-                               self._totals)
+                               self._stats.totals())
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores a checkpoint made by state_dict() with the same configuration. Every field
@@ -301,8 +239,7 @@ class GradcompState:
         self._buckets.load(self._engine, loaded.feedback, loaded.buckets)
         self.iteration = loaded.iteration
         self.world_size = loaded.world_size
-        self._totals = loaded.totals
-        self._last = {}
+        self._stats.restore(loaded.totals)
 
     def attach_module(self, module: torch.nn.Module) -> None:
         """Names the parameters by `module` (as module= does): needed after unpickling a state

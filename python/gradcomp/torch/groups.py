@@ -1,0 +1,39 @@
+"""The process groups of a GradcompState: the group it was given, and the group its exchanges
+run over.
+
+DDP issues collectives of its own on its group (find_unused_parameters' allreduce right after
+the last bucket, buffer broadcasts), from the autograd thread, while the state's thread may
+still exchange buckets: gloo matches collectives by the order in which they are issued, so the
+two threads would interleave differently on different ranks. So with the default group (None,
+or dist.group.WORLD as PowerSGD's convention passes it) the exchanges run on a gloo group of
+the state's own over the same ranks. Any other group passed as process_group is used as it is:
+it must not be DDP's.
+"""
+
+from typing import Optional
+
+import torch.distributed as dist
+
+
+def group_of(process_group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
+    """The group a state was given (None: the default group)."""
+    return process_group if process_group is not None else dist.group.WORLD
+
+
+def is_default_group(process_group: Optional[dist.ProcessGroup]) -> bool:
+    try:
+        return process_group in (None, dist.distributed_c10d._get_default_group())
+    except Exception:
+        return process_group is None
+
+
+def make_own_group(process_group: Optional[dist.ProcessGroup]) -> Optional[dist.ProcessGroup]:
+    """With the default group, a gloo group of the state's own over the same ranks (collective:
+    every rank of the default group calls it); None for another group."""
+    if not is_default_group(process_group):
+        return None
+    try:
+        timeout = dist.distributed_c10d._get_default_store().timeout
+    except Exception:
+        timeout = dist.default_pg_timeout
+    return dist.new_group(ranks=list(range(dist.get_world_size())), timeout=timeout, backend="gloo")
