@@ -7,10 +7,13 @@
 #include <iterator>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
 #include <gradcomp/config.hpp>
@@ -61,12 +64,18 @@ class engine {
   engine(c10::intrusive_ptr<c10d::ProcessGroup> group, rt::engine_config config)
       : comm_(std::move(group)), engine_(comm_, std::move(config)) {}
 
-  py::dict run(std::int64_t bucket, const at::Tensor& grad, std::uint64_t step, double density) {
+  // `labels`: (name, element count) of each parameter of the bucket, in order, so that the
+  // refusal of a non-finite gradient names the parameter on every rank.
+  py::dict run(std::int64_t bucket, const at::Tensor& grad, std::uint64_t step, double density,
+               const std::vector<std::pair<std::string, std::size_t>>& labels) {
     const std::span<float> g = gradcomp::torch_views::as_span<float>(grad, "gradcomp_hook", "bucket");
+    std::vector<rt::tensor_label> named;
+    named.reserve(labels.size());
+    for (const auto& [name, size] : labels) named.push_back({name, size});
     gradcomp::tensor_stats st;
     {
       py::gil_scoped_release no_gil;
-      st = engine_.run(bucket, g, step, density);
+      st = engine_.run(bucket, g, step, density, named);
     }
     py::dict d = to_dict(st);
     d["skipped"] = engine_.skipped();
@@ -117,6 +126,18 @@ class engine {
   rt::bucket_engine<gradcomp::process_group_comm> engine_;
 };
 
+// Fails a torch.futures.Future with a std::runtime_error(message) set on its C++ side. DDP reads
+// the hook's future there: a Python exception set with set_exception() is a value that is not a
+// Tensor to it ("Unable to cast ..."), and one raised from a then() callback comes out as "Got
+// the following error when running the callback: <type>: <message> At: <traceback>". This one
+// comes out of backward() as RuntimeError(message), nothing added.
+void fail_future(py::handle future, const std::string& message) {
+  const c10::intrusive_ptr<c10::ivalue::Future> fut =
+      torch::jit::toIValue(future, c10::FutureType::create(c10::PyObjectType::get())).toFuture();
+  py::gil_scoped_release no_gil;  // the future's callbacks take the GIL themselves
+  fut->setError(std::make_exception_ptr(std::runtime_error(message)));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_torch_ext, m) {
@@ -161,7 +182,7 @@ PYBIND11_MODULE(_torch_ext, m) {
       .def(py::init<c10::intrusive_ptr<c10d::ProcessGroup>, rt::engine_config>(),
            py::arg("process_group"), py::arg("config"))
       .def("run", &engine::run, py::arg("bucket"), py::arg("grad"), py::arg("step"),
-           py::arg("density"))
+           py::arg("density"), py::arg("labels") = std::vector<std::pair<std::string, std::size_t>>{})
       .def("fail", &engine::fail, py::arg("bucket"), py::arg("step"), py::arg("message"),
            "Takes part in the bucket's agreement as failed with `message`, so that every rank "
            "raises at once, and raises ValueError(message) here.")
@@ -175,6 +196,10 @@ PYBIND11_MODULE(_torch_ext, m) {
       .def_property_readonly("buffer_count", &engine::buffer_count)
       .def_property_readonly("rank", &engine::rank)
       .def_property_readonly("size", &engine::size);
+
+  m.def("fail_future", &fail_future, py::arg("future"), py::arg("message"),
+        "Completes `future` (a torch.futures.Future) with RuntimeError(message), set on its C++ "
+        "side, so that DDP raises it from backward() as it is.");
 
   m.def("buffer_count", [](const rt::engine_config& c) { return rt::make_compress_half(c)->buffer_count(); },
         py::arg("config"), "The feedback buffers a bucket keeps under this configuration.");

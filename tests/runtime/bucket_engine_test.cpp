@@ -273,6 +273,37 @@ TEST_CASE("bucket_engine: a non-finite gradient on one rank fails the bucket on 
   }
 }
 
+// With labels, the refusal names the parameter, the bucket and the element on every rank, the
+// failing rank's and the others' alike; labels that do not cover the bucket fall back to the
+// compressor's words.
+TEST_CASE("bucket_engine: labels name the parameter with a non-finite gradient on every rank") {
+  for (const std::size_t at : {std::size_t{0}, std::size_t{99}, std::size_t{100}, std::size_t{330}}) {
+    CAPTURE(at);
+    run_in_process(2, [&](in_process_comm& comm) {
+      runtime::bucket_engine<in_process_comm> e(comm, config_of("topk", "fp32", "residual", "allgather"));
+      const std::vector<runtime::tensor_label> labels{{"fc.weight", 100}, {"fc.bias", 1}, {"out.weight", 230}};
+      std::vector<float> g = bucket_for(comm.rank(), 0, 331);
+      if (comm.rank() == 1) g[at] = -std::numeric_limits<float>::infinity();
+      const std::string err = error_of([&] { e.run(4, g, 0, 0.05, labels); });
+      const std::string want = at < 100    ? "parameter 'fc.weight' (bucket 4) holds -inf at element " + std::to_string(at)
+                               : at == 100 ? std::string("parameter 'fc.bias' (bucket 4) holds -inf at element 0")
+                                           : "parameter 'out.weight' (bucket 4) holds -inf at element " + std::to_string(at - 101);
+      CHECK(err.find(want) != std::string::npos);
+      if (comm.rank() == 0) CHECK(err.find("failed on rank 1") != std::string::npos);
+      CHECK(err.find("tensor 4") == std::string::npos);
+    });
+  }
+  run_in_process(2, [](in_process_comm& comm) {
+    runtime::bucket_engine<in_process_comm> e(comm, config_of("topk", "fp32", "residual", "allgather"));
+    const std::vector<runtime::tensor_label> short_labels{{"fc.weight", 10}};
+    std::vector<float> g = bucket_for(comm.rank(), 0, 50);
+    if (comm.rank() == 0) g[20] = std::numeric_limits<float>::quiet_NaN();
+    const std::string err = error_of([&] { e.run(0, g, 0, 0.05, short_labels); });
+    CHECK(err.find("holds nan at index 20") != std::string::npos);
+  });
+  CHECK(runtime::name_nonfinite(1, std::vector<float>{1.0f, 2.0f}, {}, "fine") == "fine");
+}
+
 // skip_nonfinite: every rank gets the bucket back as NaN, skipped() says so, nothing exchanged,
 // and no feedback state changed; the next bucket runs as usual.
 TEST_CASE("bucket_engine: skip_nonfinite skips the bucket on every rank") {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -314,6 +315,34 @@ std::unique_ptr<exchange_half<Comm>> make_exchange_half(const engine_config& c, 
   return out;
 }
 
+// A name for each tensor of a bucket, in order, with its element count: run() names the one
+// whose gradient is not finite in its refusal (the parameter, not the bucket's element index).
+struct tensor_label {
+  std::string name;
+  std::size_t size = 0;
+};
+
+// The refusal of a non-finite value in g in the caller's words: "the gradient of parameter
+// 'name' (bucket b) holds nan at element e; ...". `fallback` where g holds none or the labels
+// do not cover g.
+inline std::string name_nonfinite(std::uint32_t bucket, std::span<const float> g,
+                                  std::span<const tensor_label> labels, std::string fallback) {
+  const std::size_t bad = detail::first_nonfinite(g);
+  if (bad == g.size()) return fallback;
+  std::size_t at = bad;
+  for (const auto& label : labels) {
+    if (at < label.size) {
+      const float v = g[bad];
+      return detail::concat("the gradient of parameter '", label.name, "' (bucket ", bucket,
+                            ") holds ", std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf",
+                            " at element ", at,
+                            "; non-finite gradients are refused before any rank's state changes");
+    }
+    at -= label.size;
+  }
+  return fallback;
+}
+
 // One rank's engine over a communicator.
 template <class Comm>
 class bucket_engine {
@@ -337,7 +366,11 @@ class bucket_engine {
   // its message. With config.skip_nonfinite, a bucket whose only failures are non-finite
   // gradients is skipped on every rank instead: g is filled with NaN (what an allreduce of it
   // would give), the step's new feedback states are forgotten, and skipped() is true.
-  tensor_stats run(std::int64_t bucket, std::span<float> g, std::uint64_t step, double density) {
+  //
+  // `labels` (optional) name the bucket's tensors, so that the refusal of a non-finite gradient
+  // names the parameter on every rank (name_nonfinite).
+  tensor_stats run(std::int64_t bucket, std::span<float> g, std::uint64_t step, double density,
+                   std::span<const tensor_label> labels = {}) {
     if (bucket < 0 || bucket > std::int64_t{0xffffffff}) {
       detail::throw_invalid_argument("bucket_engine::run", "bucket", bucket, "0 <= bucket < 2^32");
     }
@@ -353,9 +386,14 @@ class bucket_engine {
     try {
       cs = compress_->compress(bucket, g, ctx, payload_);
     } catch (const nonfinite_error& e) {
-      local = std::current_exception();
       mine.outcome = bucket_outcome::nonfinite;
-      mine.message = e.what();
+      if (labels.empty()) {
+        local = std::current_exception();
+        mine.message = e.what();
+      } else {
+        mine.message = name_nonfinite(id, g, labels, e.what());
+        local = std::make_exception_ptr(nonfinite_error(mine.message));
+      }
     } catch (const std::exception& e) {
       local = std::current_exception();
       mine.outcome = bucket_outcome::failed;

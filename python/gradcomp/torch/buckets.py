@@ -173,16 +173,17 @@ class BucketFeedback:
         if groups is None:
             self.prepare_or_fail(engine, index, params, staged.numel(), step)
             self.ran.add(index)
-            return [engine.run(index, staged, step, density)]
+            return [engine.run(index, staged, step, density, self.labels(index, params))]
         offsets = [0]
         for p in params:
             offsets.append(offsets[-1] + p.numel())
         results = []
         for g_index, positions in groups:
             part = torch.cat([staged[offsets[j] : offsets[j + 1]] for j in positions])
-            self.prepare_or_fail(engine, g_index, [params[j] for j in positions], part.numel(), step)
+            members = [params[j] for j in positions]
+            self.prepare_or_fail(engine, g_index, members, part.numel(), step)
             self.ran.add(g_index)
-            results.append(engine.run(g_index, part, step, density))
+            results.append(engine.run(g_index, part, step, density, self.labels(g_index, members)))
             if results[-1].get("skipped"):
                 staged.fill_(float("nan"))
                 return results
@@ -193,24 +194,10 @@ class BucketFeedback:
                 at += n
         return results
 
-    def nonfinite_message(self, index: int, params: List[torch.Tensor], flat: torch.Tensor,
-                          cause: str) -> str:
-        """The engine's refusal of a non-finite gradient in the hook's words: the bucket, the
-        parameter (its checkpoint key: its name with module=) and the element."""
-        bad = (~torch.isfinite(flat)).nonzero()
-        if bad.numel() == 0:
-            return f"gradcomp.torch: bucket {index}: {cause}"
-        at = int(bad[0])
-        start = 0
-        for j, p in enumerate(params):
-            if at < start + p.numel():
-                value = flat[at].item()
-                return (f"gradcomp.torch: the gradient of parameter {self.key(p, index, j)!r} "
-                        f"(bucket {index}) holds {value} at element {at - start}; non-finite "
-                        "gradients are refused before this rank's state "
-                        "changes")
-            start += p.numel()
-        return f"gradcomp.torch: bucket {index}: {cause}"
+    def labels(self, index: int, params: List[torch.Tensor]) -> List[Tuple[str, int]]:
+        """Each parameter's key and size, for the engine to name the one whose gradient is not
+        finite (called after prepare(), which gave them their keys)."""
+        return [(self.key(p, index, j), p.numel()) for j, p in enumerate(params)]
 
     def check_pending(self) -> None:
         if self.pending:

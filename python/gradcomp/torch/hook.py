@@ -5,6 +5,7 @@ import concurrent.futures
 import torch
 import torch.distributed as dist
 
+from .. import _torch_ext as _ext
 from .state import GradcompState
 
 # Bucket dtypes compressed through float32 staging (the feedback state is float32).
@@ -17,11 +18,13 @@ def _allreduce_mean(group: dist.ProcessGroup, buffer: torch.Tensor) -> "torch.fu
     return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
 
 
-def _unwrap(fut: "torch.futures.Future[torch.Tensor]") -> torch.Tensor:
-    # DDP (PyTorch 1.13) reads a future's value on the C++ side, where an exception stored
-    # with set_exception is a value that is not a Tensor ("Unable to cast ... to Tensor"). A
-    # future chained with then() is failed on the C++ side instead when this raises it.
-    return fut.value()
+def _fail(fut: "torch.futures.Future[torch.Tensor]", error: BaseException) -> None:
+    # DDP reads the future on its C++ side: set_exception() would store a value that is not a
+    # Tensor there ("Unable to cast ... to Tensor"), and an exception raised from a then()
+    # callback is wrapped ("Got the following error when running the callback: ... At:
+    # <traceback>"). The extension fails the future there with the message as it is, which
+    # backward() (and fut.wait()) raise as RuntimeError(message).
+    _ext.fail_future(fut, str(error) or type(error).__name__)
 
 
 def _check_bucket(buffer: torch.Tensor) -> None:
@@ -64,7 +67,6 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
         state._stats.mark_last_ready()
     if not state.config.overlap:
         fut: "torch.futures.Future[torch.Tensor]" = torch.futures.Future()
-        done = fut.then(_unwrap)
         try:
             fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
         except BaseException as e:
@@ -73,8 +75,8 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
             # assertion), while a failed future is raised from backward() with the reducer
             # ready for the next pass.
             state._abandon_iteration(step, is_last)  # nothing of the step is kept; a retry runs it again
-            fut.set_exception(e)
-        return done
+            _fail(fut, e)
+        return fut
 
     if state._executor is None:
         state._executor = concurrent.futures.ThreadPoolExecutor(
@@ -87,7 +89,7 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
             fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
         except BaseException as e:  # the training loop sees it when DDP waits on the future
             state._abandon_iteration(step, is_last)  # nothing of the step is kept; a retry runs it again
-            fut.set_exception(e)
+            _fail(fut, e)
 
     state._executor.submit(work)
-    return fut.then(_unwrap)
+    return fut

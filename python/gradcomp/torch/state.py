@@ -174,8 +174,9 @@ class GradcompState:
         else:
             try:
                 results = self._buckets.run(engine, index, staged, params, step, density)
-            except FloatingPointError as e:  # name the bucket and the parameter, not "tensor 0"
-                raise FloatingPointError(self._buckets.nonfinite_message(index, params, staged, str(e))) from None
+            except FloatingPointError as e:  # the engine named the parameter (labels)
+                text = str(e)
+                raise FloatingPointError(text if text.startswith("gradcomp") else f"gradcomp.torch: {text}") from None
             if any(r.get("skipped") for r in results):
                 self._skipping_step = step
                 results = []
