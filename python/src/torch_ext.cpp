@@ -130,12 +130,13 @@ class engine {
 // the hook's future there: a Python exception set with set_exception() is a value that is not a
 // Tensor to it ("Unable to cast ..."), and one raised from a then() callback comes out as "Got
 // the following error when running the callback: <type>: <message> At: <traceback>". This one
-// comes out of backward() as RuntimeError(message), nothing added.
+// comes out of backward() as RuntimeError(message), nothing added. A future already completed
+// is left as it is.
 void fail_future(py::handle future, const std::string& message) {
   const c10::intrusive_ptr<c10::ivalue::Future> fut =
       torch::jit::toIValue(future, c10::FutureType::create(c10::PyObjectType::get())).toFuture();
   py::gil_scoped_release no_gil;  // the future's callbacks take the GIL themselves
-  fut->setError(std::make_exception_ptr(std::runtime_error(message)));
+  fut->setErrorIfNeeded(std::make_exception_ptr(std::runtime_error(message)));
 }
 
 }  // namespace
@@ -198,8 +199,7 @@ PYBIND11_MODULE(_torch_ext, m) {
       .def_property_readonly("size", &engine::size);
 
   m.def("fail_future", &fail_future, py::arg("future"), py::arg("message"),
-        "Completes `future` (a torch.futures.Future) with RuntimeError(message), set on its C++ "
-        "side, so that DDP raises it from backward() as it is.");
+        "Fails `future` (a torch.futures.Future) with RuntimeError(message) on its C++ side.");
 
   m.def("buffer_count", [](const rt::engine_config& c) { return rt::make_compress_half(c)->buffer_count(); },
         py::arg("config"), "The feedback buffers a bucket keeps under this configuration.");

@@ -5,8 +5,9 @@
 // PMPI_Iallgather), and on the liar's rank replaces one entry of one such message by a huge
 // count. Every rank must then throw communicator_error naming the liar and the count before
 // anything is allocated or received, stay in step with the others, and a failed step must
-// change nothing. The lie is 2^31 - 2 elements: within MPI's int counts, so only the protocol's
-// bound (receive_limit) stops it; unbounded, it would allocate 16 GiB of (index, value) pairs.
+// change nothing. Where the protocol passes a receive_limit the lie is 2^31 - 2 elements: within
+// MPI's int counts, so only that bound stops it (unbounded, it would allocate 16 GiB of (index,
+// value) pairs); without a limit the lie is 2^40, which MPI's int counts stop.
 #include <doctest/doctest.h>
 
 #include <cstddef>

@@ -654,7 +654,7 @@ def _malformed_checkpoint_worker(rank: int, world: int) -> int:
 
 def _nonfinite_worker(rank: int, world: int) -> str:
     """A NaN in a gradient is refused naming the bucket, the parameter and the element (the
-    engine alone would say "tensor 0", the bucket's id), and changes no state."""
+    hook passes the engine each parameter's name: labels), and changes no state."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
@@ -677,6 +677,30 @@ def _nonfinite_worker(rank: int, world: int) -> str:
     for k, v in before["feedback"].items():
         assert all(torch.equal(a, b) for a, b in zip(v, after["feedback"][k]))
     return text
+
+
+def _foreign_error_worker(rank: int, world: int) -> List[str]:
+    """An error that is not gradcomp's (here a KeyError from inside the bucket's work) fails the
+    hook's future with its type's name kept in the text, in both modes, and the future
+    completes (DDP waits on it)."""
+    param = torch.nn.Parameter(torch.zeros(64))
+    texts = []
+    for overlap in (False, True):
+        state = gct.GradcompState(selector="topk", density=0.25, overlap=overlap)
+
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise KeyError("no such bucket")
+
+        state._buckets.run = broken  # type: ignore[method-assign]
+        fut = gct.gradcomp_hook(state, FakeBucket(0, grad_for(0, 0, 64), [param]))
+        try:
+            fut.wait()
+        except RuntimeError as e:
+            texts.append(str(e))
+        else:
+            raise AssertionError("the failed bucket's future succeeded")
+        state.close()
+    return texts
 
 
 def _mixed_precision_worker(rank: int, world: int) -> bool:
@@ -709,6 +733,10 @@ class BadInputTest(unittest.TestCase):
         text = spawn(_nonfinite_worker, 1)[0]
         self.assertIn("parameter '1.weight' (bucket 0) holds nan at element 5", text)
         self.assertNotIn("Unable to cast", text)
+
+    def test_an_error_that_is_not_gradcomps_keeps_its_type_name(self) -> None:
+        for text in spawn(_foreign_error_worker, 1)[0]:
+            self.assertEqual(text, "KeyError: 'no such bucket'")
 
     def test_half_precision_buckets_go_through_float32(self) -> None:
         spawn(_mixed_precision_worker, 2)

@@ -33,6 +33,7 @@
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/comm_common.hpp>
+#include <gradcomp/detail/nonfinite.hpp>
 #include <gradcomp/detail/staged_feedback.hpp>
 #include <gradcomp/detail/tensor_record.hpp>
 #include <gradcomp/detail/bitpack.hpp>
@@ -366,9 +367,7 @@ class bucket_engine {
   // its message. With config.skip_nonfinite, a bucket whose only failures are non-finite
   // gradients is skipped on every rank instead: g is filled with NaN (what an allreduce of it
   // would give), the step's new feedback states are forgotten, and skipped() is true.
-  //
-  // `labels` (optional) name the bucket's tensors, so that the refusal of a non-finite gradient
-  // names the parameter on every rank (name_nonfinite).
+  // `labels` (optional): see tensor_label.
   tensor_stats run(std::int64_t bucket, std::span<float> g, std::uint64_t step, double density,
                    std::span<const tensor_label> labels = {}) {
     if (bucket < 0 || bucket > std::int64_t{0xffffffff}) {

@@ -29,6 +29,8 @@ class BucketFeedback:
         # The buckets (parameter keys by bucket index) of the run a checkpoint came from.
         self.resume_groups: Dict[int, List[str]] = {}
         self.rebuilds = 0  # times DDP re-formed the buckets and the feedback followed
+        # Each bucket's labels for the engine (labels()), with the layout they were made for.
+        self.label_cache: Dict[int, Tuple[Optional[Layout], List[Tuple[str, int]]]] = {}
         # The bucket indices run in the step in flight (`step`): their layouts are already
         # those of DDP's buckets of this step, so a rebuild seen later in the step keeps them.
         self.ran: set = set()
@@ -37,6 +39,7 @@ class BucketFeedback:
     def name_parameters(self, module: torch.nn.Module) -> None:
         for name, p in module.named_parameters():
             self.keys[id(p)] = strip_ddp_prefix(name)
+        self.label_cache.clear()  # the keys changed
 
     def key(self, p: torch.Tensor, bucket: int, position: int) -> str:
         key = self.keys.get(id(p))
@@ -196,8 +199,14 @@ class BucketFeedback:
 
     def labels(self, index: int, params: List[torch.Tensor]) -> List[Tuple[str, int]]:
         """Each parameter's key and size, for the engine to name the one whose gradient is not
-        finite (called after prepare(), which gave them their keys)."""
-        return [(self.key(p, index, j), p.numel()) for j, p in enumerate(params)]
+        finite (called after prepare(), which gave them their keys); made again only when the
+        bucket's layout changes."""
+        layout = self.layouts.get(index)
+        cached = self.label_cache.get(index)
+        if cached is None or cached[0] != layout:
+            cached = (layout, [(self.key(p, index, j), p.numel()) for j, p in enumerate(params)])
+            self.label_cache[index] = cached
+        return cached[1]
 
     def check_pending(self) -> None:
         if self.pending:
@@ -226,6 +235,7 @@ class BucketFeedback:
             engine.clear()
         self.layouts.clear()
         self.owner.clear()
+        self.label_cache.clear()
         self.ran, self.ran_step = set(), None
         self.pending = pending
         self.resume_groups = resume_groups

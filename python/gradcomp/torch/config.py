@@ -69,7 +69,8 @@ class GradcompConfig:
             communication overlaps the rest of the backward pass; False runs it in the hook.
         nonfinite: what a NaN or Inf gradient on any rank does, agreed by every rank before the
             bucket is exchanged: 'raise' (default: backward() raises RuntimeError on every
-            rank, naming the rank, bucket and parameter, and no feedback state changes) or 'skip' (every
+            rank, naming the parameter and bucket (and, on the other ranks, the failing rank),
+            and no feedback state changes) or 'skip' (every
             rank gets the step's buckets from that one on as NaN, as an allreduce would give
             them, and no feedback state or step count changes: skip the optimizer's step, as
             torch.cuda.amp.GradScaler does on its own; ``state.skipped_steps`` counts them).

@@ -19,12 +19,18 @@ def _allreduce_mean(group: dist.ProcessGroup, buffer: torch.Tensor) -> "torch.fu
 
 
 def _fail(fut: "torch.futures.Future[torch.Tensor]", error: BaseException) -> None:
-    # DDP reads the future on its C++ side: set_exception() would store a value that is not a
-    # Tensor there ("Unable to cast ... to Tensor"), and an exception raised from a then()
-    # callback is wrapped ("Got the following error when running the callback: ... At:
-    # <traceback>"). The extension fails the future there with the message as it is, which
-    # backward() (and fut.wait()) raise as RuntimeError(message).
-    _ext.fail_future(fut, str(error) or type(error).__name__)
+    # Failed on the future's C++ side (_torch_ext.fail_future says why): backward() and
+    # fut.wait() raise RuntimeError(text). gradcomp's own messages go as they are; another
+    # error keeps its type's name in the text.
+    text = str(error)
+    if not text.startswith("gradcomp"):
+        text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    try:
+        _ext.fail_future(fut, text.encode("utf-8", "replace").decode("utf-8"))
+    except Exception:
+        # Whatever happens, the future must complete: DDP waits on it.
+        if not fut.done():
+            fut.set_exception(error)
 
 
 def _check_bucket(buffer: torch.Tensor) -> None:

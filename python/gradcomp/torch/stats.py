@@ -14,12 +14,13 @@ from .checkpoint import TOTALS
 
 
 class StepStats:
-    """Written from the state's thread, read by stats() from any thread (under a lock)."""
+    """Written from the state's thread (mark_last_ready from the hook's, DDP's autograd thread:
+    one float, no lock needed), read by summary() from any thread (under a lock)."""
 
-    def __init__(self, totals: Optional[Dict[str, int]] = None) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last: Dict[int, Dict[str, Any]] = {}
-        self._totals = dict(totals) if totals is not None else {k: 0 for k in TOTALS}
+        self._totals = {k: 0 for k in TOTALS}
         self._staged: List[Dict[str, Any]] = []  # the buckets of the step in flight
         self._timeline: List[Tuple[float, float]] = []  # (start, end) of each bucket's work
         self._last_ready = 0.0  # when DDP handed over the last bucket of the backward pass
