@@ -19,27 +19,31 @@
 #include <vector>
 
 #include <gradcomp/comm/mpi.hpp>
-#include <gradcomp/runtime/bucket_engine.hpp>
 
-#include "../support/data.hpp"
-#include "../support/exchange_reference.hpp"
+#include "../support/lying_peer.hpp"
 
 namespace {
 
-struct tamperer {
+// The tamperer of tests/support/lying_peer.hpp, for MPI_Iallgather below.
+struct mpi_tamperer {
   bool armed = false;
-  int skip = 0;  // messages of counts to let through first; -1: count them, lie in none
-  int seen = 0;  // messages of counts let through since arming
-  std::uint64_t lie = 0;
+  bool did_lie = false;
+  int skip = 0;   // messages of counts to let through first; -1: count them, lie in none
+  int let_through = 0;  // messages of counts let through since arming
+  std::uint64_t value = 0;
   std::vector<std::uint64_t> lying;  // the message sent instead, alive until the test waits
-} the_tamperer;
 
-void arm(std::uint64_t lie, int skip) {
-  the_tamperer.lie = lie;
-  the_tamperer.skip = skip;
-  the_tamperer.seen = 0;
-  the_tamperer.armed = true;
-}
+  void lie(std::uint64_t v, int s) {
+    value = v;
+    skip = s;
+    let_through = 0;
+    did_lie = false;
+    armed = true;
+  }
+  [[nodiscard]] bool lied() const { return did_lie; }
+  [[nodiscard]] int seen() const { return let_through; }
+  void disarm() { armed = false; }
+} the_tamperer;
 
 }  // namespace
 
@@ -56,15 +60,16 @@ extern "C" int MPI_Iallgather(const void* sendbuf, int sendcount, MPI_Datatype s
   const bool counts = sendtype == MPI_UINT64_T && (sendcount == 1 || sendcount == size);
   if (t.armed && counts && t.skip >= 0 && t.skip-- == 0) {
     t.armed = false;
+    t.did_lie = true;
     const auto n = static_cast<std::size_t>(sendcount);
     t.lying.assign(n, 0);
     std::memcpy(t.lying.data(), sendbuf, n * sizeof(std::uint64_t));
     // allgatherv: this rank's count; alltoallv: what it sends to the next rank.
-    t.lying[n == 1 ? 0 : static_cast<std::size_t>(rank + 1) % n] = t.lie;
+    t.lying[n == 1 ? 0 : static_cast<std::size_t>(rank + 1) % n] = t.value;
     return PMPI_Iallgather(t.lying.data(), sendcount, sendtype, recvbuf, recvcount, recvtype,
                            comm, request);
   }
-  if (t.armed && counts) ++t.seen;
+  if (t.armed && counts) ++t.let_through;
   return PMPI_Iallgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request);
 }
 
@@ -76,37 +81,10 @@ using namespace gradcomp;
 mpi_comm* the_comm = nullptr;
 mpi_comm& comm() { return *the_comm; }
 
-// Every rank runs `f` while the last rank lies (`lie` elements) in its (skip + 1)-th message
-// of counts: every rank throws communicator_error with `needle` and the liar's rank in it, and
-// the ranks are still in step afterwards.
+// The last rank lies through the_tamperer (tests/support/lying_peer.hpp).
 void refused_everywhere(std::uint64_t lie, int skip, const std::function<void()>& f,
                         const std::string& needle) {
-  const int liar = comm().size() - 1;
-  if (comm().rank() == liar) arm(lie, skip);
-  std::string what;
-  bool right_type = false;
-  try {
-    f();
-  } catch (const communicator_error& e) {
-    right_type = true;
-    what = e.what();
-  } catch (const std::exception& e) {
-    what = e.what();
-  }
-  const bool lied = comm().rank() != liar || !the_tamperer.armed;
-  the_tamperer.armed = false;
-  CAPTURE(what);
-  CHECK(lied);
-  CHECK(right_type);
-  CHECK(what.find(needle) != std::string::npos);
-  CHECK(what.find("rank " + std::to_string(liar)) != std::string::npos);
-  // Still in step: a clean allgatherv returns every rank's own number.
-  const std::vector<int> mine{comm().rank(), 7};
-  std::vector<int> all;
-  std::vector<std::size_t> counts;
-  comm().allgatherv(std::span<const int>(mine), all, counts);
-  REQUIRE(all.size() == static_cast<std::size_t>(comm().size()) * 2);
-  for (int r = 0; r < comm().size(); ++r) CHECK(all[static_cast<std::size_t>(2 * r)] == r);
+  gradcomp_test::lying_peer::refused_everywhere(comm(), the_tamperer, lie, skip, f, needle);
 }
 
 }  // namespace
@@ -151,40 +129,6 @@ TEST_CASE("every message of counts in every exchange of a step over MPI refuses 
   mpi_comm mc;
   the_comm = &mc;
   if (comm().size() < 2) return;
-  namespace rt = gradcomp::runtime;
-  const std::size_t n = 5003;
-  for (const char* ex : {"allreduce", "allgather", "gtopk", "a2a", "auto"}) {
-    rt::engine_config c;
-    c.exchange = ex;
-    c.selector = std::string(ex) == "allreduce" ? "randomk" : "topk";
-    CAPTURE(ex);
-    rt::bucket_engine<mpi_comm> engine(comm(), c), clean(comm(), c);
-    auto step = [&](rt::bucket_engine<mpi_comm>& e, std::uint64_t s) {
-      auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::laplace, n,
-                                                static_cast<std::uint64_t>(comm().rank()) + 10 * s);
-      e.run(3, std::span<float>(g), s, 0.01);
-      e.commit();
-      return g;
-    };
-    // How many messages of counts the liar sends in one step (the first step calibrates
-    // 'auto', so count on the second).
-    (void)step(engine, 0);
-    if (comm().rank() == comm().size() - 1) arm(0, -1);
-    (void)step(engine, 1);
-    int messages = the_tamperer.seen;
-    the_tamperer.armed = false;
-    MPI_Bcast(&messages, 1, MPI_INT, comm().size() - 1, MPI_COMM_WORLD);
-    CAPTURE(messages);
-    CHECK(messages >= 2);  // the bucket's agreement and at least one exchange message
-    for (int k = 0; k < messages; ++k) {
-      CAPTURE(k);
-      refused_everywhere(2147483646, k, [&] { (void)step(engine, 2); },
-                         "announced 2147483646 elements");
-    }
-    // The failed steps changed nothing: step 2 now equals that of an engine that never failed.
-    const auto got = step(engine, 2);
-    (void)step(clean, 0);
-    (void)step(clean, 1);
-    CHECK(gradcomp_test::same_bits(got, step(clean, 2)));
-  }
+  gradcomp_test::lying_peer::every_counts_message_refused(comm(), the_tamperer, 2147483646,
+                                                          "announced 2147483646 elements");
 }

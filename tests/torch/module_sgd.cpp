@@ -77,6 +77,16 @@ void copy_parameters(Net& from, Net& to) {
   for (auto& p : to->named_parameters()) p.value().copy_(src[p.key()]);
 }
 
+// `ranks` models of the shape (in, hidden) with `initial`'s parameters.
+std::vector<Net> copies_of(Net& initial, int ranks, int in, int hidden) {
+  std::vector<Net> out;
+  for (int r = 0; r < ranks; ++r) {
+    out.emplace_back(in, hidden);
+    copy_parameters(initial, out.back());
+  }
+  return out;
+}
+
 double max_relative_difference(Net& a, Net& b) {
   double worst = 0.0;
   auto pb = b->named_parameters();
@@ -117,11 +127,7 @@ TEST_CASE("module_sgd with dense, identity and dense_allreduce equals torch::opt
                                                    .nesterov(opt.nesterov)
                                                    .weight_decay(opt.weight_decay));
       train_on_mean_gradients(ref, sgd, ranks, steps, in);
-      std::vector<Net> models;
-      for (int r = 0; r < ranks; ++r) {
-        models.emplace_back(in, hidden);
-        copy_parameters(initial, models.back());
-      }
+      std::vector<Net> models = copies_of(initial, ranks, in, hidden);
       run_in_process(ranks, [&](in_process_comm& comm) {
         Net& m = models[static_cast<std::size_t>(comm.rank())];
         tm::module_sgd<dense_c, dense_allreduce, in_process_comm> o(
@@ -229,13 +235,8 @@ TEST_CASE("module_lags: autograd hooks hand tensors over during backward; equals
   // computing it when the last layer's tensors are handed over.
   const int in = 2048, hidden = 2048, ranks = 2, steps = 3;
   Net initial(in, hidden);
-  std::vector<Net> lags_models, sgd_models;
-  for (int r = 0; r < ranks; ++r) {
-    lags_models.emplace_back(in, hidden);
-    sgd_models.emplace_back(in, hidden);
-    copy_parameters(initial, lags_models.back());
-    copy_parameters(initial, sgd_models.back());
-  }
+  std::vector<Net> lags_models = copies_of(initial, ranks, in, hidden);
+  std::vector<Net> sgd_models = copies_of(initial, ranks, in, hidden);
   using C = compressor<topk, identity, residual>;
   const sgd_options opt{.lr = 0.05};
   std::vector<int> started_during_backward(ranks, 0);
@@ -299,13 +300,8 @@ TEST_CASE("module_lags: a gradient missing on one rank fails the step on every r
   // applied it twice) while rank 0 applied it and went on.
   const int in = 6, hidden = 5, ranks = 2;
   Net initial(in, hidden);
-  std::vector<Net> models, clean;
-  for (int r = 0; r < ranks; ++r) {
-    models.emplace_back(in, hidden);
-    clean.emplace_back(in, hidden);
-    copy_parameters(initial, models.back());
-    copy_parameters(initial, clean.back());
-  }
+  std::vector<Net> models = copies_of(initial, ranks, in, hidden);
+  std::vector<Net> clean = copies_of(initial, ranks, in, hidden);
   using C = compressor<topk, identity, residual>;
   using L = tm::module_lags<C, sparse_allgather, in_process_comm>;
   const std::vector<double> densities(4, 0.5);
@@ -462,11 +458,7 @@ TEST_CASE("module_averaging with identity and period 1 equals torch::optim::SGD 
   train_on_mean_gradients(ref, sgd, ranks, steps, in);
   for (tm::module_layout layout : {tm::module_layout::flat, tm::module_layout::per_parameter}) {
     CAPTURE(static_cast<int>(layout));
-    std::vector<Net> models;
-    for (int r = 0; r < ranks; ++r) {
-      models.emplace_back(in, hidden);
-      copy_parameters(initial, models.back());
-    }
+    std::vector<Net> models = copies_of(initial, ranks, in, hidden);
     run_in_process(ranks, [&](in_process_comm& comm) {
       Net& m = models[static_cast<std::size_t>(comm.rank())];
       tm::module_averaging<identity, sparse_allgather, in_process_comm> o(

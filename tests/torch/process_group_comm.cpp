@@ -30,6 +30,7 @@
 
 #include "../support/comm_properties.hpp"
 #include "../support/exchange_properties.hpp"
+#include "../support/lying_peer.hpp"
 
 namespace {
 
@@ -48,8 +49,11 @@ class tampering_group final : public c10d::ProcessGroup {
     lie_ = value;
     skip_ = skip;
     armed_ = true;
+    lied_ = false;
     seen_ = 0;
   }
+  // Whether it lied since lie().
+  [[nodiscard]] bool lied() const { return lied_; }
   // Counts messages this rank sent since lie() without lying in them (lie(0, -1): count only).
   [[nodiscard]] int seen() const { return seen_; }
   void disarm() { armed_ = false; }
@@ -69,6 +73,7 @@ class tampering_group final : public c10d::ProcessGroup {
                                                const c10d::AllToAllOptions& opts) override {
     if (armed_ && is_counts(in, in_splits) && skip_ >= 0 && skip_-- == 0) {
       armed_ = false;
+      lied_ = true;
       at::Tensor lying = in.clone();
       auto* words = reinterpret_cast<std::uint64_t*>(lying.data_ptr());
       const auto p = static_cast<std::size_t>(getSize());
@@ -98,6 +103,7 @@ class tampering_group final : public c10d::ProcessGroup {
   int skip_ = 0;
   int seen_ = 0;
   bool armed_ = false;
+  bool lied_ = false;
 };
 
 c10::intrusive_ptr<tampering_group> the_tamperer;
@@ -218,41 +224,10 @@ TEST_CASE("bucket_engine over gloo equals bucket_engine in process, every exchan
   }
 }
 
-// Every rank runs `f` while the last rank lies (`lie` elements) in its (skip + 1)-th message of
-// counts: every rank must throw communicator_error naming the liar and the count, before any
-// buffer is sized by it (an unbounded 2^32 - 1 would allocate gigabytes, 2^62 bytes are more
-// than any allocation or torch's int message offsets), and
-// the ranks must still be in step afterwards.
+// The last rank lies through the_tamperer (tests/support/lying_peer.hpp).
 void refused_everywhere(std::uint64_t lie, int skip, const std::function<void()>& f,
                         const std::string& needle) {
-  const int liar = comm().size() - 1;
-  if (comm().rank() == liar) the_tamperer->lie(lie, skip);
-  std::string what;
-  bool right_type = false;
-  try {
-    f();
-  } catch (const communicator_error& e) {
-    right_type = true;
-    what = e.what();
-  } catch (const std::exception& e) {
-    what = e.what();
-  }
-  the_tamperer->disarm();
-  CAPTURE(what);
-  CHECK(right_type);
-  CHECK(what.find(needle) != std::string::npos);
-  CHECK(what.find("rank " + std::to_string(liar)) != std::string::npos);
-  // Still in step: a clean allgatherv returns every rank's own number.
-  const std::vector<int> mine{comm().rank(), 7};
-  std::vector<std::byte> all;
-  std::vector<std::size_t> counts;
-  comm().allgatherv(std::as_bytes(std::span<const int>(mine)), all, counts);
-  REQUIRE(all.size() == static_cast<std::size_t>(comm().size()) * sizeof(int) * 2);
-  for (int r = 0; r < comm().size(); ++r) {
-    int got = -1;
-    std::memcpy(&got, all.data() + static_cast<std::size_t>(r) * 2 * sizeof(int), sizeof(int));
-    CHECK(got == r);
-  }
+  gradcomp_test::lying_peer::refused_everywhere(comm(), *the_tamperer, lie, skip, f, needle);
 }
 
 TEST_CASE("counts a peer announces are bounded before anything is sized by them, on every rank") {
@@ -290,41 +265,8 @@ TEST_CASE("counts a peer announces are bounded before anything is sized by them,
 
 TEST_CASE("every message of counts in every exchange of a step refuses a lying peer") {
   if (comm().size() < 2) return;
-  namespace rt = gradcomp::runtime;
-  const std::size_t n = 5003;
-  for (const char* ex : {"allreduce", "allgather", "gtopk", "a2a", "auto"}) {
-    rt::engine_config c;
-    c.exchange = ex;
-    c.selector = std::string(ex) == "allreduce" ? "randomk" : "topk";
-    CAPTURE(ex);
-    rt::bucket_engine<process_group_comm> engine(comm(), c), clean(comm(), c);
-    auto step = [&](rt::bucket_engine<process_group_comm>& e, std::uint64_t s) {
-      auto g = gradcomp_test::make_input<float>(gradcomp_test::dist::laplace, n,
-                                                static_cast<std::uint64_t>(comm().rank()) + 10 * s);
-      e.run(3, std::span<float>(g), s, 0.01);
-      e.commit();
-      return g;
-    };
-    // How many messages of counts the liar sends in one step (the first step calibrates
-    // 'auto', so count on the second).
-    (void)step(engine, 0);
-    the_tamperer->lie(0, -1);
-    (void)step(engine, 1);
-    const int messages = the_tamperer->seen();
-    the_tamperer->disarm();
-    CAPTURE(messages);
-    CHECK(messages >= 2);  // the bucket's agreement and at least one exchange message
-    for (int k = 0; k < messages; ++k) {
-      CAPTURE(k);
-      refused_everywhere(0xffffffffu, k, [&] { (void)step(engine, 2); },
-                         "announced 4294967295 elements");
-    }
-    // The failed steps changed nothing: step 2 now equals that of an engine that never failed.
-    const auto got = step(engine, 2);
-    (void)step(clean, 0);
-    (void)step(clean, 1);
-    CHECK(gradcomp_test::same_bits(got, step(clean, 2)));
-  }
+  gradcomp_test::lying_peer::every_counts_message_refused(comm(), *the_tamperer, 0xffffffffu,
+                                                          "announced 4294967295 elements");
 }
 
 int main(int argc, char** argv) {

@@ -15,7 +15,7 @@ import io
 import pickle
 import time
 import unittest
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -219,17 +219,25 @@ def _fresh(momentum: float, **config: Any) -> tuple:
     return model, opt, state
 
 
+def _straight(rank: int, world: int, fresh: Callable[[], tuple], steps: int,
+              cap: int) -> Tuple[List[torch.Tensor], int]:
+    """`steps` steps from fresh(), uninterrupted: the parameters they end with, and how many
+    buckets the state saw."""
+    model, opt, state = fresh()
+    _train(rank, world, steps, cap, state, model, opt)
+    params = [p.detach().clone() for p in model.parameters()]
+    buckets = len(state.state_dict()["buckets"])
+    state.close()
+    return params, buckets
+
+
 def _checkpoint_worker(rank: int, world: int) -> int:
     cap = 4096  # several buckets after the rebuild; DDP's first iteration has one
 
     def fresh() -> tuple:
         return _fresh(momentum=0.9, selector="topk")
 
-    model, opt, state = fresh()
-    _train(rank, world, 6, cap, state, model, opt)
-    uninterrupted = [p.detach().clone() for p in model.parameters()]
-    buckets = len(state.state_dict()["buckets"])
-    state.close()
+    uninterrupted, buckets = _straight(rank, world, fresh, 6, cap)
 
     model, opt, state = fresh()
     _train(rank, world, 3, cap, state, model, opt)
@@ -286,10 +294,7 @@ def _failed_step_worker(rank: int, world: int, overlap: bool) -> int:
     def fresh() -> tuple:
         return _fresh(momentum=0.9, selector="topk", overlap=overlap)
 
-    model, opt, state = fresh()
-    _train(rank, world, 4, cap, state, model, opt)
-    unfaulted = [p.detach().clone() for p in model.parameters()]
-    state.close()
+    unfaulted, _ = _straight(rank, world, fresh, 4, cap)
 
     # Three steps, then a fourth whose last bucket fails inside gradcomp on every rank (as a
     # failed exchange would; on every rank, so that no rank waits for another), after the
@@ -354,11 +359,7 @@ def _one_bucket_resume_worker(rank: int, world: int, selector: str, quantizer: s
     def fresh() -> tuple:
         return _fresh(momentum=0.0, selector=selector, quantizer=quantizer)
 
-    model, opt, state = fresh()
-    _train(rank, world, 10, cap, state, model, opt)
-    straight = [p.detach().clone() for p in model.parameters()]
-    buckets = len(state.state_dict()["buckets"])
-    state.close()
+    straight, buckets = _straight(rank, world, fresh, 10, cap)
 
     model, opt, state = fresh()
     _train(rank, world, 5, cap, state, model, opt)
