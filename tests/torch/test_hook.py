@@ -492,12 +492,15 @@ class CheckpointTest(unittest.TestCase):
 def _bad_input_worker(rank: int, world: int) -> int:
     checks = 0
 
-    def refuses(kind: type, fragments: List[str], fn: Any) -> None:
+    def refuses(kind: type, fragments: List[str], fn: Any, prefix: str = "gradcomp: ") -> None:
         nonlocal checks
         try:
             fn()
         except kind as e:
             text = str(e)
+            # One style: gradcomp's prefix, then the caller's names and values (the C++
+            # engine's own calls name the C++ function: "gradcomp::gradcomp_hook: ...").
+            assert text.startswith(prefix), f"{text!r} does not start with {prefix!r}"
             for f in fragments:
                 assert f in text, f"{f!r} not in {text!r}"
             checks += 1
@@ -548,11 +551,13 @@ def _bad_input_worker(rank: int, world: int) -> int:
     # The C++ view itself names dtype, device and layout.
     engine = state._engine
     refuses(ValueError, ["'bucket'", "dtype Double", "device cpu", "layout Strided"],
-            lambda: engine.run(0, torch.zeros(n, dtype=torch.float64), 1, 0.01))
-    refuses(ValueError, ["not contiguous"], lambda: engine.run(0, torch.zeros(n, 2)[:, 0], 1, 0.01))
+            lambda: engine.run(0, torch.zeros(n, dtype=torch.float64), 1, 0.01), prefix="gradcomp::")
+    refuses(ValueError, ["not contiguous"], lambda: engine.run(0, torch.zeros(n, 2)[:, 0], 1, 0.01),
+            prefix="gradcomp::")
     unchanged()
     # A bucket id that changes size keeps its state and is refused.
-    refuses(ValueError, ["bucket size", "1000"], lambda: engine.run(0, torch.zeros(n + 1), 1, 0.01))
+    refuses(ValueError, ["bucket size", "1000"], lambda: engine.run(0, torch.zeros(n + 1), 1, 0.01),
+            prefix="gradcomp")
     unchanged()
 
     # A group of another size than the one the state was registered (checkpointed) with.
@@ -605,6 +610,7 @@ def _malformed_checkpoint_worker(rank: int, world: int) -> int:
         try:
             state.load_state_dict(bad)
         except ValueError as e:
+            assert str(e).startswith("gradcomp: "), f"{str(e)!r} does not start with 'gradcomp: '"
             for f in fragments:
                 assert f in str(e), f"{f!r} not in {str(e)!r}"
         else:
@@ -843,7 +849,7 @@ class OneRankFailsTest(unittest.TestCase):
                         # no "Got the following error when running the callback:", no
                         # exception type or Python traceback ("At: ...") added by PyTorch.
                         self.assertEqual(kind, "RuntimeError")
-                        self.assertTrue(text.startswith("gradcomp"), text)
+                        self.assertTrue(text.startswith("gradcomp: "), text)
                         for mangled in ("Unable to cast", "Got the following error", "At:", "Error: gradcomp"):
                             self.assertNotIn(mangled, text)
                         self.assertTrue(r["unchanged"], "the failed step changed the hook's state")

@@ -209,7 +209,7 @@ inline std::vector<std::byte> write_record(const bucket_record& r) {
 inline bucket_record read_record(const std::byte* in, std::size_t size, std::size_t rank) {
   const auto refuse = [&](std::string_view why) {
     throw communicator_error(detail::concat(
-        "gradcomp::bucket_engine: rank ", rank, " sent ", size, " bytes that are not a bucket "
+        "gradcomp: rank ", rank, " sent ", size, " bytes that are not a bucket "
         "record (", why, "): the ranks are not running the same step of the same engine, or run "
         "different gradcomp versions"));
   };
@@ -247,7 +247,7 @@ std::vector<bucket_record> agree_on_bucket(Comm& comm, const bucket_record& mine
   std::size_t offset = 0;
   for (std::size_t r = 0; r < counts.size(); ++r) {
     if (counts[r] > scratch.size() - offset) {
-      throw communicator_error(detail::concat("gradcomp::bucket_engine: rank ", r, " announced ",
+      throw communicator_error(detail::concat("gradcomp: rank ", r, " announced ",
                                               counts[r], " bytes beyond what arrived"));
     }
     all.push_back(detail_engine::read_record(scratch.data() + offset, counts[r], r));
@@ -256,7 +256,7 @@ std::vector<bucket_record> agree_on_bucket(Comm& comm, const bucket_record& mine
   for (std::size_t r = 1; r < all.size(); ++r) {
     if (all[r].step != all[0].step || all[r].bucket != all[0].bucket) {
       throw communicator_error(detail::concat(
-          "gradcomp::bucket_engine: ranks are at different buckets: rank ", r, " is at step ",
+          "gradcomp: ranks are at different buckets: rank ", r, " is at step ",
           all[r].step, ", bucket ", all[r].bucket, "; rank 0 at step ", all[0].step, ", bucket ",
           all[0].bucket, " (every rank must run the same buckets in the same order; no rank "
           "exchanged)"));
@@ -281,7 +281,7 @@ inline std::unique_ptr<compress_half> make_compress_half(const engine_config& c)
           out = std::make_unique<compress_impl<S, Q, F>>(s, q, f);
         } else {
           check_config(c);  // refuses the pair, naming it
-          throw error("gradcomp::bucket_engine: internal error: check_config passed a "
+          throw error("gradcomp: internal error: check_config passed a "
                       "combination that has no instantiation");
         }
       });
@@ -300,7 +300,7 @@ std::unique_ptr<exchange_half<Comm>> make_exchange_half(const engine_config& c, 
       auto make = [&]<bool Summable>(std::bool_constant<Summable>) {
         if constexpr (std::is_same_v<X, dense_allreduce> && !(Summable && Q::summable)) {
           check_config(c);  // refuses allreduce of payloads that cannot be added
-          throw error("gradcomp::bucket_engine: internal error: check_config passed a "
+          throw error("gradcomp: internal error: check_config passed a "
                       "combination that has no instantiation");
         } else {
           out = std::make_unique<exchange_impl<Q, Summable, X, Comm>>(q, x);
@@ -467,7 +467,7 @@ class bucket_engine {
     if (local) std::rethrow_exception(local);
     const bucket_record& bad = all[first_failed];
     const std::string text = detail::concat(
-        "gradcomp::bucket_engine: bucket ", bad.bucket, " of step ", bad.step, " failed on rank ",
+        "gradcomp: bucket ", bad.bucket, " of step ", bad.step, " failed on rank ",
         first_failed, " (no rank exchanged it, and no feedback state changed): ", bad.message);
     if (bad.outcome == bucket_outcome::nonfinite) throw nonfinite_error(text);
     throw communicator_error(text);

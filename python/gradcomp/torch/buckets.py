@@ -56,7 +56,7 @@ class BucketFeedback:
             return
         if sum(numel for _, numel in layout) != n:
             raise ValueError(
-                f"gradcomp.torch: bucket {index} holds {n} elements but its parameters "
+                f"gradcomp: bucket {index} holds {n} elements but its parameters "
                 f"{sum(numel for _, numel in layout)}"
             )
         # DDP rebuilt its buckets when this index now holds other parameters, or these
@@ -99,7 +99,7 @@ class BucketFeedback:
 
     @staticmethod
     def size_mismatch(key: str, saved: int, now: int) -> str:
-        text = f"gradcomp.torch: checkpoint entry {key!r} has {saved} elements, the parameter has {now}"
+        text = f"gradcomp: checkpoint entry {key!r} has {saved} elements, the parameter has {now}"
         if key.startswith("bucket") and ".param" in key:
             # A positional key: the parameter at that place of DDP's first buckets.
             text += (" (the checkpoint keys parameters by their position in DDP's first buckets, "
@@ -212,7 +212,7 @@ class BucketFeedback:
         if self.pending:
             names = sorted(self.pending)
             raise ValueError(
-                f"gradcomp.torch: {len(names)} checkpoint entries matched no parameter of the "
+                f"gradcomp: {len(names)} checkpoint entries matched no parameter of the "
                 f"buckets of a whole step (first: {names[0]!r}); a checkpoint keyed by parameter "
                 "name needs module=model (or state.attach_module(model) after unpickling)"
             )

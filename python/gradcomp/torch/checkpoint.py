@@ -20,7 +20,7 @@ TOTALS = ("steps", "bytes_sent", "bytes_received", "selected", "elements")
 
 
 def _bad(field: str, why: str) -> ValueError:
-    return ValueError(f"gradcomp.torch: checkpoint field {field!r} {why}; the state is unchanged")
+    return ValueError(f"gradcomp: checkpoint field {field!r} {why}; the state is unchanged")
 
 
 @dataclass
@@ -79,7 +79,7 @@ def parse(state: Any, config: GradcompConfig, world_size: Optional[int],
     """Checks every field of a checkpoint against this state (its configuration, its group's
     size, its feedback's buffer count); ValueError naming the first field that is wrong."""
     if not isinstance(state, Mapping):
-        raise ValueError(f"gradcomp.torch: a checkpoint is a dict, not a {type(state).__name__}")
+        raise ValueError(f"gradcomp: a checkpoint is a dict, not a {type(state).__name__}")
     version = _field(state, "version")
     if version != VERSION:
         raise _bad("version", f"= {version!r}; this build reads version {VERSION}")
@@ -92,14 +92,14 @@ def parse(state: Any, config: GradcompConfig, world_size: Optional[int],
             raise _bad(f"config.{key}", "is missing")
         if saved[key] != ours[key]:
             raise ValueError(
-                f"gradcomp.torch: the checkpoint was made with {key} = {saved[key]!r}, this state "
+                f"gradcomp: the checkpoint was made with {key} = {saved[key]!r}, this state "
                 f"has {ours[key]!r}; the state is unchanged")
     saved_world = _field(state, "world_size")
     if saved_world is not None:
         _integer(saved_world, "world_size", 1)
         if world_size is not None and saved_world != world_size:
             raise ValueError(
-                f"gradcomp.torch: the checkpoint was made with {saved_world} ranks, this "
+                f"gradcomp: the checkpoint was made with {saved_world} ranks, this "
                 f"state's group has {world_size}; allowed: a group of the same size")
     iteration = _integer(_field(state, "iteration"), "iteration")
 

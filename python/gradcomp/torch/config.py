@@ -26,7 +26,7 @@ RESULT_FIELDS: Tuple[str, ...] = (
 
 
 def _type_error(field: str, value: Any, allowed: str) -> TypeError:
-    return TypeError(f"gradcomp.torch: {field} = {value!r} is a {type(value).__name__}; allowed: {allowed}")
+    return TypeError(f"gradcomp: {field} = {value!r} is a {type(value).__name__}; allowed: {allowed}")
 
 
 def _is_int(value: Any) -> bool:
@@ -115,17 +115,17 @@ class GradcompConfig:
         if not isinstance(self.nonfinite, str):
             raise _type_error("nonfinite", self.nonfinite, "'raise' or 'skip'")
         if self.nonfinite not in ("raise", "skip"):
-            raise ValueError(f"gradcomp.torch: nonfinite = {self.nonfinite!r} is not allowed; allowed: 'raise', 'skip'")
+            raise ValueError(f"gradcomp: nonfinite = {self.nonfinite!r} is not allowed; allowed: 'raise', 'skip'")
         # Selector 'dgc' goes with DGC's momentum correction: the default feedback means it.
         if self.selector == "dgc" and self.feedback == "residual":
             object.__setattr__(self, "feedback", "dgc")
         for field in ("seed", "bits", "bucket_size", "warmup_epochs", "start_iter"):
             value = getattr(self, field)
             if value < 0:
-                raise ValueError(f"gradcomp.torch: {field} = {value!r} is not allowed; allowed: an integer >= 0")
+                raise ValueError(f"gradcomp: {field} = {value!r} is not allowed; allowed: an integer >= 0")
         if self.warmup_epochs > 0 and (self.steps_per_epoch is None or self.steps_per_epoch < 1):
             raise ValueError(
-                f"gradcomp.torch: steps_per_epoch = {self.steps_per_epoch!r} is not allowed; "
+                f"gradcomp: steps_per_epoch = {self.steps_per_epoch!r} is not allowed; "
                 "allowed: an integer >= 1 (warmup_epochs > 0 needs it)")
         _ext.check_config(self.engine_config())  # ValueError in the registry's words
 

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _torch_ext as _ext
+from . import errors
 from .state import GradcompState
 
 # Bucket dtypes compressed through float32 staging (the feedback state is float32).
@@ -20,11 +21,8 @@ def _allreduce_mean(group: dist.ProcessGroup, buffer: torch.Tensor) -> "torch.fu
 
 def _fail(fut: "torch.futures.Future[torch.Tensor]", error: BaseException) -> None:
     # Failed on the future's C++ side (_torch_ext.fail_future says why): backward() and
-    # fut.wait() raise RuntimeError(text). gradcomp's own messages go as they are; another
-    # error keeps its type's name in the text.
-    text = str(error)
-    if not text.startswith("gradcomp"):
-        text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    # fut.wait() raise RuntimeError(text), the text as errors.for_future makes it.
+    text = errors.for_future(error)
     try:
         _ext.fail_future(fut, text.encode("utf-8", "replace").decode("utf-8"))
     except Exception:
@@ -36,20 +34,20 @@ def _fail(fut: "torch.futures.Future[torch.Tensor]", error: BaseException) -> No
 def _check_bucket(buffer: torch.Tensor) -> None:
     if buffer.device.type != "cpu":
         raise RuntimeError(
-            f"gradcomp.torch: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
+            f"gradcomp: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
             f"{buffer.layout}; this build of gradcomp has no "
             "device path for the hook (CPU tensors only). Train on CPU with gloo, or register "
             "PyTorch's own hooks for CUDA models."
         )
     if buffer.layout != torch.strided or not buffer.is_contiguous():
         raise ValueError(
-            f"gradcomp.torch: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
+            f"gradcomp: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
             f"{buffer.layout}, contiguous={buffer.is_contiguous()}; allowed: a contiguous strided "
             "CPU tensor"
         )
     if buffer.dtype not in (torch.float32,) + STAGED_DTYPES:
         raise ValueError(
-            f"gradcomp.torch: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
+            f"gradcomp: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
             f"{buffer.layout}; allowed dtypes: float32, and float16, bfloat16, float64 "
             "(compressed through float32)"
         )

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _torch_ext as _ext
-from . import checkpoint, groups
+from . import checkpoint, errors, groups
 from .buckets import BucketFeedback
 from .config import GradcompConfig
 from .stats import StepStats
@@ -55,7 +55,7 @@ class GradcompState:
     ) -> None:
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise TypeError(
-                f"gradcomp.torch: process_group = {process_group!r} is a "
+                f"gradcomp: process_group = {process_group!r} is a "
                 f"{type(process_group).__name__}; allowed: a torch.distributed ProcessGroup "
                 "(e.g. dist.new_group(...)), or None for the default group")
         self.config = GradcompConfig(
@@ -127,7 +127,7 @@ class GradcompState:
             self.world_size = size
         elif size != self.world_size:
             raise ValueError(
-                f"gradcomp.torch: the process group has {size} ranks, but this state was "
+                f"gradcomp: the process group has {size} ranks, but this state was "
                 f"registered (or checkpointed) with {self.world_size}; allowed: a group of "
                 f"{self.world_size} ranks"
             )
@@ -164,7 +164,7 @@ class GradcompState:
             if is_last:
                 self._failing_step = None
             raise RuntimeError(
-                f"gradcomp.torch: bucket {index} of step {step} was not run: an earlier bucket "
+                f"gradcomp: bucket {index} of step {step} was not run: an earlier bucket "
                 "of this step failed (its error was raised first)")
         if self._skipping_step == step:
             # nonfinite='skip': an earlier bucket of this step was skipped on every rank; so is
@@ -175,8 +175,7 @@ class GradcompState:
             try:
                 results = self._buckets.run(engine, index, staged, params, step, density)
             except FloatingPointError as e:  # the engine named the parameter (labels)
-                text = str(e)
-                raise FloatingPointError(text if text.startswith("gradcomp") else f"gradcomp.torch: {text}") from None
+                raise FloatingPointError(errors.ours(str(e))) from None
             if any(r.get("skipped") for r in results):
                 self._skipping_step = step
                 results = []
@@ -255,7 +254,7 @@ class GradcompState:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in GradcompConfig.__dataclass_fields__ and "config" in self.__dict__:
-            raise AttributeError(f"gradcomp.torch: {name} is part of the state's configuration, "
+            raise AttributeError(f"gradcomp: {name} is part of the state's configuration, "
                                  "which is fixed; make a new GradcompState to change it")
         object.__setattr__(self, name, value)
 
