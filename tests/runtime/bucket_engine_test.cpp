@@ -97,8 +97,10 @@ TEST_CASE("registry: refusals name the field, the value and what is allowed") {
   CHECK(refusal(config_of("topk", "int8", "residual", "allgather")).find("quantizer = 'int8'") !=
         std::string::npos);
   rt_config c = config_of("threshold", "fp32", "residual", "allgather");
-  c.threshold = 0.0;  // what a caller that gave none passes
+  c.threshold.reset();  // none given
   CHECK(refusal(c).find("needs a threshold, and none was given") != std::string::npos);
+  c.threshold = 0.0;  // given, and out of range: the value the caller gave, not "none"
+  CHECK(refusal(c).find("threshold = 0 is not allowed; allowed: 0 < threshold < inf") != std::string::npos);
   c.threshold = -1.0;
   CHECK(refusal(c).find("threshold = -1 is not allowed; allowed: 0 < threshold < inf") != std::string::npos);
   c = config_of("topk", "qsgd", "residual", "allgather");

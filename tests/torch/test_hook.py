@@ -191,7 +191,42 @@ def _world_group_worker(rank: int, world: int) -> Dict[str, Any]:
     return {"seconds": seconds, "steps": steps, "destroyed": destroyed}
 
 
+def _subgroup_worker(rank: int, world: int) -> Dict[str, Any]:
+    """DDP on a subgroup (ranks 0 and 1 of 3) with the state on another group of the same ranks,
+    as docs/torch.md says: every rank of the default group creates both groups (new_group is
+    collective over it), only the subgroup's ranks train, and their replicas stay equal."""
+    ddp_group = dist.new_group(ranks=[0, 1], backend="gloo")
+    ours = dist.new_group(ranks=[0, 1], backend="gloo")
+    if rank == 2:
+        return {"trained": False}
+    torch.manual_seed(0)
+    model = Net()
+    ddp = DDP(model, process_group=ddp_group, bucket_cap_mb=0.005)
+    state = gct.GradcompState(process_group=ours, selector="topk", density=0.05)
+    assert state._own_group is None  # a group passed is used as it is
+    ddp.register_comm_hook(state, gct.gradcomp_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for s in range(4):
+        x, y = batch(rank, s)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    steps = state.stats()["totals"]["steps"]
+    state.close()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(2)]
+    dist.all_gather(gathered, flat, group=ddp_group)
+    return {"trained": True, "steps": steps, "equal": torch.equal(gathered[0], gathered[1])}
+
+
 class DDPTest(unittest.TestCase):
+    def test_ddp_on_a_subgroup_with_a_group_of_the_same_ranks(self) -> None:
+        out = spawn(_subgroup_worker, 3, timeout_s=30.0)
+        self.assertFalse(out[2]["trained"])
+        for rank in (0, 1):
+            self.assertEqual(out[rank]["steps"], 4)
+            self.assertTrue(out[rank]["equal"], "the subgroup's replicas drifted apart")
+
     def test_world_group_with_unused_parameters_does_not_deadlock(self) -> None:
         out = spawn(_world_group_worker, 2, timeout_s=30.0)
         for rank in (0, 1):
@@ -516,6 +551,9 @@ def _bad_input_worker(rank: int, world: int) -> int:
     refuses(TypeError, ["seed = 1.5"], lambda: gct.GradcompState(seed=1.5))
     # A threshold selector without a threshold says so, instead of naming a 0 never given.
     refuses(ValueError, ["needs a threshold, and none was given"], lambda: gct.GradcompState(selector="threshold"))
+    # A threshold given as 0 is named as given.
+    refuses(ValueError, ["threshold = 0 is not allowed", "0 < threshold < inf"],
+            lambda: gct.GradcompState(selector="threshold", threshold=0))
     refuses(ValueError, ["quantizer", "'qsgd'", "'sign'"], lambda: gct.GradcompState(quantizer="int8"))
     refuses(ValueError, ["exchange", "'allgather'", "'a2a'"], lambda: gct.GradcompState(exchange="ring"))
     refuses(ValueError, ["feedback", "'residual'"], lambda: gct.GradcompState(feedback="ef21"))
@@ -633,7 +671,7 @@ def _malformed_checkpoint_worker(rank: int, world: int) -> int:
     # Two buckets that list the same parameters: a and b compressed twice, c and d never.
     refused(["buckets[1]", "bucket0.param0", "bucket 0 lists too"],
             edited(buckets={0: keys[:2], 1: keys[:2]}))
-    for field in ("iteration", "feedback", "totals", "config", "version", "world_size"):
+    for field in ("iteration", "feedback", "totals", "config", "version", "world_size", "buckets"):
         refused([repr(field), "is missing"] if field != "version" else ["'version'"], edited(**{field: None}))
     refused(["feedback['bucket0.param0']", "a list of 1 tensors"],
             edited(feedback={**good["feedback"], keys[0]: good["feedback"][keys[0]] * 2}))
@@ -648,6 +686,22 @@ def _malformed_checkpoint_worker(rank: int, world: int) -> int:
     other = gct.GradcompState(selector="topk", density=0.01, overlap=False, seed=3)
     other.load_state_dict(edited(config={**good["config"], "threshold": 1.0, "dgc_momentum": 0.5}))
     assert other.iteration == good["iteration"]
+    # ... and compared where it does: a threshold with selector 'threshold', DGC's settings with
+    # its feedback.
+    for config, key, value in (({"selector": "threshold", "threshold": 0.5}, "threshold", 0.25),
+                               ({"feedback": "dgc"}, "dgc_momentum", 0.5),
+                               ({"feedback": "dgc"}, "dgc_clip_norm", 1.0)):
+        mine = gct.GradcompState(density=0.01, overlap=False, seed=3, **config)
+        theirs = mine.state_dict()
+        theirs["config"] = {**theirs["config"], key: value}
+        try:
+            mine.load_state_dict(theirs)
+        except ValueError as e:
+            assert str(e).startswith(f"gradcomp: the checkpoint was made with {key} = {value!r}"), str(e)
+        else:
+            raise AssertionError(f"a checkpoint made with another {key} was accepted")
+        mine.close()
+        checks += 1
     # The configuration is fixed: writing a field of it is refused, not silently ignored.
     try:
         other.density = 0.5
@@ -683,6 +737,52 @@ def _nonfinite_worker(rank: int, world: int) -> str:
     assert after["iteration"] == before["iteration"]
     for k, v in before["feedback"].items():
         assert all(torch.equal(a, b) for a, b in zip(v, after["feedback"][k]))
+    return text
+
+
+def _pending_before_commit_worker(rank: int, world: int) -> str:
+    """A checkpoint keyed by parameter name, loaded into a state without module=: its entries
+    match no parameter, which is found at the step's last bucket and refused before that step
+    keeps anything (the step count and the feedback stay as loaded, so a retry after
+    attach_module() runs the step once)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    params = list(model.parameters())
+    n = sum(p.numel() for p in params)
+    named = gct.GradcompState(selector="topk", density=0.25, overlap=False, module=model)
+    gct.gradcomp_hook(named, FakeBucket(0, grad_for(0, 0, n), params)).wait()
+    saved = named.state_dict()
+    named.close()
+    plain = gct.GradcompState(selector="topk", density=0.25, overlap=False)
+    plain.load_state_dict(saved)
+    before = plain.state_dict()
+    try:
+        gct.gradcomp_hook(plain, FakeBucket(0, grad_for(0, 1, n), params)).wait()
+    except RuntimeError as e:
+        text = str(e)
+    else:
+        raise AssertionError("a step ran with checkpoint entries that matched no parameter")
+    after = plain.state_dict()
+    # Nothing of the step is kept: the step count, the totals and every loaded entry are as
+    # loaded. (The bucket's layout, with fresh zero entries under positional keys, is made by
+    # the refused step and stays: it is no result of the step.)
+    assert after["iteration"] == before["iteration"] == saved["iteration"], (after["iteration"], saved["iteration"])
+    assert after["totals"] == before["totals"]
+    for key, buffers in saved["feedback"].items():
+        assert all(torch.equal(a, b) for a, b in zip(buffers, after["feedback"][key])), key
+    # With the module attached the same step runs, once, and as it runs in a state that had the
+    # module from the start: the loaded feedback is the one used and kept.
+    plain.attach_module(model)
+    got = gct.gradcomp_hook(plain, FakeBucket(0, grad_for(0, 1, n), params)).wait()
+    ref = gct.GradcompState(selector="topk", density=0.25, overlap=False, module=model)
+    ref.load_state_dict(saved)
+    want = gct.gradcomp_hook(ref, FakeBucket(0, grad_for(0, 1, n), params)).wait()
+    assert torch.equal(got, want)
+    mine, theirs = plain.state_dict(), ref.state_dict()
+    assert mine["iteration"] == saved["iteration"] + 1
+    for key, buffers in theirs["feedback"].items():
+        assert all(torch.equal(a, b) for a, b in zip(buffers, mine["feedback"][key])), key
+    plain.close()
+    ref.close()
     return text
 
 
@@ -730,16 +830,22 @@ def _mixed_precision_worker(rank: int, world: int) -> bool:
 class BadInputTest(unittest.TestCase):
     def test_bad_input_is_refused_and_changes_nothing(self) -> None:
         out = spawn(_bad_input_worker, 1)
-        self.assertEqual(out[0], 27)
+        self.assertEqual(out[0], 28)
 
     def test_malformed_checkpoints_are_refused_by_field(self) -> None:
         out = spawn(_malformed_checkpoint_worker, 1)
-        self.assertEqual(out[0], 17)
+        self.assertEqual(out[0], 21)
 
     def test_a_nonfinite_gradient_names_its_bucket_and_parameter(self) -> None:
         text = spawn(_nonfinite_worker, 1)[0]
         self.assertIn("parameter '1.weight' (bucket 0) holds nan at element 5", text)
         self.assertNotIn("Unable to cast", text)
+
+    def test_unmatched_checkpoint_entries_are_refused_before_the_step_commits(self) -> None:
+        text = spawn(_pending_before_commit_worker, 1)[0]
+        self.assertTrue(text.startswith("gradcomp: "), text)
+        self.assertIn("matched no parameter", text)
+        self.assertIn("module=model", text)
 
     def test_an_error_that_is_not_gradcomps_keeps_its_type_name(self) -> None:
         for text in spawn(_foreign_error_worker, 1)[0]:
@@ -773,11 +879,14 @@ def _raising_worker(rank: int, world: int) -> str:
     return "finished"
 
 
-def _one_rank_nonfinite_worker(rank: int, world: int, overlap: bool, policy: str, which: str) -> Dict[str, Any]:
+def _one_rank_nonfinite_worker(rank: int, world: int, overlap: bool, policy: str, which: str,
+                               delay_last: float = 0.0) -> Dict[str, Any]:
     """Rank 1 alone gets a NaN in one bucket (the first handed over, a middle one or the last) of
     step 2. 'raise': every rank raises within seconds with the real cause, no feedback changes,
     and a caller that catches it and goes on stays in step. 'skip': every rank gets NaN
-    gradients for that step, skips its optimizer step, and goes on in step."""
+    gradients for that step, skips its optimizer step, and goes on in step. delay_last: the
+    last bucket's hook call of step 2 comes that many seconds late on every rank (with
+    overlap, the earlier buckets' work, the failed one's included, is then done long before)."""
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -795,6 +904,8 @@ def _one_rank_nonfinite_worker(rank: int, world: int, overlap: bool, policy: str
             hit = bucket.is_last() if target is None else len(seen) == target
             if rank == 1 and hit:
                 bucket.buffer()[3] = float("nan")
+            if delay_last and bucket.is_last():
+                time.sleep(delay_last)
         return gct.gradcomp_hook(st, bucket)
 
     ddp.register_comm_hook(state, hook)
@@ -832,38 +943,41 @@ def _one_rank_nonfinite_worker(rank: int, world: int, overlap: bool, policy: str
 
 class OneRankFailsTest(unittest.TestCase):
     def test_a_nonfinite_gradient_on_one_rank_raises_on_every_rank_within_seconds(self) -> None:
-        for overlap in (True, False):
-            for which in ("first", "middle", "last"):
-                with self.subTest(overlap=overlap, which=which):
-                    t0 = time.perf_counter()
-                    out = spawn(_one_rank_nonfinite_worker, 2, overlap, "raise", which, timeout_s=60.0)
-                    self.assertLess(time.perf_counter() - t0, 45.0)
-                    for rank in (0, 1):
-                        r = out[rank]
-                        self.assertGreaterEqual(r["buckets"], 3, "the model must have several buckets")
-                        self.assertEqual(len(r["errors"]), 1, r["errors"])
-                        step, kind, text, seconds = r["errors"][0]
-                        self.assertEqual(step, 2)
-                        self.assertLess(seconds, 10.0)
-                        # The message as gradcomp wrote it: no "Unable to cast ... to Tensor",
-                        # no "Got the following error when running the callback:", no
-                        # exception type or Python traceback ("At: ...") added by PyTorch.
-                        self.assertEqual(kind, "RuntimeError")
-                        self.assertTrue(text.startswith("gradcomp: "), text)
-                        for mangled in ("Unable to cast", "Got the following error", "At:", "Error: gradcomp"):
-                            self.assertNotIn(mangled, text)
-                        self.assertTrue(r["unchanged"], "the failed step changed the hook's state")
-                        self.assertTrue(r["replicas_equal"], "the ranks drifted apart after the failure")
-                    # Both ranks name the parameter, the bucket and the element.
-                    own = out[1]["errors"][0][2]
-                    cause = own[own.index("the gradient of parameter '"):]
-                    self.assertIn("holds nan at element", cause)
-                    self.assertIn("failed on rank 1", out[0]["errors"][0][2])
-                    self.assertTrue(out[0]["errors"][0][2].endswith(cause), out[0]["errors"][0][2])
+        # The six placements, and with overlap a failure in the first or a middle bucket while
+        # the last bucket's hook call comes 0.5 s late.
+        cases = [(o, w, 0.0) for o in (True, False) for w in ("first", "middle", "last")]
+        cases += [(True, "first", 0.5), (True, "middle", 0.5)]
+        for overlap, which, delay in cases:
+            with self.subTest(overlap=overlap, which=which, delay_last=delay):
+                t0 = time.perf_counter()
+                out = spawn(_one_rank_nonfinite_worker, 2, overlap, "raise", which, delay, timeout_s=60.0)
+                self.assertLess(time.perf_counter() - t0, 45.0)
+                for rank in (0, 1):
+                    r = out[rank]
+                    self.assertGreaterEqual(r["buckets"], 3, "the model must have several buckets")
+                    self.assertEqual(len(r["errors"]), 1, r["errors"])
+                    step, kind, text, seconds = r["errors"][0]
+                    self.assertEqual(step, 2)
+                    self.assertLess(seconds, 10.0)
+                    # The message as gradcomp wrote it: no "Unable to cast ... to Tensor",
+                    # no "Got the following error when running the callback:", no
+                    # exception type or Python traceback ("At: ...") added by PyTorch.
+                    self.assertEqual(kind, "RuntimeError")
+                    self.assertTrue(text.startswith("gradcomp: "), text)
+                    for mangled in ("Unable to cast", "Got the following error", "At:", "Error: gradcomp"):
+                        self.assertNotIn(mangled, text)
+                    self.assertTrue(r["unchanged"], "the failed step changed the hook's state")
+                    self.assertTrue(r["replicas_equal"], "the ranks drifted apart after the failure")
+                # Both ranks name the parameter, the bucket and the element.
+                own = out[1]["errors"][0][2]
+                cause = own[own.index("the gradient of parameter '"):]
+                self.assertIn("holds nan at element", cause)
+                self.assertIn("failed on rank 1", out[0]["errors"][0][2])
+                self.assertTrue(out[0]["errors"][0][2].endswith(cause), out[0]["errors"][0][2])
 
     def test_a_nonfinite_gradient_on_one_rank_skips_the_step_on_every_rank(self) -> None:
         for overlap in (True, False):
-            for which in ("first", "last"):
+            for which in ("first", "middle", "last"):
                 with self.subTest(overlap=overlap, which=which):
                     out = spawn(_one_rank_nonfinite_worker, 2, overlap, "skip", which, timeout_s=60.0)
                     for rank in (0, 1):

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -44,7 +45,8 @@ struct engine_config {
   unsigned bits = 4;              // quantizer 'qsgd': bits per value, 2..16
   unsigned bucket_size = 512;     // 'qsgd': 1..2^24 values share one scale; 'terngrad',
                                   // 'sign': any (0: one scale for the whole bucket)
-  double threshold = 0.0;         // selector 'threshold': |g| >= threshold is sent; 0 < t < inf
+  std::optional<double> threshold;  // selector 'threshold': |g| >= threshold is sent;
+                                    // 0 < t < inf, and given (none: refused)
   double dgc_momentum = 0.9;      // feedback 'dgc': momentum m, 0 <= m < 1
   double dgc_clip_norm = 0.0;     // feedback 'dgc': clip ||g|| before accumulating; 0 = off
   std::uint64_t seed = 0;         // random selectors and stochastic rounding
@@ -118,7 +120,7 @@ decltype(auto) with_selector(const engine_config& c, Fn&& fn) {
   if (c.selector == "gaussiank") return fn(gaussiank{});
   if (c.selector == "gaussiank_published") return fn(gaussiank::published());
   if (c.selector == "randomk") return fn(randomk{});
-  if (c.selector == "threshold") return fn(threshold{c.threshold});
+  if (c.selector == "threshold") return fn(threshold{c.threshold.value_or(0.0)});
   if (c.selector == "redsync") return fn(redsync{});
   if (c.selector == "dgc") return fn(dgc_sampling{});
   if (c.selector == "dense") return fn(dense{});
@@ -189,13 +191,15 @@ inline void check_config(const engine_config& c) {
       refuse("bucket_size", shown(c.bucket_size), "1 <= bucket_size <= 16777216 (quantizer 'qsgd')");
     }
   }
-  if (c.selector == "threshold" && !(c.threshold > 0.0 && std::isfinite(c.threshold))) {
-    if (c.threshold == 0.0) {
+  if (c.selector == "threshold") {
+    if (!c.threshold) {
       throw invalid_argument(
           "gradcomp: selector 'threshold' needs a threshold, and none was given; allowed: "
           "0 < threshold < inf");
     }
-    refuse("threshold", shown(c.threshold), "0 < threshold < inf (selector 'threshold')");
+    if (!(*c.threshold > 0.0 && std::isfinite(*c.threshold))) {
+      refuse("threshold", shown(*c.threshold), "0 < threshold < inf (selector 'threshold')");
+    }
   }
   if (c.feedback == "dgc") {
     if (!(c.dgc_momentum >= 0.0 && c.dgc_momentum < 1.0)) {

@@ -36,9 +36,20 @@ class BucketFeedback:
         self.ran: set = set()
         self.ran_step: Optional[int] = None
 
-    def name_parameters(self, module: torch.nn.Module) -> None:
-        for name, p in module.named_parameters():
-            self.keys[id(p)] = strip_ddp_prefix(name)
+    def name_parameters(self, module: torch.nn.Module, engine: Any = None) -> None:
+        """Keys the parameters by their names in `module`. Feedback the buckets already hold
+        under other keys (positions, when a step ran before the module was attached) goes back
+        to the pending pool under the new ones, beside the entries a checkpoint brought (those
+        win), and the buckets are laid out again at their next run, taking theirs from it."""
+        renamed = {id(p): strip_ddp_prefix(name) for name, p in module.named_parameters()}
+        if engine is not None and self.layouts and any(self.keys.get(pid) != k for pid, k in renamed.items()):
+            pool = {renamed.get(pid, self.keys[pid]): buffers
+                    for pid, buffers in self.released_by_parameter(engine).items()}
+            pool.update(self.pending)
+            self.pending = pool
+            self.layouts.clear()
+            self.owner.clear()
+        self.keys.update(renamed)
         self.label_cache.clear()  # the keys changed
 
     def key(self, p: torch.Tensor, bucket: int, position: int) -> str:
@@ -109,9 +120,13 @@ class BucketFeedback:
         return text
 
     def released(self, engine: Any, keep: Optional[set] = None) -> Dict[str, List[torch.Tensor]]:
-        """Every bucket's feedback buffers (but the buckets in `keep`), split by parameter
-        (nothing changes)."""
-        out: Dict[str, List[torch.Tensor]] = {}
+        """Every bucket's feedback buffers (but the buckets in `keep`), split by parameter and
+        keyed by its checkpoint key (nothing changes)."""
+        return {self.keys[pid]: buffers for pid, buffers in self.released_by_parameter(engine, keep).items()}
+
+    def released_by_parameter(self, engine: Any, keep: Optional[set] = None) -> Dict[int, List[torch.Tensor]]:
+        """released(), keyed by id(parameter)."""
+        out: Dict[int, List[torch.Tensor]] = {}
         for index, layout in self.layouts.items():
             if keep is not None and index in keep:
                 continue
@@ -120,7 +135,7 @@ class BucketFeedback:
                 continue
             at = 0
             for pid, numel in layout:
-                out[self.keys[pid]] = [b[at : at + numel].clone() for b in state]
+                out[pid] = [b[at : at + numel].clone() for b in state]
                 at += numel
         return out
 

@@ -128,7 +128,7 @@ def parse(state: Any, config: GradcompConfig, world_size: Optional[int],
             raise _bad(where, "holds buffers of different sizes")
         feedback[key] = parts
 
-    raw_buckets = state.get("buckets", {})
+    raw_buckets = _field(state, "buckets")
     if not isinstance(raw_buckets, Mapping):
         raise _bad("buckets", f"is a {type(raw_buckets).__name__}, not a dict")
     buckets: Dict[int, List[str]] = {}

@@ -138,7 +138,7 @@ class GradcompConfig:
         c.exchange = self.exchange
         c.bits = self.bits
         c.bucket_size = self.bucket_size
-        c.threshold = float(self.threshold) if self.threshold is not None else 0.0
+        c.threshold = float(self.threshold) if self.threshold is not None else None
         c.dgc_momentum = float(self.dgc_momentum)
         c.dgc_clip_norm = float(self.dgc_clip_norm)
         c.seed = self.seed

@@ -24,8 +24,9 @@ class GradcompState:
     """The hook's configuration and state: one per DDP model.
 
     The arguments are GradcompConfig's (config.py documents each), and:
-        process_group: the group to exchange over (None: the default group). It must have
-            the same size at every step as at the first.
+        process_group: the group to exchange over (None: the default group, every rank of
+            which must then run the hook). It must have the same size at every step as at the
+            first. For DDP on a subgroup, pass a group of the same ranks (not DDP's own).
         module: the model (or the DDP wrapper). Names its parameters in checkpoints, so that
             a checkpoint is keyed by parameter name; without it, parameters are keyed by
             their position in the buckets DDP formed first.
@@ -243,10 +244,11 @@ class GradcompState:
 
     def attach_module(self, module: torch.nn.Module) -> None:
         """Names the parameters by `module` (as module= does): needed after unpickling a state
-        whose checkpoint is keyed by parameter name, before its first step."""
+        whose checkpoint is keyed by parameter name. Between steps, also after a step refused
+        the checkpoint's entries for want of it: the buckets take them at the next step."""
         self._module = module
         if self._engine is not None:
-            self._buckets.name_parameters(module)
+            self._buckets.name_parameters(module, self._engine)
 
     def __getstate__(self) -> Dict[str, Any]:
         # As PowerSGD's state: the process group and the threads do not travel.
