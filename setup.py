@@ -45,27 +45,31 @@ def _extensions() -> tuple:
         from torch.utils import cpp_extension
     except ImportError as e:
         raise RuntimeError(
-            "gradcomp.torch is built against the torch that is installed, and this Python "
+            "gradcomp: gradcomp.torch is built against the torch that is installed, and this Python "
             f"({sys.executable}) cannot import torch ({e}). Install torch first and run "
             "'pip install --no-build-isolation .' (without --no-build-isolation pip builds in an "
             "environment without torch)") from e
 
     if torch.version.cuda is None:
-        _say(f"torch {torch.__version__} has no CUDA: building the CPU extension")
+        _say(f"torch {torch.__version__} has no CUDA (or is a ROCm build): building the CPU extension")
     else:
         _say(f"torch {torch.__version__} has CUDA {torch.version.cuda}; gradcomp.torch's hook "
              "takes CPU buckets only so far, so the CPU extension is built")
 
     # C++20 (torch's builder adds its own -std only when none is given), optimized as CMake's
-    # Release is, without the interpreter's debug information (-g0: a 3 MB module, not 12), and
+    # Release is, without the interpreter's debug information (-g0; with it the wheel was 12 MB
+    # here), and
     # the headers of this checkout before any installed copy. GRADCOMP_CXXFLAGS adds flags.
     cxx_flags: List[str] = ["-std=c++20", "-O3", "-DNDEBUG", "-g0"]
     extra = os.environ.get("GRADCOMP_CXXFLAGS")
     if extra:
         cxx_flags += extra.split()
+    # The headers too: setuptools rebuilds only when a listed file is newer than the module.
+    headers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "include").rglob("*.hpp"))
     ext = cpp_extension.CppExtension(
         name="gradcomp._torch_ext",
         sources=["python/src/torch_ext.cpp"],
+        depends=headers,
         include_dirs=[str(ROOT / "include")],
         extra_compile_args=cxx_flags,
         language="c++",

@@ -32,7 +32,7 @@ rt::engine_config config_from(const py::dict& d) {
   c.exchange = d["exchange"].cast<std::string>();
   c.bits = d["bits"].cast<unsigned>();
   c.bucket_size = d["bucket_size"].cast<unsigned>();
-  c.threshold = d["threshold"].is_none() ? 0.0 : d["threshold"].cast<double>();
+  if (!d["threshold"].is_none()) c.threshold = d["threshold"].cast<double>();
   c.dgc_momentum = d["dgc_momentum"].cast<double>();
   c.dgc_clip_norm = d["dgc_clip_norm"].cast<double>();
   c.seed = d["seed"].cast<std::uint64_t>();

@@ -1,9 +1,10 @@
 """gradcomp.torch installed the way the docs say, and the same as the CMake build.
 
 Makes a fresh virtual environment that sees the system's packages (torch among them), runs
-``pip install --no-build-isolation <source>`` in it, and checks:
-- the package imported there is the installed one (its extension lies in the environment's
-  site-packages, not in a build tree);
+``pip install --no-build-isolation .`` in it on a fresh copy of what the package is built from
+(so the extension is compiled from scratch), and checks:
+- the package imported there is the installed one (it and its extension lie in the
+  environment's site-packages, not in a build tree);
 - 2 gloo ranks with DDP and gradcomp's hook train to the same parameters, bit for bit, with the
   installed package and with the CMake-built one (``--reference``, CMake's <build>/python),
   for a policy set that uses the stochastic quantizer and more than one bucket.
@@ -60,8 +61,10 @@ def train(out: Path) -> None:
     import gradcomp._torch_ext as ext
     from support import spawn
 
+    import gradcomp.torch as package
+
     results = spawn(_train_rank, 2)
-    out.write_text(json.dumps({"extension": ext.__file__,
+    out.write_text(json.dumps({"extension": ext.__file__, "package": package.__file__,
                                "ranks": [results[r] for r in range(2)]}), encoding="utf-8")
 
 
@@ -80,18 +83,32 @@ def main() -> int:
     if args.train:
         train(args.train)
         return 0
+    if not (args.source and args.work and args.reference):
+        parser.error("--source, --work and --reference are needed (or --train)")
 
     work = args.work.resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    # pip builds in the tree it is given, and setuptools keeps what it built there (under
+    # build/setuptools): a copy of what the package needs, made fresh here, is compiled from
+    # scratch every time, whatever an earlier install left in the checkout.
+    source = work / "source"
+    source.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(args.source / name, source / name)
+    for name in ("include", "python"):
+        shutil.copytree(args.source / name, source / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     venv = work / "venv"
     run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
     python = str(venv / "bin" / "python")
     # --no-index: nothing is fetched (torch, setuptools and wheel are the system's); the
     # environment without PYTHONPATH, so that nothing but the install provides gradcomp.
-    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # No PYTHONPATH, no user site and no pip settings from outside.
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("PIP_")}
+    clean["PYTHONNOUSERSITE"] = "1"
     run([python, "-m", "pip", "install", "--no-build-isolation", "--no-index", "."],
-        cwd=args.source, env=clean)
+        cwd=source, env=clean)
 
     installed, reference = work / "installed.json", work / "reference.json"
     run([python, str(Path(__file__).resolve()), "--train", str(installed)], cwd=work, env=clean)
@@ -102,8 +119,9 @@ def main() -> int:
     want = json.loads(reference.read_text(encoding="utf-8"))
     failures = []
     site = (venv / "lib").resolve()
-    if not Path(got["extension"]).resolve().is_relative_to(site):
-        failures.append(f"the installed run imported {got['extension']}, not the package in {site}")
+    for what in ("extension", "package"):
+        if not Path(got[what]).resolve().is_relative_to(site):
+            failures.append(f"the installed run imported {got[what]}, not the {what} in {site}")
     if not Path(want["extension"]).resolve().is_relative_to(args.reference.resolve()):
         failures.append(f"the reference run imported {want['extension']}, not {args.reference}")
     if got["ranks"][0]["params"] != got["ranks"][1]["params"]:

@@ -91,6 +91,16 @@ std::string shown(const V& v) {
 
 }  // namespace detail_registry
 
+// Selector 'threshold''s threshold, refused when none was given (check_config checks its range).
+inline double given_threshold(const engine_config& c) {
+  if (!c.threshold) {
+    throw invalid_argument(
+        "gradcomp: selector 'threshold' needs a threshold, and none was given; allowed: "
+        "0 < threshold < inf");
+  }
+  return *c.threshold;
+}
+
 // The error for a name that is not among `names`: lists what is.
 template <std::size_t N>
 [[noreturn]] inline void unknown_name(std::string_view what, const std::string& got,
@@ -120,7 +130,7 @@ decltype(auto) with_selector(const engine_config& c, Fn&& fn) {
   if (c.selector == "gaussiank") return fn(gaussiank{});
   if (c.selector == "gaussiank_published") return fn(gaussiank::published());
   if (c.selector == "randomk") return fn(randomk{});
-  if (c.selector == "threshold") return fn(threshold{c.threshold.value_or(0.0)});
+  if (c.selector == "threshold") return fn(threshold{given_threshold(c)});
   if (c.selector == "redsync") return fn(redsync{});
   if (c.selector == "dgc") return fn(dgc_sampling{});
   if (c.selector == "dense") return fn(dense{});
@@ -192,14 +202,8 @@ inline void check_config(const engine_config& c) {
     }
   }
   if (c.selector == "threshold") {
-    if (!c.threshold) {
-      throw invalid_argument(
-          "gradcomp: selector 'threshold' needs a threshold, and none was given; allowed: "
-          "0 < threshold < inf");
-    }
-    if (!(*c.threshold > 0.0 && std::isfinite(*c.threshold))) {
-      refuse("threshold", shown(*c.threshold), "0 < threshold < inf (selector 'threshold')");
-    }
+    const double t = given_threshold(c);
+    if (!(t > 0.0 && std::isfinite(t))) refuse("threshold", shown(t), "0 < threshold < inf (selector 'threshold')");
   }
   if (c.feedback == "dgc") {
     if (!(c.dgc_momentum >= 0.0 && c.dgc_momentum < 1.0)) {

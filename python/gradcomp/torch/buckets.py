@@ -37,20 +37,45 @@ class BucketFeedback:
         self.ran_step: Optional[int] = None
 
     def name_parameters(self, module: torch.nn.Module, engine: Any = None) -> None:
-        """Keys the parameters by their names in `module`. Feedback the buckets already hold
-        under other keys (positions, when a step ran before the module was attached) goes back
-        to the pending pool under the new ones, beside the entries a checkpoint brought (those
-        win), and the buckets are laid out again at their next run, taking theirs from it."""
+        """Keys the parameters by their names in `module`. When buckets already hold feedback
+        under other keys (positions: a step ran before the module was attached), each such
+        bucket is given, per parameter, the entry the pending pool holds under its new name (a
+        checkpoint's, which wins) or what it held itself; its layout stays. Between steps only
+        (the caller waits for the state's thread). Nothing changes when it raises."""
         renamed = {id(p): strip_ddp_prefix(name) for name, p in module.named_parameters()}
-        if engine is not None and self.layouts and any(self.keys.get(pid) != k for pid, k in renamed.items()):
-            pool = {renamed.get(pid, self.keys[pid]): buffers
-                    for pid, buffers in self.released_by_parameter(engine).items()}
-            pool.update(self.pending)
-            self.pending = pool
-            self.layouts.clear()
-            self.owner.clear()
-        self.keys.update(renamed)
+        keys = {**self.keys, **renamed}
+        if engine is not None and any(keys[pid] != self.keys.get(pid) for pid in self.owner):
+            held = self.released_by_parameter(engine)
+            pending = dict(self.pending)
+            states = {index: self.assemble(engine, [(keys[pid], numel, held.get(pid)) for pid, numel in layout],
+                                           pending)
+                      for index, layout in self.layouts.items()}
+            for index, buffers in states.items():
+                if buffers is not None:
+                    engine.set_state(index, buffers)
+            for pid in self.owner:
+                pending.pop(keys[pid], None)
+            self.pending = pending
+        self.keys = keys
         self.label_cache.clear()  # the keys changed
+
+    def assemble(self, engine: Any, entries: List[Tuple[str, int, Optional[List[torch.Tensor]]]],
+                 pending: Dict[str, List[torch.Tensor]]) -> Optional[List[torch.Tensor]]:
+        """A bucket's feedback buffers from its parameters' (key, numel, what it held, or
+        None): the pending pool's entry for the key where there is one, else what it held,
+        else zeros. None when the feedback has no buffers. Raises on a size mismatch."""
+        if engine.buffer_count == 0:
+            return None
+        buffers = []
+        for b in range(engine.buffer_count):
+            parts = []
+            for key, numel, held in entries:
+                saved = pending.get(key, held)
+                if saved is not None and saved[b].numel() != numel:
+                    raise ValueError(self.size_mismatch(key, saved[b].numel(), numel))
+                parts.append(saved[b] if saved is not None else torch.zeros(numel, dtype=torch.float32))
+            buffers.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32))
+        return buffers
 
     def key(self, p: torch.Tensor, bucket: int, position: int) -> str:
         key = self.keys.get(id(p))
@@ -80,17 +105,7 @@ class BucketFeedback:
         if rebuild:
             pending.update(self.released(engine, keep=self.ran))
         keys = [self.key(p, index, j) for j, p in enumerate(params)]
-        buffers = None
-        if engine.buffer_count > 0:
-            buffers = []
-            for b in range(engine.buffer_count):
-                parts = []
-                for k, p in zip(keys, params):
-                    saved = pending.get(k)
-                    if saved is not None and saved[b].numel() != p.numel():
-                        raise ValueError(self.size_mismatch(k, saved[b].numel(), p.numel()))
-                    parts.append(saved[b] if saved is not None else torch.zeros(p.numel(), dtype=torch.float32))
-                buffers.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32))
+        buffers = self.assemble(engine, [(k, p.numel(), None) for k, p in zip(keys, params)], pending)
         # Commit. The engine's states of the released buckets stay until their indices are
         # set again below or by the buckets still to come; none is read before that.
         if rebuild:

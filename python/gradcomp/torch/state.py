@@ -246,6 +246,7 @@ class GradcompState:
         """Names the parameters by `module` (as module= does): needed after unpickling a state
         whose checkpoint is keyed by parameter name. Between steps, also after a step refused
         the checkpoint's entries for want of it: the buckets take them at the next step."""
+        self._wait_idle()
         self._module = module
         if self._engine is not None:
             self._buckets.name_parameters(module, self._engine)
