@@ -78,6 +78,44 @@ void refused_everywhere(Comm& comm, Tamperer& t, std::uint64_t lie, int skip,
 // (`lie` elements) in each of a step's messages of counts in turn, the bucket's agreement's
 // and the exchange's. Every rank throws naming it (`needle`), the ranks stay in step, and the
 // failed steps change nothing: the step retried equals a step of an engine that never failed.
+// allgatherv and alltoallv while the last rank lies in its message of counts: `limited` elements
+// where the protocol's limit is passed (the limit must refuse it), `unlimited` where none is
+// (the size of a message still bounds). Every rank refuses, naming the liar, and nothing is
+// received into the buffers.
+template <class Comm, tamperer Tamperer>
+void collectives_refused(Comm& comm, Tamperer& t, std::uint64_t limited, std::uint64_t unlimited) {
+  using gradcomp::index_value;
+  using gradcomp::receive_limit;
+  const auto announced = [](std::uint64_t n) { return "announced " + std::to_string(n) + " elements"; };
+  const std::vector<std::byte> bytes(40);
+  const std::vector<float> floats(10, 1.0f);
+  const auto p = static_cast<std::size_t>(comm.size());
+  const std::vector<index_value> pairs(p, index_value{1, 1.0f});
+  const std::vector<std::size_t> each(p, 1);
+  std::vector<std::byte> recv_bytes;
+  std::vector<float> recv_floats;
+  std::vector<index_value> recv_pairs;
+  std::vector<std::size_t> counts;
+  refused_everywhere(comm, t, limited, 0, [&] {
+    comm.allgatherv(std::span<const std::byte>(bytes), recv_bytes, counts, receive_limit{64});
+  }, announced(limited));
+  refused_everywhere(comm, t, unlimited, 0, [&] {
+    comm.allgatherv(std::span<const float>(floats), recv_floats, counts);
+  }, announced(unlimited));
+  // alltoallv: the lie is in one entry of the liar's row, which every rank sees.
+  refused_everywhere(comm, t, limited, 0, [&] {
+    comm.alltoallv(std::span<const index_value>(pairs), std::span<const std::size_t>(each),
+                   recv_pairs, counts, receive_limit{100});
+  }, announced(limited));
+  refused_everywhere(comm, t, unlimited, 0, [&] {
+    comm.alltoallv(std::span<const index_value>(pairs), std::span<const std::size_t>(each),
+                   recv_pairs, counts);
+  }, announced(unlimited));
+  CHECK(recv_bytes.empty());
+  CHECK(recv_floats.empty());
+  CHECK(recv_pairs.empty());
+}
+
 template <class Comm, tamperer Tamperer>
 void every_counts_message_refused(Comm& comm, Tamperer& t, std::uint64_t lie,
                                   const std::string& needle) {

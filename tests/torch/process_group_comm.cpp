@@ -224,43 +224,10 @@ TEST_CASE("bucket_engine over gloo equals bucket_engine in process, every exchan
   }
 }
 
-// The last rank lies through the_tamperer (tests/support/lying_peer.hpp).
-void refused_everywhere(std::uint64_t lie, int skip, const std::function<void()>& f,
-                        const std::string& needle) {
-  gradcomp_test::lying_peer::refused_everywhere(comm(), *the_tamperer, lie, skip, f, needle);
-}
-
 TEST_CASE("counts a peer announces are bounded before anything is sized by them, on every rank") {
   if (comm().size() < 2) return;  // one rank announces nothing to anyone
-  const std::vector<std::byte> bytes(40);
-  std::vector<std::byte> recv_bytes;
-  std::vector<float> recv_floats;
-  std::vector<index_value> recv_pairs;
-  std::vector<std::size_t> counts;
-  const std::string big = "announced 4294967295 elements";
-  // allgatherv with the protocol's limit, and without one (the size of a message still bounds).
-  refused_everywhere(0xffffffffu, 0, [&] {
-    comm().allgatherv(std::span<const std::byte>(bytes), recv_bytes, counts, receive_limit{64});
-  }, big);
-  refused_everywhere(std::uint64_t{1} << 62, 0, [&] {
-    const std::vector<float> f(10, 1.0f);
-    comm().allgatherv(std::span<const float>(f), recv_floats, counts);
-  }, "announced 4611686018427387904 elements");
-  // alltoallv: the lie is in one entry of the liar's row, which every rank sees.
-  refused_everywhere(0xffffffffu, 0, [&] {
-    const auto p = static_cast<std::size_t>(comm().size());
-    const std::vector<index_value> pairs(p, index_value{1, 1.0f});
-    const std::vector<std::size_t> each(p, 1);
-    comm().alltoallv(std::span<const index_value>(pairs), std::span<const std::size_t>(each),
-                     recv_pairs, counts, receive_limit{100});
-  }, big);
-  refused_everywhere(std::uint64_t{1} << 62, 0, [&] {
-    const auto p = static_cast<std::size_t>(comm().size());
-    const std::vector<index_value> pairs(p, index_value{1, 1.0f});
-    const std::vector<std::size_t> each(p, 1);
-    comm().alltoallv(std::span<const index_value>(pairs), std::span<const std::size_t>(each),
-                     recv_pairs, counts);
-  }, "announced 4611686018427387904 elements");
+  gradcomp_test::lying_peer::collectives_refused(comm(), *the_tamperer, 0xffffffffu,
+                                                 std::uint64_t{1} << 62);
 }
 
 TEST_CASE("every message of counts in every exchange of a step refuses a lying peer") {
