@@ -2,8 +2,10 @@
 # scripts/gpu_check.sh [BIN_DIR] [OUT_DIR]: on a machine with a CUDA GPU, runs every CUDA test
 # (cuda_*_test) and the NCCL communicator's one-process test (nccl_comm_local, which needs
 # libnccl.so.2 on LD_LIBRARY_PATH, no MPI), then gradcomp_cuda_bench over all its families (3
-# repetitions, JSON; GPU_CHECK_BENCH=0 leaves it out), then the CUDA tests again under
-# compute-sanitizer's memcheck where that tool is found. Logs and the
+# repetitions, JSON; GPU_CHECK_BENCH=0 leaves it out and the baselines) and the top-k's
+# baselines (cub::DeviceTopK in gradcomp_cub_topk_bench where built, torch.topk where python3
+# has CUDA torch), then the CUDA tests again under compute-sanitizer's memcheck where found
+# (GPU_CHECK_MEMCHECK=0 leaves it out). Logs and the
 # JSON go to OUT_DIR (default gpu-check). BIN_DIR (default build/default) is a build tree or a
 # flat folder of those executables (what a GPU machine without this machine's toolchain gets:
 # the binaries built here, with LD_LIBRARY_PATH naming a folder of the libraries they need).
@@ -75,7 +77,36 @@ else
   summary+=("gradcomp_cuda_bench: not built")
 fi
 
-if command -v compute-sanitizer > /dev/null; then
+# The baselines of the device top-k: cub::DeviceTopK (where built) and torch.topk (where a
+# python3 with CUDA torch is found), at the same sizes and densities.
+if [[ ${GPU_CHECK_BENCH:-1} != 0 ]]; then
+  if exe=$(find_exe gradcomp_cub_topk_bench); then
+    start=$SECONDS
+    timeout 180 "$exe" --benchmark_repetitions=3 --benchmark_min_time=0.05 \
+      --benchmark_report_aggregates_only=true --benchmark_out="$out/cub_topk_bench.json" \
+      --benchmark_out_format=json > "$out/cub_topk_bench.log" 2>&1
+    rc=$?
+    summary+=("gradcomp_cub_topk_bench: rc $rc, $((SECONDS - start)) s")
+    [[ $rc -eq 0 ]] || status=1
+  else
+    summary+=("gradcomp_cub_topk_bench: not built (GRADCOMP_CCCL_TOPK_DIR)")
+  fi
+  here=$(cd "$(dirname "$0")/.." && pwd)
+  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+    start=$SECONDS
+    timeout 180 python3 "$here/bench/cuda_cub/torch_topk_bench.py" --out "$out/torch_topk.json" \
+      > "$out/torch_topk.log" 2>&1
+    rc=$?
+    summary+=("torch_topk_bench.py: rc $rc, $((SECONDS - start)) s")
+    [[ $rc -eq 0 ]] || status=1
+  else
+    summary+=("torch_topk_bench.py: no python3 with CUDA torch here")
+  fi
+fi
+
+if [[ ${GPU_CHECK_MEMCHECK:-1} == 0 ]]; then
+  summary+=("memcheck: left out (GPU_CHECK_MEMCHECK=0)")
+elif command -v compute-sanitizer > /dev/null; then
   for name in "${tests[@]}"; do
     exe=$(find_exe "$name") || continue
     start=$SECONDS

@@ -31,8 +31,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <map>
-#include <memory>
 
 #include <gradcomp/cuda/feedback.cuh>
 #include <gradcomp/cuda/memory.cuh>
@@ -43,29 +41,12 @@
 #include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 
+#include "normal_input.cuh"
 #include "timing.cuh"
 
 namespace {
 
 using gradcomp::detail::cuda_check;
-
-__device__ __forceinline__ std::uint64_t mix(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Box-Muller on two hashed uniforms per element.
-__global__ void normal_kernel(float* g, std::size_t n, std::uint64_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::uint64_t a = mix(seed + 2 * i * 0x9e3779b97f4a7c15ull);
-    const std::uint64_t b = mix(seed + (2 * i + 1) * 0x9e3779b97f4a7c15ull);
-    const double u1 = (static_cast<double>(a >> 11) + 0.5) * 0x1.0p-53;
-    const double u2 = (static_cast<double>(b >> 11) + 0.5) * 0x1.0p-53;
-    g[i] = static_cast<float>(::sqrt(-2.0 * ::log(u1)) * ::cos(6.283185307179586 * u2));
-  }
-}
 
 __global__ void axpy_bench_kernel(float* e, const float* g, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -83,20 +64,9 @@ __global__ void key_index_kernel(const float* g, std::size_t n, std::uint32_t* k
   }
 }
 
-constexpr unsigned grid_blocks = 132 * 16;  // enough blocks to fill an H100/H200
+using gradcomp_bench::grid_blocks;
 
-// One normal input per size, kept for the whole run.
-const float* input(std::size_t n) {
-  static std::map<std::size_t, std::unique_ptr<gradcomp::device_buffer<float>>> cache;
-  auto& slot = cache[n];
-  if (!slot) {
-    slot = std::make_unique<gradcomp::device_buffer<float>>(n);
-    normal_kernel<<<grid_blocks, 256>>>(slot->data(), n, 12345);
-    cuda_check(cudaGetLastError(), "normal_kernel");
-    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-  return slot->data();
-}
+const float* input(std::size_t n) { return gradcomp_bench::normal_input(n); }
 
 // Times body() with events on `stream` per iteration; GB/s of the n-float gradient.
 template <class Body>
@@ -268,17 +238,15 @@ void bm_axpy(benchmark::State& state) {
 
 void sizes_ppm(benchmark::internal::Benchmark* b) {
   b->ArgNames({"n", "ppm"});
-  for (std::int64_t n : {std::int64_t{1} << 20, std::int64_t{25557032}, std::int64_t{1} << 27}) {
-    for (std::int64_t ppm : {100, 1000, 10000}) b->Args({n, ppm});
+  for (const std::int64_t n : gradcomp_bench::select_sizes) {
+    for (const std::int64_t ppm : gradcomp_bench::select_ppms) b->Args({n, ppm});
   }
   b->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
 void sizes_only(benchmark::internal::Benchmark* b) {
   b->ArgNames({"n"});
-  for (std::int64_t n : {std::int64_t{1} << 20, std::int64_t{25557032}, std::int64_t{1} << 27}) {
-    b->Args({n});
-  }
+  for (const std::int64_t n : gradcomp_bench::select_sizes) b->Args({n});
   b->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
