@@ -22,18 +22,30 @@ struct select_tuning {
   int tile_blocks;      // at most this many blocks in the gated tile kernels (grid-stride over
                         // tiles), so that a pass the device skipped costs a short launch
   unsigned radix_bits;  // digit width of the radix select
+  int list_items;       // list selects (the sample, the candidates): items per thread a block
+  int list_blocks;      // at most this many blocks a list-select pass (grid-stride beyond)
+  int filter_min_blocks;  // the topk filter's __launch_bounds__ blocks an SM (a register cap)
 
   [[nodiscard]] constexpr std::size_t tile() const noexcept {
     return static_cast<std::size_t>(threads) * static_cast<std::size_t>(items);
   }
   [[nodiscard]] constexpr unsigned buckets() const noexcept { return 1u << radix_bits; }
+  // Blocks of a list-select pass over at most `count` keys.
+  [[nodiscard]] constexpr unsigned list_grid(std::size_t count) const noexcept {
+    const std::size_t per = static_cast<std::size_t>(threads) * static_cast<std::size_t>(list_items);
+    const std::size_t b = (count + per - 1) / per;
+    return static_cast<unsigned>(b < 1 ? 1 : (b > static_cast<std::size_t>(list_blocks) ? static_cast<std::size_t>(list_blocks) : b));
+  }
 };
 
 // sm_90: 256 x 16 = 4096 elements a tile (16 KiB of float) keeps enough loads in flight per SM
 // to stream g at full bandwidth; 1024 threads for the single-block kernels; 11-bit digits as
-// on the host (detail::radix_digit_bits), 2048 buckets = 8 KiB of shared counters.
-inline constexpr select_tuning default_select_tuning{256,  16,   1024,
-                                                     1024, 2048, detail::radix_digit_bits};
+// on the host (detail::radix_digit_bits), 2048 buckets = 8 KiB of shared counters; list
+// selects over 4 items a thread (1024 a block: a 64k-key candidate list spreads over 64
+// blocks), at most 2 blocks an SM of an H100; the filter capped to 32 registers (8 blocks of
+// 256 an SM: full occupancy).
+inline constexpr select_tuning default_select_tuning{
+    256, 16, 1024, 1024, 2048, detail::radix_digit_bits, 4, 264, 8};
 
 static_assert(default_select_tuning.threads % 32 == 0);
 static_assert(default_select_tuning.tile() < (std::size_t{1} << 16),

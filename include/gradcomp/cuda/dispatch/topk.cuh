@@ -1,8 +1,9 @@
 // gradcomp/cuda/dispatch/topk.cuh: exact top-k on the device. The common case reads g once:
-//   sample (s strided keys) -> bracket [lo, hi] (one block, two radix selects on the sample)
-//   -> filter (one read of g, |g| keyed on the fly: sure indices and candidates, block scan and
-//   one atomic per counter per block) -> finish (one block: radix select on the candidate
-//   keys, ties to the lowest indices) -> sort of the k picks (cub::DeviceRadixSort on k keys).
+//   bracket [lo, hi] (the sample's s strided keys and the two order statistics, list selects:
+//   one launch a radix pass, many blocks) -> filter (one read of g, |g| keyed on the fly: sure
+//   indices and candidates, block scan and one atomic per counter per block) -> finish (miss
+//   check, a list select on the candidate keys, ties to the lowest indices, the collection of
+//   the picks) -> sort of the k picks (cub::DeviceRadixSort on k keys).
 // The plan (sample size, bracket ranks, candidate budget) is topk's host computation
 // (topk::bracket_plan), so the bracket and the miss decision are the host's; a miss switches the
 // pipeline, on the device, to the radix select over all of g (dispatch/radix_select.cuh), whose
@@ -50,10 +51,17 @@ inline int index_bits(std::size_t n) {
 
 // Scratch layout, measured (tmp.ptr == nullptr) or carved, and the launches. e == nullptr:
 // select from g; else select from e + g and leave e = e + g.
+// The counters of one list select's histograms: a pair (two selects) per radix pass.
+template <class T>
+inline constexpr std::size_t list_hist_count_v =
+    std::size_t{detail::radix_passes(detail::abs_key_traits<T>::bits)} * 2u * buckets;
+
 template <class T>
 void topk_run(const topk_plan& plan, temp_storage& tmp, T* e, const T* g, std::size_t n,
               std::size_t k, std::uint32_t* out, selection_stats* stats, cudaStream_t stream) {
   using key = detail::abs_key_t<T>;
+  constexpr unsigned passes = detail::radix_passes(detail::abs_key_traits<T>::bits);
+  constexpr std::size_t list_hist_count = list_hist_count_v<T>;
   scratch_carver c(tmp.ptr);
   auto* st = c.take<select_state<T>>(1);
   const radix_scratch rs = carve_radix<T>(c, n);
@@ -65,7 +73,14 @@ void topk_run(const topk_plan& plan, temp_storage& tmp, T* e, const T* g, std::s
   std::size_t sort_bytes = 0;
   const std::size_t cand_cap = plan.budget + detail::scan_block;
   const int end_bit = index_bits(n);
+  list_select<key>* lists = nullptr;  // [0] the bracket's, [1] the finish's
+  unsigned* list_hists = nullptr;     // then their histograms, zeroed with them
+  std::size_t list_bytes = 0;
   if (!plan.radix_only && k > 0) {
+    lists = c.take<list_select<key>>(2);
+    list_hists = c.take<unsigned>(std::size_t{2} * list_hist_count);
+    list_bytes = static_cast<std::size_t>(reinterpret_cast<char*>(list_hists + 2 * list_hist_count) -
+                                          reinterpret_cast<char*>(lists));
     sample = c.take<key>(plan.s);
     picks = c.take<std::uint32_t>(k);
     cand_idx = c.take<std::uint32_t>(cand_cap);
@@ -84,7 +99,6 @@ void topk_run(const topk_plan& plan, temp_storage& tmp, T* e, const T* g, std::s
     launch_empty_selection<T>(e, g, n, stats, stream);
     return;
   }
-  constexpr unsigned passes = detail::radix_passes(detail::abs_key_traits<T>::bits);
   const read_values<T> final_vals{values};
   if (plan.radix_only) {
     if (e) {
@@ -100,16 +114,26 @@ void topk_run(const topk_plan& plan, temp_storage& tmp, T* e, const T* g, std::s
 
   init_kernel<T><<<1, 1, 0, stream>>>(st, 0u, k, final_vals, false);
   check_launch("init_kernel");
+  detail::cuda_check(cudaMemsetAsync(lists, 0, list_bytes, stream), "cudaMemsetAsync");
   const std::size_t tiles = num_tiles(n);
   const std::size_t n_full = n - n % detail::scan_block;
+  const unsigned sel = (plan.lo_pos < plan.s ? 1u : 0u) |
+                       (plan.hi == detail::bracket_hi::sample_rank ? 2u : 0u);
   auto filter = [&](auto vals) {
     using V = decltype(vals);
-    sample_kernel<T, V><<<grid_for(plan.s, 256, max_grid_blocks), 256, 0, stream>>>(vals, n, plan.s, sample);
-    check_launch("sample_kernel");
-    bracket_kernel<T, single_threads, buckets><<<1, single_threads, 0, stream>>>(
-        sample, plan.s, plan.lo_pos, plan.hi, plan.hi_pos, st);
-    check_launch("bracket_kernel");
-    filter_kernel<T, V, tile_threads, tile_items>
+    if (sel != 0u) {
+      const sample_source<T, V> src{vals, n, plan.s, sample, sel, plan.lo_pos + 1, plan.hi_pos + 1,
+                                    plan.hi};
+      for (unsigned p = 0; p < passes; ++p) {
+        list_pass_kernel<T, tile_threads, buckets, sample_source<T, V>>
+            <<<tune.list_grid(plan.s), tile_threads, 0, stream>>>(src, st, lists, p, list_hists);
+        check_launch("list_pass_kernel (sample)");
+      }
+    } else {
+      bracket_fixed_kernel<T><<<1, 1, 0, stream>>>(st, plan.hi);
+      check_launch("bracket_fixed_kernel");
+    }
+    filter_kernel<T, V, tile_threads, tile_items, tune.filter_min_blocks>
         <<<static_cast<unsigned>(tiles), tile_threads, 0, stream>>>(vals, n, n_full, st, picks, k,
                                                                     cand_idx, cand_keys, cand_cap);
     check_launch("filter_kernel");
@@ -119,9 +143,20 @@ void topk_run(const topk_plan& plan, temp_storage& tmp, T* e, const T* g, std::s
   } else {
     filter(read_values<T>{g});
   }
-  finish_kernel<T, single_threads, buckets><<<1, single_threads, 0, stream>>>(
-      st, k, plan.budget, values, picks, cand_idx, cand_keys, stats);
-  check_launch("finish_kernel");
+  finish_begin_kernel<T, single_threads><<<1, single_threads, 0, stream>>>(st, k, plan.budget,
+                                                                           values, picks, stats);
+  check_launch("finish_begin_kernel");
+  using cand_t = candidate_source<T, tile_threads, buckets>;
+  const cand_t cand{cand_keys, cand_idx, k, stats};
+  const unsigned cand_grid = tune.list_grid(cand_cap);
+  for (unsigned p = 0; p < passes; ++p) {
+    list_pass_kernel<T, tile_threads, buckets, cand_t>
+        <<<cand_grid, tile_threads, 0, stream>>>(cand, st, lists + 1, p, list_hists + list_hist_count);
+    check_launch("list_pass_kernel (candidates)");
+  }
+  collect_kernel<T, tile_threads>
+      <<<cand_grid, tile_threads, 0, stream>>>(st, k, picks, cand_idx, cand_keys);
+  check_launch("collect_kernel");
   // The sort runs either way; after a miss the radix take below overwrites its output.
   detail::cuda_check(
       cub::DeviceRadixSort::SortKeys(sort_tmp, sort_bytes, static_cast<const std::uint32_t*>(picks),

@@ -39,6 +39,11 @@ struct select_state {
   unsigned long long n_cand;
   unsigned long long n_sure_tail;
   unsigned long long n_cand_tail;
+  // topk finish: the k-th key, the highest index taken among the candidates equal to it, and
+  // how many candidates the collection has appended
+  key fin_kth;
+  std::uint32_t last_tie;
+  unsigned long long collected;
   // radix select: digits fixed so far, rank within them, count above them
   key prefix;
   key mask;
@@ -64,12 +69,14 @@ __device__ __forceinline__ double not_measured() {
 }
 
 // The values a pass reads: g, or e + g (select_accumulate). load() only reads; load_store()
-// also stores e = e + g, which only the one pass that owns the accumulation calls.
+// also stores e = e + g, which only the one pass that owns the accumulation calls; stored()
+// reads back what load_store() returned.
 template <class T>
 struct read_values {
   const T* g;
   __device__ __forceinline__ T load(std::size_t i) const { return g[i]; }
   __device__ __forceinline__ T load_store(std::size_t i) const { return g[i]; }
+  __device__ __forceinline__ T stored(std::size_t i) const { return g[i]; }
 };
 
 template <class T>
@@ -82,6 +89,8 @@ struct accumulate_values {
     e[i] = v;
     return v;
   }
+  // The value load_store(i) returned, after it ran (in this thread).
+  __device__ __forceinline__ T stored(std::size_t i) const { return e[i]; }
 };
 
 template <class T>
@@ -103,6 +112,9 @@ __global__ void init_kernel(select_state<T>* st, unsigned mode, unsigned long lo
   st->lo = 0;
   st->hi = 0;
   st->n_sure = st->n_cand = st->n_sure_tail = st->n_cand_tail = 0;
+  st->fin_kth = 0;
+  st->last_tie = 0xffffffffu;
+  st->collected = 0;
   st->prefix = 0;
   st->mask = 0;
   st->rank = k;
