@@ -25,12 +25,12 @@ METRICS = {
 }
 # The benchmarks' input generators, left out of the per-call total.
 INPUT_KERNELS = {"normal_kernel", "fill_normal", "abs_index_kernel", "key_index_kernel"}
-SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0,
-         "Gbyte": 1e3, "%": 1.0}
+SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+         "s": 1e6, "second": 1e6, "byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3, "%": 1.0}
 
 
 def short(name: str) -> str:
-    base = name.split("(")[0].split("<")[0].strip()
+    base = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "").split("(")[0].split("<")[0].strip()
     return base.replace("void ", "").split("::")[-1][:44]
 
 
