@@ -63,16 +63,21 @@ else
   summary+=("nccl_comm_local: not built")
 fi
 
+# run_bench NAME EXE TIMEOUT STEM: 3 repetitions, medians and the rest in OUT_DIR/STEM.json.
+run_bench() {
+  local start=$SECONDS rc
+  timeout "$3" "$2" --benchmark_repetitions=3 --benchmark_min_time=0.05 \
+    --benchmark_report_aggregates_only=true --benchmark_out="$out/$4.json" \
+    --benchmark_out_format=json > "$out/$4.log" 2>&1
+  rc=$?
+  summary+=("$1: rc $rc, $((SECONDS - start)) s")
+  [[ $rc -eq 0 ]] || status=1
+}
+
 if [[ ${GPU_CHECK_BENCH:-1} == 0 ]]; then
   summary+=("gradcomp_cuda_bench: left out (GPU_CHECK_BENCH=0)")
 elif exe=$(find_exe gradcomp_cuda_bench); then
-  start=$SECONDS
-  timeout 240 "$exe" --benchmark_repetitions=3 --benchmark_min_time=0.05 \
-    --benchmark_report_aggregates_only=true --benchmark_out="$out/cuda_bench.json" \
-    --benchmark_out_format=json > "$out/cuda_bench.log" 2>&1
-  rc=$?
-  summary+=("gradcomp_cuda_bench: rc $rc, $((SECONDS - start)) s")
-  [[ $rc -eq 0 ]] || status=1
+  run_bench gradcomp_cuda_bench "$exe" 240 cuda_bench
 else
   summary+=("gradcomp_cuda_bench: not built")
 fi
@@ -81,13 +86,7 @@ fi
 # python3 with CUDA torch is found), at the same sizes and densities.
 if [[ ${GPU_CHECK_BENCH:-1} != 0 ]]; then
   if exe=$(find_exe gradcomp_cub_topk_bench); then
-    start=$SECONDS
-    timeout 180 "$exe" --benchmark_repetitions=3 --benchmark_min_time=0.05 \
-      --benchmark_report_aggregates_only=true --benchmark_out="$out/cub_topk_bench.json" \
-      --benchmark_out_format=json > "$out/cub_topk_bench.log" 2>&1
-    rc=$?
-    summary+=("gradcomp_cub_topk_bench: rc $rc, $((SECONDS - start)) s")
-    [[ $rc -eq 0 ]] || status=1
+    run_bench gradcomp_cub_topk_bench "$exe" 180 cub_topk_bench
   else
     summary+=("gradcomp_cub_topk_bench: not built (GRADCOMP_CCCL_TOPK_DIR)")
   fi

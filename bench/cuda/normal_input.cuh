@@ -1,10 +1,11 @@
-// The selection benchmarks' input, shared by gradcomp_cuda_bench (select_bench.cu) and the
+// The selection benchmarks' input and sizes, shared by gradcomp_cuda_bench (select_bench.cu) and the
 // cub::DeviceTopK baseline (bench/cuda_cub/), so that both time the same values: normal
 // variates from a counter-based hash (Box-Muller on two hashed uniforms per element), generated
 // on the device once per size and kept for the whole run. Needs only the CUDA runtime and
 // gradcomp/cuda/memory.cuh (no CUB), so the baseline can build it against another CCCL.
 #pragma once
 
+#include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -53,5 +54,21 @@ inline const float* normal_input(std::size_t n) {
 inline constexpr std::int64_t select_sizes[] = {std::int64_t{1} << 20, 6553600, 25557032,
                                                 std::int64_t{1} << 27};
 inline constexpr std::int64_t select_ppms[] = {100, 1000, 10000};
+
+// Google Benchmark argument sets over them: n and ppm, or n alone (the baselines); manual
+// (event) time in microseconds.
+inline void sizes_ppm(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"n", "ppm"});
+  for (const std::int64_t n : select_sizes) {
+    for (const std::int64_t ppm : select_ppms) b->Args({n, ppm});
+  }
+  b->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+inline void sizes_only(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"n"});
+  for (const std::int64_t n : select_sizes) b->Args({n});
+  b->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
 
 }  // namespace gradcomp_bench

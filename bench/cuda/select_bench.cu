@@ -236,19 +236,8 @@ void bm_axpy(benchmark::State& state) {
   });
 }
 
-void sizes_ppm(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n", "ppm"});
-  for (const std::int64_t n : gradcomp_bench::select_sizes) {
-    for (const std::int64_t ppm : gradcomp_bench::select_ppms) b->Args({n, ppm});
-  }
-  b->UseManualTime()->Unit(benchmark::kMicrosecond);
-}
-
-void sizes_only(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n"});
-  for (const std::int64_t n : gradcomp_bench::select_sizes) b->Args({n});
-  b->UseManualTime()->Unit(benchmark::kMicrosecond);
-}
+using gradcomp_bench::sizes_only;
+using gradcomp_bench::sizes_ppm;
 
 BENCHMARK(bm_topk)->Name("cuda/select/topk")->Apply(sizes_ppm);
 BENCHMARK(bm_topk_stream)->Name("cuda/select/topk_stream")->Apply(sizes_ppm);

@@ -119,19 +119,8 @@ void bm_cub_topk_graph(benchmark::State& state) { bm_cub_topk<int>(state, true);
 void bm_cub_topk_stream(benchmark::State& state) { bm_cub_topk<int>(state, false); }
 void bm_cub_topk_i64(benchmark::State& state) { bm_cub_topk<std::int64_t>(state, true); }
 
-void sizes_ppm(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n", "ppm"});
-  for (const std::int64_t n : gradcomp_bench::select_sizes) {
-    for (const std::int64_t ppm : gradcomp_bench::select_ppms) b->Args({n, ppm});
-  }
-  b->UseManualTime()->Unit(benchmark::kMicrosecond);
-}
-
-void sizes_only(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n"});
-  for (const std::int64_t n : gradcomp_bench::select_sizes) b->Args({n});
-  b->UseManualTime()->Unit(benchmark::kMicrosecond);
-}
+using gradcomp_bench::sizes_only;
+using gradcomp_bench::sizes_ppm;
 
 }  // namespace
 
