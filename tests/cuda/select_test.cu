@@ -3,7 +3,8 @@
 // miss, forced radix, k = 0, k = n, NaN); gaussiank's threshold agrees within float tolerance
 // and its selection is exactly the set its threshold defines (the default form: that set in
 // the band, or the exact top-k); threshold equals the host's.
-// Bad input throws before anything is written. Skipped (exit 77) without a CUDA device.
+// A captured graph, replayed, gives the same result each time. Bad input throws before
+// anything is written. Skipped (exit 77) without a CUDA device.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
@@ -214,6 +215,58 @@ TEST_CASE("device topk: the finish with ties at the k-th and with exactly k sure
   REQUIRE_FALSE(hs.fallback);
   REQUIRE(hs.threshold == 10.0);
   compare_topk(sel, g, k);
+}
+
+// A training step under CUDA graphs captures the selection once and replays it: every piece of
+// the pipeline's state (the selection state, the list selects' states and histograms) must be
+// reset inside the captured work. Each replay, after the outputs were poisoned, gives the
+// host's index set and stats again, on normal input and on input with ties at the k-th.
+TEST_CASE("device topk: a captured graph replayed gives the host's result every time") {
+  const std::size_t n = (std::size_t{1} << 20) + 3;
+  auto normal = gradcomp_test::make_input<float>(dist::normal, n, 31);
+  auto ties = normal;
+  for (auto& x : ties) x = std::round(x * 64.0f) / 64.0f;
+  for (const auto* g : {&normal, &ties}) {
+    for (const std::size_t k : {n / 1000 + 1, n / 100 + 1}) {
+      CAPTURE(k);
+      gradcomp::topk sel;
+      std::vector<std::uint32_t> host;
+      const auto hs = sel.select(std::span<const float>(*g), gradcomp::select_context{k, 0.0, {}}, host);
+      auto dg = upload(*g);
+      gradcomp::device_buffer<std::uint32_t> idx(k);
+      gradcomp::device_buffer<gradcomp::selection_stats> st(1);
+      const gradcomp::device_span<const float> gs{dg.data(), n};
+      const gradcomp::select_context ctx{k, 0.0, {}};
+      gradcomp::temp_storage tmp;
+      gradcomp::on_device(sel).select(tmp, gs, ctx, idx.span(), st.data());
+      gradcomp::device_buffer<char> scratch(tmp.bytes);
+      tmp.ptr = scratch.data();
+      cudaStream_t stream = nullptr;
+      check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      gradcomp::on_device(sel).select(tmp, gs, ctx, idx.span(), st.data(), stream);
+      check_cuda(cudaStreamEndCapture(stream, &graph));
+      check_cuda(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 3; ++replay) {
+        CAPTURE(replay);
+        check_cuda(cudaMemset(idx.data(), 0xff, k * sizeof(std::uint32_t)));
+        check_cuda(cudaMemset(st.data(), 0xff, sizeof(gradcomp::selection_stats)));
+        check_cuda(cudaDeviceSynchronize());
+        check_cuda(cudaGraphLaunch(exec, stream));
+        check_cuda(cudaStreamSynchronize(stream));
+        const auto stats = download(st.data(), 1)[0];
+        CHECK(stats.count == hs.count);
+        CHECK(stats.fallback == hs.fallback);
+        CHECK(same_key<float>(stats.threshold, hs.threshold));
+        CHECK(download(idx.data(), k) == host);
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
+    }
+  }
 }
 
 TEST_CASE("device topk: bad input throws before anything is written") {

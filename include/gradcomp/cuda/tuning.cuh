@@ -17,7 +17,7 @@ namespace gradcomp::cuda {
 struct select_tuning {
   int threads;          // per block of the tile kernels (a multiple of 32)
   int items;            // rows per tile (items per thread)
-  int single_threads;   // the single-block kernels (bracket, finish, scans, picks)
+  int single_threads;   // the single-block kernels (the finish's miss check, scans, picks)
   int reduce_blocks;    // at most this many blocks in the moments reduction
   int tile_blocks;      // at most this many blocks in the gated tile kernels (grid-stride over
                         // tiles), so that a pass the device skipped costs a short launch
@@ -40,10 +40,10 @@ struct select_tuning {
 
 // sm_90: 256 x 16 = 4096 elements a tile (16 KiB of float) keeps enough loads in flight per SM
 // to stream g at full bandwidth; 1024 threads for the single-block kernels; 11-bit digits as
-// on the host (detail::radix_digit_bits), 2048 buckets = 8 KiB of shared counters; list
-// selects over 4 items a thread (1024 a block: a 64k-key candidate list spreads over 64
-// blocks), at most 2 blocks an SM of an H100; the filter capped to 32 registers (8 blocks of
-// 256 an SM: full occupancy).
+// on the host (detail::radix_digit_bits), 2048 buckets (a list select's two histograms are
+// 16 KiB of shared counters); list selects over 4 items a thread (1024 a block: a 64k-key
+// candidate list spreads over 64 blocks), at most 264 blocks (2 an SM of an H100 SXM); the
+// filter capped to 32 registers (8 blocks of 256 an SM: full occupancy on sm_80 and sm_90).
 inline constexpr select_tuning default_select_tuning{
     256, 16, 1024, 1024, 2048, detail::radix_digit_bits, 4, 264, 8};
 

@@ -19,7 +19,7 @@ inline constexpr unsigned full_warp = 0xffffffffu;
 
 __device__ __forceinline__ unsigned lanemask_lt() { return (1u << (threadIdx.x & 31u)) - 1u; }
 
-// hist[digit] += 1 for the lanes with `valid`, one shared atomic per distinct digit of the warp:
+// hist[digit] += 1 for the lanes with `valid`, one atomic per distinct digit of the warp:
 // keys near the k-th share their top digits (and ties, zeros share all), so per-lane atomics
 // would serialise on one counter. Call it from all 32 lanes of the warp. Count is unsigned or
 // unsigned long long (a list that may hold 2^32 items).
@@ -33,7 +33,7 @@ __device__ __forceinline__ void warp_hist_add(Count* hist, unsigned digit, bool 
   }
 }
 
-// A position in an output list for each lane with `take`, one shared atomic per warp; returns
+// A position in an output list for each lane with `take`, one atomic per warp; returns
 // the lane's position (valid where take). Call it from all 32 lanes of the warp. Count as for
 // warp_hist_add: 64 bits for a list whose length may reach 2^32.
 template <class Count>

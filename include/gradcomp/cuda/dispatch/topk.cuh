@@ -1,7 +1,7 @@
 // gradcomp/cuda/dispatch/topk.cuh: exact top-k on the device. The common case reads g once:
 //   bracket [lo, hi] (the sample's s strided keys and the two order statistics, list selects:
 //   one launch a radix pass, many blocks) -> filter (one read of g, |g| keyed on the fly: sure
-//   indices and candidates, block scan and one atomic per counter per block) -> finish (miss
+//   indices and candidates, warp scans and one atomic per counter per warp) -> finish (miss
 //   check, a list select on the candidate keys, ties to the lowest indices, the collection of
 //   the picks) -> sort of the k picks (cub::DeviceRadixSort on k keys).
 // The plan (sample size, bracket ranks, candidate budget) is topk's host computation
@@ -74,13 +74,10 @@ void topk_run(const topk_plan& plan, temp_storage& tmp, T* e, const T* g, std::s
   const std::size_t cand_cap = plan.budget + detail::scan_block;
   const int end_bit = index_bits(n);
   list_select<key>* lists = nullptr;  // [0] the bracket's, [1] the finish's
-  unsigned* list_hists = nullptr;     // then their histograms, zeroed with them
-  std::size_t list_bytes = 0;
+  list_count* list_hists = nullptr;   // then their histograms, zeroed with them
   if (!plan.radix_only && k > 0) {
     lists = c.take<list_select<key>>(2);
-    list_hists = c.take<unsigned>(std::size_t{2} * list_hist_count);
-    list_bytes = static_cast<std::size_t>(reinterpret_cast<char*>(list_hists + 2 * list_hist_count) -
-                                          reinterpret_cast<char*>(lists));
+    list_hists = c.take<list_count>(std::size_t{2} * list_hist_count);
     sample = c.take<key>(plan.s);
     picks = c.take<std::uint32_t>(k);
     cand_idx = c.take<std::uint32_t>(cand_cap);
@@ -114,6 +111,10 @@ void topk_run(const topk_plan& plan, temp_storage& tmp, T* e, const T* g, std::s
 
   init_kernel<T><<<1, 1, 0, stream>>>(st, 0u, k, final_vals, false);
   check_launch("init_kernel");
+  // The two states and their histograms, carved one after the other (pointers into the
+  // scratch, so only now, after the size query has returned).
+  const auto list_bytes = static_cast<std::size_t>(
+      reinterpret_cast<char*>(list_hists + 2 * list_hist_count) - reinterpret_cast<char*>(lists));
   detail::cuda_check(cudaMemsetAsync(lists, 0, list_bytes, stream), "cudaMemsetAsync");
   const std::size_t tiles = num_tiles(n);
   const std::size_t n_full = n - n % detail::scan_block;

@@ -11,7 +11,7 @@
 // The list comes from a Source: which() (bit a: select a runs), active(st) (false: every block
 // returns at once, the pipeline took another path), count(st), load(i, pass) (the key of item
 // i; the sample's first pass reads g and writes the sample), initial_rank(st, a) (1-based) and
-// end(st, result), which every thread of the last block calls after the last pass.
+// end(st, ls), which every thread of the last block calls after the last pass.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -37,16 +37,21 @@ struct list_select {
   unsigned blocks_done;         // the ticket counter of the pass in flight
 };
 
-// The global histograms of one call: passes * 2 selects * Buckets counters (zeroed).
+// The global histograms of one call: passes * 2 selects * Buckets counters (zeroed), 64-bit:
+// a candidate list may hold every one of 2^32 elements (a constant gradient puts all of them
+// in the bracket), all in one bucket. A block's shared counters stay 32-bit (a block's share
+// is far smaller).
+using list_count = unsigned long long;
+
 template <unsigned Buckets>
-__device__ __forceinline__ unsigned* list_hist(unsigned* base, unsigned pass, int a) {
+__device__ __forceinline__ list_count* list_hist(list_count* base, unsigned pass, int a) {
   return base + (static_cast<std::size_t>(pass) * 2u + static_cast<unsigned>(a)) * Buckets;
 }
 
 template <class T, int Threads, unsigned Buckets, class Source>
 __global__ void __launch_bounds__(Threads)
     list_pass_kernel(Source src, select_state<T>* st, list_select<detail::abs_key_t<T>>* ls,
-                     unsigned pass, unsigned* hist_base) {
+                     unsigned pass, list_count* hist_base) {
   using key = detail::abs_key_t<T>;
   using scan_t = cub::BlockScan<unsigned long long, Threads>;
   static_assert(Buckets % Threads == 0);
@@ -91,9 +96,9 @@ __global__ void __launch_bounds__(Threads)
 #pragma unroll
   for (int a = 0; a < 2; ++a) {
     if ((which >> a) & 1u) {
-      unsigned* g = list_hist<Buckets>(hist_base, pass, a);
+      list_count* g = list_hist<Buckets>(hist_base, pass, a);
       for (unsigned b = threadIdx.x; b < Buckets; b += Threads) {
-        if (sh[a][b] != 0u) atomicAdd(&g[b], sh[a][b]);
+        if (sh[a][b] != 0u) atomicAdd(&g[b], static_cast<list_count>(sh[a][b]));
       }
     }
   }
@@ -106,7 +111,7 @@ __global__ void __launch_bounds__(Threads)
   // The last block: the digit of each select, as block_radix_select picks it.
   for (int a = 0; a < 2; ++a) {
     if (((which >> a) & 1u) == 0u) continue;
-    const unsigned* g = list_hist<Buckets>(hist_base, pass, a);
+    const list_count* g = list_hist<Buckets>(hist_base, pass, a);
     const unsigned long long rank = pass == 0 ? src.initial_rank(st, a) : ls->rank[a];
     const unsigned long long above = ls->above[a];
     if (threadIdx.x == 0) {
