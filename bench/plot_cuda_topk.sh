@@ -8,17 +8,16 @@ set -euo pipefail
 before=$1; after=$2; cub=$3; torchj=$4; png=$5
 dat="$(mktemp -d)"
 trap 'rm -rf "$dat"' EXIT
-python3 - "$before" "$after" "$cub" "$torchj" "$dat" <<'PY'
+python3 - "$(dirname "$0")" "$before" "$after" "$cub" "$torchj" "$dat" <<'PY'
 import json, re, sys
-before, after, cub, torchj, out = sys.argv[1:]
+sys.path.insert(0, sys.argv[1])
+from cuda_medians import medians  # name (without /manual_time) -> median us
+before, after, cub, torchj, out = sys.argv[2:]
 def gb(path, family):
     rows = {}
-    for b in json.load(open(path))["benchmarks"]:
-        if b.get("aggregate_name") != "median":
-            continue
-        m = re.match(family + r"/n:(\d+)(?:/ppm:(\d+))?", b["run_name"])
+    for name, us in medians(path).items():
+        m = re.fullmatch(family + r"/n:(\d+)(?:/ppm:(\d+))?", name)
         if m:
-            us = b["real_time"] * {"ns": 1e-3, "us": 1.0, "ms": 1e3}[b["time_unit"]]
             rows[(int(m.group(1)), int(m.group(2) or 0))] = us
     return rows
 series = {

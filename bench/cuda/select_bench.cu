@@ -80,24 +80,12 @@ std::size_t k_of(std::size_t n, std::int64_t ppm) {
   return gradcomp::k_for_density(n, static_cast<double>(ppm) * 1e-6);
 }
 
-// Captures body(stream) into a graph (after one direct warm-up run) and times its launches.
+// Times body(stream) as a captured graph (gradcomp_bench::timed_graph_events); GB/s of g.
 template <class Body>
 void timed_graph(benchmark::State& state, std::size_t n, Body body) {
-  cudaStream_t stream = nullptr;
-  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  body(stream);
-  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-             "cudaStreamBeginCapture");
-  body(stream);
-  cuda_check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
-  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-  timed(state, n, stream, [&] { cuda_check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); });
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  gradcomp_bench::timed_graph_events(state, body);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(n * sizeof(float)));
 }
 
 // A selector's device call with its scratch allocated once; graph-timed unless `direct`.

@@ -33,4 +33,28 @@ void timed_events(benchmark::State& state, cudaStream_t stream, Work&& work) {
   cudaEventDestroy(stop);
 }
 
+// Captures body(stream) into a graph on a non-blocking stream of its own (after one direct
+// warm-up call outside the capture) and times the graph's launches with timed_events: what a
+// training step under CUDA graphs runs, with the device work rather than the host's launch
+// rate in the events.
+template <class Body>
+void timed_graph_events(benchmark::State& state, Body&& body) {
+  using gradcomp::detail::cuda_check;
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  body(stream);
+  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+             "cudaStreamBeginCapture");
+  body(stream);
+  cuda_check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  timed_events(state, stream, [&] { cuda_check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); });
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace gradcomp_bench

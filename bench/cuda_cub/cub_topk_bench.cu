@@ -62,43 +62,34 @@ void bm_cub_topk(benchmark::State& state, bool graph) {
   abs_index_kernel<<<gradcomp_bench::grid_blocks, 256>>>(g, n, keys.data(), idx.data());
   cuda_check(cudaGetLastError(), "abs_index_kernel");
   cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  cudaStream_t stream = nullptr;
-  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  const auto env = ::cuda::std::execution::env{
-      ::cuda::stream_ref{stream},
-      ::cuda::execution::require(::cuda::execution::determinism::not_guaranteed,
-                                 ::cuda::execution::output_ordering::unsorted)};
+  // CUB's only DeviceTopK configuration: unordered, ties not deterministic.
+  const auto env_on = [](cudaStream_t s) {
+    return ::cuda::std::execution::env{
+        ::cuda::stream_ref{s},
+        ::cuda::execution::require(::cuda::execution::determinism::not_guaranteed,
+                                   ::cuda::execution::output_ordering::unsorted)};
+  };
   std::size_t bytes = 0;
   cuda_check(cub::DeviceTopK::MaxPairs(nullptr, bytes, keys.data(), keys_out.data(), idx.data(),
                                        idx_out.data(), static_cast<Offset>(n), static_cast<Offset>(k),
-                                       env),
+                                       env_on(nullptr)),
              "cub::DeviceTopK::MaxPairs (size)");
   gradcomp::device_buffer<char> scratch(bytes);
-  auto call = [&] {
+  auto call = [&](cudaStream_t s) {
     cuda_check(cub::DeviceTopK::MaxPairs(scratch.data(), bytes, keys.data(), keys_out.data(),
                                          idx.data(), idx_out.data(), static_cast<Offset>(n),
-                                         static_cast<Offset>(k), env),
+                                         static_cast<Offset>(k), env_on(s)),
                "cub::DeviceTopK::MaxPairs");
   };
   if (graph) {
-    call();  // warm-up outside the capture
-    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    cudaGraph_t gr = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-               "cudaStreamBeginCapture");
-    call();
-    cuda_check(cudaStreamEndCapture(stream, &gr), "cudaStreamEndCapture");
-    cuda_check(cudaGraphInstantiate(&exec, gr, 0), "cudaGraphInstantiate");
-    gradcomp_bench::timed_events(state, stream,
-                                 [&] { cuda_check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); });
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(gr);
+    gradcomp_bench::timed_graph_events(state, call);
   } else {
-    gradcomp_bench::timed_events(state, stream, call);
+    cudaStream_t stream = nullptr;
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    gradcomp_bench::timed_events(state, stream, [&] { call(stream); });
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    cudaStreamDestroy(stream);
   }
-  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  cudaStreamDestroy(stream);
   set_bytes(state, n);
   state.counters["k"] = static_cast<double>(k);
   state.counters["bytes_scratch"] = static_cast<double>(bytes);
