@@ -49,13 +49,13 @@ inline int index_bits(std::size_t n) {
   return b;
 }
 
-// Scratch layout, measured (tmp.ptr == nullptr) or carved, and the launches. e == nullptr:
-// select from g; else select from e + g and leave e = e + g.
 // The counters of one list select's histograms: a pair (two selects) per radix pass.
 template <class T>
 inline constexpr std::size_t list_hist_count_v =
     std::size_t{detail::radix_passes(detail::abs_key_traits<T>::bits)} * 2u * buckets;
 
+// Scratch layout, measured (tmp.ptr == nullptr) or carved, and the launches. e == nullptr:
+// select from g; else select from e + g and leave e = e + g.
 template <class T>
 void topk_run(const topk_plan& plan, temp_storage& tmp, T* e, const T* g, std::size_t n,
               std::size_t k, std::uint32_t* out, selection_stats* stats, cudaStream_t stream) {
