@@ -265,6 +265,40 @@ std::vector<bucket_record> agree_on_bucket(Comm& comm, const bucket_record& mine
   return all;
 }
 
+// The bucket's agreement for an engine (bucket_engine here, gradcomp.torch's CUDA engine):
+// returns false when every rank succeeded, true when the bucket is skipped (skip_nonfinite and
+// only non-finite failures), and otherwise throws on every rank, the failing ranks their own
+// exception (`local`). Calls discard() (which forgets the step's new feedback states) whenever
+// a rank failed or the agreement itself did.
+template <class Comm, class Discard>
+bool settle_bucket(Comm& comm, const bucket_record& mine, const std::exception_ptr& local,
+                   bool skip_nonfinite, std::vector<std::byte>& scratch, Discard&& discard) {
+  std::vector<bucket_record> all;
+  try {
+    all = agree_on_bucket(comm, mine, scratch);
+  } catch (...) {
+    discard();
+    throw;
+  }
+  std::size_t first_failed = all.size();
+  bool only_nonfinite = true;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].outcome == bucket_outcome::ok) continue;
+    if (first_failed == all.size()) first_failed = r;
+    only_nonfinite = only_nonfinite && all[r].outcome == bucket_outcome::nonfinite;
+  }
+  if (first_failed == all.size()) return false;
+  discard();
+  if (only_nonfinite && skip_nonfinite) return true;
+  if (local) std::rethrow_exception(local);
+  const bucket_record& bad = all[first_failed];
+  const std::string text = detail::concat(
+      "gradcomp: bucket ", bad.bucket, " of step ", bad.step, " failed on rank ", first_failed,
+      " (no rank exchanged it, and no feedback state changed): ", bad.message);
+  if (bad.outcome == bucket_outcome::nonfinite) throw nonfinite_error(text);
+  throw communicator_error(text);
+}
+
 // ---- choosing by name ---------------------------------------------------------------------
 // Both take a configuration check_config() has passed (bucket_engine checks it first); the
 // combinations it refuses are not instantiated.
@@ -442,35 +476,9 @@ class bucket_engine {
   void discard() { compress_->discard(); }
 
  private:
-  // The bucket's agreement: returns false when every rank succeeded, true when the bucket is
-  // skipped (skip_nonfinite and only non-finite failures), and otherwise throws on every rank,
-  // the failing ranks their own exception. Forgets the step's new feedback states whenever a
-  // rank failed.
   bool settle(const bucket_record& mine, const std::exception_ptr& local) {
-    std::vector<bucket_record> all;
-    try {
-      all = agree_on_bucket(*comm_, mine, record_scratch_);
-    } catch (...) {
-      compress_->discard();
-      throw;
-    }
-    std::size_t first_failed = all.size();
-    bool only_nonfinite = true;
-    for (std::size_t r = 0; r < all.size(); ++r) {
-      if (all[r].outcome == bucket_outcome::ok) continue;
-      if (first_failed == all.size()) first_failed = r;
-      only_nonfinite = only_nonfinite && all[r].outcome == bucket_outcome::nonfinite;
-    }
-    if (first_failed == all.size()) return false;
-    compress_->discard();
-    if (only_nonfinite && config_.skip_nonfinite) return true;
-    if (local) std::rethrow_exception(local);
-    const bucket_record& bad = all[first_failed];
-    const std::string text = detail::concat(
-        "gradcomp: bucket ", bad.bucket, " of step ", bad.step, " failed on rank ",
-        first_failed, " (no rank exchanged it, and no feedback state changed): ", bad.message);
-    if (bad.outcome == bucket_outcome::nonfinite) throw nonfinite_error(text);
-    throw communicator_error(text);
+    return settle_bucket(*comm_, mine, local, config_.skip_nonfinite, record_scratch_,
+                         [this] { compress_->discard(); });
   }
 
   static engine_config checked(engine_config c) {
