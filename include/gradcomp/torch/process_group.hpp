@@ -22,6 +22,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -60,8 +61,11 @@ inline at::Tensor byte_tensor(const void* p, std::size_t bytes) {
 
 class process_group_comm {
  public:
-  explicit process_group_comm(c10::intrusive_ptr<c10d::ProcessGroup> group)
-      : group_(std::move(group)) {
+  // `staging`: a CUDA device to stage the bytes through, for a backend that moves device
+  // tensors only (NCCL); none (the default): CPU tensors, which gloo takes.
+  explicit process_group_comm(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                              std::optional<c10::Device> staging = std::nullopt)
+      : group_(std::move(group)), staging_device_(staging) {
     if (!group_) {
       throw invalid_argument(
           "gradcomp::process_group_comm: argument 'group' is null; allowed: a process group "
@@ -211,10 +215,12 @@ class process_group_comm {
                                      detail::concat("0 <= root < size() = ", size_));
     }
     if (size_ == 1 || data.empty()) return;  // gloo cannot move zero bytes; counts agree
-    std::vector<at::Tensor> tensors{detail::byte_tensor(data.data(), data.size_bytes())};
+    const at::Tensor host = detail::byte_tensor(data.data(), data.size_bytes());
+    std::vector<at::Tensor> tensors{staged(host)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     run("broadcast", [&] { return group_->broadcast(tensors, opts); });
+    if (staging_device_) host.copy_(tensors[0]);
   }
 
   void barrier() {
@@ -270,9 +276,17 @@ class process_group_comm {
       if (n > 0 && send != recv) std::memmove(recv, send, n);
       return;
     }
-    at::Tensor in = detail::byte_tensor(send, send_bytes);
-    at::Tensor out = detail::byte_tensor(recv, recv_bytes);
+    at::Tensor in = staged(detail::byte_tensor(send, send_bytes));
+    const at::Tensor host_out = detail::byte_tensor(recv, recv_bytes);
+    at::Tensor out = staging_device_ ? at::empty_like(host_out, host_out.options().device(*staging_device_))
+                                     : host_out;
     run(what, [&] { return group_->alltoall_base(out, in, from_each, to_each); });
+    if (staging_device_) host_out.copy_(out);
+  }
+
+  // t, or a copy of it on the staging device.
+  at::Tensor staged(const at::Tensor& t) const {
+    return staging_device_ ? t.to(*staging_device_) : t;
   }
 
   template <class Start>
@@ -290,6 +304,7 @@ class process_group_comm {
   }
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::optional<c10::Device> staging_device_;
   int rank_ = 0;
   int size_ = 1;
   std::vector<std::byte> staging_;
