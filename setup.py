@@ -7,9 +7,11 @@ include/) with torch.utils.cpp_extension against the torch that is installed, an
 with the Python package (python/gradcomp). --no-build-isolation is needed: the extension must be
 built against that torch, not one pip would fetch into an isolated environment.
 
-Where the installed torch has no CUDA (Debian's python3-torch, CPU only) the extension is the
-CPU one and this script says so. The extension has no CUDA sources yet: a torch with CUDA
-builds the same CPU extension, and this script says that too.
+Where the installed torch has CUDA and the CUDA toolkit is found (CUDA_HOME, or nvcc on PATH),
+the extension also gets the CUDA path of the hook (python/src/cuda_bucket.cu, compiled by nvcc
+for the architectures torch's builder picks: TORCH_CUDA_ARCH_LIST, else the GPUs it sees).
+Where torch has no CUDA (Debian's python3-torch, CPU only), or no toolkit is found, the
+extension is the CPU one, and this script says so.
 """
 
 import os
@@ -50,11 +52,19 @@ def _extensions() -> tuple:
             "'pip install --no-build-isolation .' (without --no-build-isolation pip builds in an "
             "environment without torch)") from e
 
-    if torch.version.cuda is None:
-        _say(f"torch {torch.__version__} has no CUDA (or is a ROCm build): building the CPU extension")
+    with_cuda = False
+    if os.environ.get("GRADCOMP_TORCH_CUDA") == "0":
+        _say("GRADCOMP_TORCH_CUDA=0: building the CPU extension (the hook takes CPU buckets)")
+    elif torch.version.cuda is None:
+        _say(f"torch {torch.__version__} has no CUDA (or is a ROCm build): building the CPU "
+             "extension (the hook takes CPU buckets)")
+    elif cpp_extension.CUDA_HOME is None:
+        _say(f"torch {torch.__version__} has CUDA {torch.version.cuda}, but no CUDA toolkit was "
+             "found (set CUDA_HOME): building the CPU extension (the hook takes CPU buckets)")
     else:
-        _say(f"torch {torch.__version__} has CUDA {torch.version.cuda}; gradcomp.torch's hook "
-             "takes CPU buckets only so far, so the CPU extension is built")
+        with_cuda = True
+        _say(f"torch {torch.__version__} has CUDA {torch.version.cuda}; building the extension "
+             f"with the hook's CUDA path (nvcc from {cpp_extension.CUDA_HOME})")
 
     # C++20 (torch's builder adds its own -std only when none is given), optimized as CMake's
     # Release is, without the interpreter's debug information (-g0; with it the wheel was 12 MB
@@ -66,14 +76,31 @@ def _extensions() -> tuple:
         cxx_flags += extra.split()
     # The headers too: setuptools rebuilds only when a listed file is newer than the module.
     headers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "include").rglob("*.hpp"))
-    ext = cpp_extension.CppExtension(
+    headers += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "python" / "src").glob("*.hpp"))
+    if not with_cuda:
+        ext = cpp_extension.CppExtension(
+            name="gradcomp._torch_ext",
+            sources=["python/src/torch_ext.cpp"],
+            depends=headers,
+            include_dirs=[str(ROOT / "include")],
+            extra_compile_args=cxx_flags,
+            language="c++",
+        )
+        return [ext], {"build_ext": cpp_extension.BuildExtension}
+    headers += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "include").rglob("*.cuh"))
+    nvcc_flags: List[str] = ["-std=c++20", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr"]
+    extra = os.environ.get("GRADCOMP_NVCCFLAGS")
+    if extra:
+        nvcc_flags += extra.split()
+    ext = cpp_extension.CUDAExtension(
         name="gradcomp._torch_ext",
-        sources=["python/src/torch_ext.cpp"],
+        sources=["python/src/torch_ext.cpp", "python/src/cuda_bucket.cu"],
         depends=headers,
         include_dirs=[str(ROOT / "include")],
-        extra_compile_args=cxx_flags,
-        language="c++",
+        define_macros=[("GRADCOMP_TORCH_CUDA", "1")],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
     )
+    # ninja compiles the two sources at once where it is installed.
     return [ext], {"build_ext": cpp_extension.BuildExtension}
 
 

@@ -4,7 +4,7 @@ import os
 import tempfile
 import traceback
 from datetime import timedelta
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -12,9 +12,9 @@ import torch.multiprocessing as mp
 
 
 def _entry(rank: int, world: int, store: str, fn: Callable[..., Any], timeout_s: float,
-           results: Any, args: tuple) -> None:
+           results: Any, args: tuple, backend: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     try:
         out = fn(rank, world, *args)
@@ -30,15 +30,16 @@ def _entry(rank: int, world: int, store: str, fn: Callable[..., Any], timeout_s:
 
 
 def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 60.0,
-          allow_failure: bool = False) -> Dict[int, Any]:
-    """Runs fn(rank, world, *args) on `world` gloo ranks (processes); returns {rank: result}.
+          allow_failure: bool = False, backend: str = "gloo") -> Dict[int, Any]:
+    """Runs fn(rank, world, *args) on `world` ranks (processes) of a `backend` group; returns
+    {rank: result}.
     Raises AssertionError naming the rank and its traceback when one fails (unless
     allow_failure, then the failures come back as ("error", text))."""
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory(prefix="gradcomp_test_") as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_entry, args=(r, world, store, fn, timeout_s, results, args))
+        procs = [ctx.Process(target=_entry, args=(r, world, store, fn, timeout_s, results, args, backend))
                  for r in range(world)]
         for p in procs:
             p.start()
@@ -82,3 +83,83 @@ def batch(rank: int, step: int, n: int = 16) -> List[torch.Tensor]:
     # Heavy-tailed targets: gradients that are not Gaussian.
     y = torch.randn(n, 5, generator=g) ** 3
     return [x, y]
+
+
+class FakeBucket:
+    """What DDP hands a hook (index, buffer, parameters, is_last), for driving the hook
+    directly with gradients the test chooses."""
+
+    def __init__(self, index: int, buffer: torch.Tensor, params: List[torch.Tensor], last: bool = True):
+        self._index, self._buffer, self._params, self._last = index, buffer, params, last
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def parameters(self) -> List[torch.Tensor]:
+        return self._params
+
+    def gradients(self) -> List[torch.Tensor]:
+        return [self._buffer]
+
+    def is_last(self) -> bool:
+        return self._last
+
+
+def grad_for(rank: int, step: int, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7919 * step + rank)
+    if rank % 2:  # heavy tails on odd ranks, normal on even ones
+        return torch.randn(n, generator=g) ** 3
+    return torch.randn(n, generator=g)
+
+
+def same_state(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+    """Whether two GradcompState.state_dict()s are equal, feedback bit for bit."""
+    if a["iteration"] != b["iteration"] or a["totals"] != b["totals"] or set(a["feedback"]) != set(b["feedback"]):
+        return False
+    return all(len(a["feedback"][k]) == len(b["feedback"][k]) and
+               all(torch.equal(x, y) for x, y in zip(a["feedback"][k], b["feedback"][k]))
+               for k in a["feedback"])
+
+
+def train(rank: int, world: int, steps: int, cap_bytes: int, state: Any, model: torch.nn.Module,
+          opt: torch.optim.Optimizer, first_step: int = 0,
+          record: Dict[str, torch.Tensor] = None, device: str = "cpu") -> Any:
+    """`steps` DDP steps of `model` (on `device`) with gradcomp's hook and `state`, on batch()
+    data; `record` (optional) sums each parameter's local gradients. Returns the DDP model."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import gradcomp.torch as gct
+
+    dist._DEFAULT_FIRST_BUCKET_BYTES = cap_bytes  # DDP caps its rebuilt first bucket by this
+    # device_ids=None: the module's own device (CPU, or the one GPU it is on).
+    ddp = DDP(model, bucket_cap_mb=cap_bytes / (1024 * 1024))
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def hook(st: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # DDP reads it
+        if record is not None:
+            for p, g in zip(bucket.parameters(), bucket.gradients()):
+                record[names[id(p)]] = record.get(names[id(p)], 0) + g.detach().double().cpu()
+        return gct.gradcomp_hook(st, bucket)
+
+    ddp.register_comm_hook(state, hook)
+    for s in range(first_step, first_step + steps):
+        x, y = (t.to(device) for t in batch(rank, s))
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return ddp
+
+
+def fresh(momentum: float, device: str = "cpu", **config: Any) -> Tuple[Any, Any, Any]:
+    """The same start every time: Net with seed 0 on `device`, SGD (lr 0.1) and a state at
+    density 0.1 keyed by parameter name, with `config` for the rest."""
+    import gradcomp.torch as gct
+
+    torch.manual_seed(0)
+    model = Net().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    state = gct.GradcompState(density=0.1, module=model, **config)
+    return model, opt, state

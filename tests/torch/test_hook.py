@@ -23,37 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradcomp.torch as gct
 import gradcomp_oracle
-from support import Net, batch, spawn
-
-
-class FakeBucket:
-    """What DDP hands a hook (index, buffer, parameters, is_last), for driving the hook
-    directly with gradients the test chooses."""
-
-    def __init__(self, index: int, buffer: torch.Tensor, params: List[torch.Tensor], last: bool = True):
-        self._index, self._buffer, self._params, self._last = index, buffer, params, last
-
-    def index(self) -> int:
-        return self._index
-
-    def buffer(self) -> torch.Tensor:
-        return self._buffer
-
-    def parameters(self) -> List[torch.Tensor]:
-        return self._params
-
-    def gradients(self) -> List[torch.Tensor]:
-        return [self._buffer]
-
-    def is_last(self) -> bool:
-        return self._last
-
-
-def grad_for(rank: int, step: int, n: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(7919 * step + rank)
-    if rank % 2:  # heavy tails on odd ranks, normal on even ones
-        return torch.randn(n, generator=g) ** 3
-    return torch.randn(n, generator=g)
+from support import FakeBucket, Net, batch, fresh, grad_for, same_state, spawn, train
 
 
 CONFIGS = [
@@ -117,26 +87,7 @@ class ReferenceTest(unittest.TestCase):
 # ---- DDP: several buckets, the rebuild, conservation ---------------------------------------
 
 
-def _train(rank: int, world: int, steps: int, cap_bytes: int, state: gct.GradcompState,
-           model: torch.nn.Module, opt: torch.optim.Optimizer, first_step: int = 0,
-           record: Dict[str, torch.Tensor] = None) -> DDP:
-    dist._DEFAULT_FIRST_BUCKET_BYTES = cap_bytes  # DDP caps its rebuilt first bucket by this
-    ddp = DDP(model, bucket_cap_mb=cap_bytes / (1024 * 1024))
-    names = {id(p): n for n, p in model.named_parameters()}
-
-    def hook(st: gct.GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        if record is not None:
-            for p, g in zip(bucket.parameters(), bucket.gradients()):
-                record[names[id(p)]] = record.get(names[id(p)], 0) + g.detach().double()
-        return gct.gradcomp_hook(st, bucket)
-
-    ddp.register_comm_hook(state, hook)
-    for s in range(first_step, first_step + steps):
-        x, y = batch(rank, s)
-        opt.zero_grad(set_to_none=True)
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
-        opt.step()
-    return ddp
+_train = train
 
 
 def _conservation_worker(rank: int, world: int) -> Dict[str, Any]:
@@ -245,13 +196,7 @@ class DDPTest(unittest.TestCase):
 
 
 def _fresh(momentum: float, **config: Any) -> tuple:
-    """The same start every time: Net with seed 0, SGD (lr 0.1) and a state at density 0.1
-    keyed by parameter name, with `config` for the rest."""
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
-    state = gct.GradcompState(density=0.1, module=model, **config)
-    return model, opt, state
+    return fresh(momentum, **config)
 
 
 def _straight(rank: int, world: int, fresh: Callable[[], tuple], steps: int,
@@ -315,12 +260,7 @@ def _checkpoint_worker(rank: int, world: int) -> int:
     return buckets
 
 
-def _same_state(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
-    if a["iteration"] != b["iteration"] or a["totals"] != b["totals"] or set(a["feedback"]) != set(b["feedback"]):
-        return False
-    return all(len(a["feedback"][k]) == len(b["feedback"][k]) and
-               all(torch.equal(x, y) for x, y in zip(a["feedback"][k], b["feedback"][k]))
-               for k in a["feedback"])
+_same_state = same_state
 
 
 def _failed_step_worker(rank: int, world: int, overlap: bool) -> int:
@@ -583,7 +523,7 @@ def _bad_input_worker(rank: int, world: int) -> int:
     strided = torch.zeros(2 * n)[::2]
     refuses(ValueError, ["contiguous=False"], lambda: gct.gradcomp_hook(state, FakeBucket(0, strided, [param])))
     unchanged()
-    refuses(RuntimeError, ["device meta", "CPU tensors only"],
+    refuses(ValueError, ["device meta", "allowed devices: cpu, and cuda"],
             lambda: gct.gradcomp_hook(state, FakeBucket(0, torch.zeros(n, device="meta"), [param])))
     unchanged()
     # The C++ view itself names dtype, device and layout.

@@ -32,18 +32,22 @@ def _fail(fut: "torch.futures.Future[torch.Tensor]", error: BaseException) -> No
 
 
 def _check_bucket(buffer: torch.Tensor) -> None:
-    if buffer.device.type != "cpu":
+    if buffer.device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"gradcomp: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
+            f"{buffer.layout}; allowed devices: cpu, and cuda where gradcomp was built against a "
+            "torch with CUDA")
+    if buffer.device.type == "cuda" and not _ext.HAS_CUDA:
         raise RuntimeError(
             f"gradcomp: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
-            f"{buffer.layout}; this build of gradcomp has no "
-            "device path for the hook (CPU tensors only). Train on CPU with gloo, or register "
-            "PyTorch's own hooks for CUDA models."
-        )
+            f"{buffer.layout}; this build of gradcomp.torch has no CUDA path (it was built "
+            "against a torch without CUDA). Install gradcomp with 'pip install "
+            "--no-build-isolation .' under a torch with CUDA, or train on CPU with gloo.")
     if buffer.layout != torch.strided or not buffer.is_contiguous():
         raise ValueError(
             f"gradcomp: the bucket is dtype {buffer.dtype}, device {buffer.device}, layout "
             f"{buffer.layout}, contiguous={buffer.is_contiguous()}; allowed: a contiguous strided "
-            "CPU tensor"
+            "tensor"
         )
     if buffer.dtype not in (torch.float32,) + STAGED_DTYPES:
         raise ValueError(
@@ -53,13 +57,21 @@ def _check_bucket(buffer: torch.Tensor) -> None:
         )
 
 
+def _future_for(buffer: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
+    # A CUDA bucket's future is CUDA-aware: set_result records an event on the stream current
+    # there (the bucket's), and whoever waits on the future waits for that event.
+    if buffer.device.type == "cuda":
+        return torch.futures.Future(devices=[buffer.device])
+    return torch.futures.Future()
+
+
 def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook: ``ddp.register_comm_hook(state, gradcomp_hook)``."""
     buffer = bucket.buffer()
     _check_bucket(buffer)
     index = bucket.index()
     is_last = bucket.is_last()
-    state._ensure_engine()
+    state._ensure_engine(buffer.device)
     step = state.iteration
     if is_last:
         state.iteration += 1
@@ -70,7 +82,7 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
     if is_last:
         state._stats.mark_last_ready()
     if not state.config.overlap:
-        fut: "torch.futures.Future[torch.Tensor]" = torch.futures.Future()
+        fut: "torch.futures.Future[torch.Tensor]" = _future_for(buffer)
         try:
             fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
         except BaseException as e:
@@ -86,11 +98,17 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
         state._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="gradcomp-hook"
         )
-    fut = torch.futures.Future()
+    fut = _future_for(buffer)
+    # A CUDA bucket's work goes on the stream the backward pass filled it on.
+    stream = torch.cuda.current_stream(buffer.device) if buffer.device.type == "cuda" else None
 
     def work() -> None:
         try:
-            fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
+            if stream is None:
+                fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
+            else:
+                with torch.cuda.device(buffer.device), torch.cuda.stream(stream):
+                    fut.set_result(state._run_bucket(index, buffer, params, step, is_last))
         except BaseException as e:  # the training loop sees it when DDP waits on the future
             state._abandon_iteration(step, is_last)  # nothing of the step is kept; a retry runs it again
             _fail(fut, e)

@@ -92,6 +92,7 @@ class GradcompState:
 
     def _reset_runtime(self) -> None:
         self._engine: Optional[Any] = None
+        self._device: Optional[torch.device] = None  # the buckets' device, set with the engine
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._buckets = BucketFeedback()
         self._stats = StepStats()
@@ -121,7 +122,10 @@ class GradcompState:
     def _group(self) -> dist.ProcessGroup:
         return groups.group_of(self.process_group)
 
-    def _ensure_engine(self) -> Any:
+    def _ensure_engine(self, device: Optional[torch.device] = None) -> Any:
+        """The engine, made at the first bucket for the device the buckets are on (None: CPU);
+        every later bucket must be on the same device."""
+        device = torch.device("cpu") if device is None else device
         group = self._group()
         size = dist.get_world_size(group)
         if self.world_size is None:
@@ -133,9 +137,19 @@ class GradcompState:
                 f"{self.world_size} ranks"
             )
         if self._engine is None:
-            self._engine = _ext.Engine(self._exchange_group(), self._config)
+            if device.type == "cuda":
+                self._engine = _ext.CudaEngine(self._exchange_group(), self._config,
+                                               torch.cuda.current_device() if device.index is None
+                                               else device.index)
+            else:
+                self._engine = _ext.Engine(self._exchange_group(), self._config)
+            self._device = device
             if self._module is not None:
                 self._buckets.name_parameters(self._module)
+        elif device != self._device:
+            raise ValueError(
+                f"gradcomp: the bucket is on {device}, but this state's buckets have been on "
+                f"{self._device}; allowed: {self._device} (one state per model, on one device)")
         return self._engine
 
     def _exchange_group(self) -> dist.ProcessGroup:
@@ -157,6 +171,9 @@ class GradcompState:
         start = time.perf_counter()
         engine = self._engine
         staged = buffer if buffer.dtype == torch.float32 else buffer.to(torch.float32)
+        if buffer.device.type == "cuda":
+            # gradcomp's kernels go on the stream torch's operations use here (the bucket's).
+            engine.set_stream(torch.cuda.current_stream(buffer.device).cuda_stream)
         density = self._config.density_at(step)
         if self._failing_step == step:
             # An earlier bucket of this step failed on every rank (the engine's agreement told

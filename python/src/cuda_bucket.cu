@@ -1,0 +1,110 @@
+// python/src/cuda_bucket.cu: cuda_bucket.hpp's calls, over gradcomp's device policies
+// (gradcomp/cuda.cuh). No torch header is included here.
+#include "cuda_bucket.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+#include <gradcomp/cuda.cuh>
+#include <gradcomp/cuda/dispatch/scratch.cuh>
+#include <gradcomp/cuda/memory.cuh>
+
+namespace gradcomp::torch_cuda {
+
+namespace {
+
+// The selection's scratch, then gather_and_clear's, back to back (each 256-byte aligned by
+// the carver).
+struct compress_layout {
+  std::size_t select = 0;
+  std::size_t clear = 0;
+};
+
+compress_layout compress_sizes(const topk& sel, std::size_t n, std::size_t k) {
+  compress_layout out;
+  temp_storage q;
+  const select_context ctx{k, 0.0, {}};
+  on_device(sel).select_accumulate(q, device_span<float>(nullptr, n),
+                                   device_span<const float>(nullptr, n), ctx,
+                                   device_span<std::uint32_t>(nullptr, k),
+                                   reinterpret_cast<selection_stats*>(alignof(selection_stats)));
+  out.select = q.bytes;
+  temp_storage c;
+  residual feedback;
+  on_device(feedback).gather_and_clear(c, device_span<float>(nullptr, n),
+                                         device_span<const std::uint32_t>(nullptr, k),
+                                         reinterpret_cast<const selection_stats*>(alignof(selection_stats)),
+                                         device_span<float>(nullptr, k));
+  out.clear = c.bytes;
+  return out;
+}
+
+__global__ void divide_kernel(float* out, std::size_t n, float divisor) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    out[i] /= divisor;  // a division, as the host's rank_order_mean: not a reciprocal product
+  }
+}
+
+}  // namespace
+
+std::size_t compress_scratch(const topk& sel, std::size_t n, std::size_t k) {
+  const compress_layout l = compress_sizes(sel, n, k);
+  cuda::scratch_carver s(nullptr);
+  s.take_bytes(l.select);
+  s.take_bytes(l.clear);
+  return s.bytes();
+}
+
+void compress(const topk& sel, void* scratch, std::size_t scratch_bytes, float* e,
+              const float* g, std::size_t n, std::size_t k, std::uint32_t* indices,
+              float* values, selection_stats* stats, cudaStream_t stream) {
+  const compress_layout l = compress_sizes(sel, n, k);
+  cuda::scratch_carver s(scratch);
+  temp_storage select_tmp{s.take_bytes(l.select), l.select};
+  temp_storage clear_tmp{s.take_bytes(l.clear), l.clear};
+  if (s.bytes() > scratch_bytes) {
+    detail::throw_invalid_argument("torch_cuda::compress", "scratch_bytes", scratch_bytes,
+                                   detail::concat(">= ", s.bytes(), " (compress_scratch)"));
+  }
+  const select_context ctx{k, 0.0, {}};
+  on_device(sel).select_accumulate(select_tmp, device_span<float>(e, n),
+                                   device_span<const float>(g, n), ctx,
+                                   device_span<std::uint32_t>(indices, k), stats, stream);
+  // The indices are the selector's own: trusted (no validation pass, no wait).
+  residual feedback;
+  on_device(feedback).gather_and_clear(clear_tmp, device_span<float>(e, n),
+                                         device_span<const std::uint32_t>(indices, k), stats,
+                                         device_span<float>(values, k), stream,
+                                         device_validation::trusted);
+}
+
+std::size_t combine_scratch(std::size_t total, std::size_t n) {
+  temp_storage q;
+  cuda::scatter_add_sorted(q, device_span<const std::uint32_t>(nullptr, total),
+                           device_span<const float>(nullptr, total), device_span<float>(nullptr, n));
+  return q.bytes;
+}
+
+void combine(void* scratch, std::size_t scratch_bytes, const std::uint32_t* indices,
+             const float* values, std::size_t total, float* out, std::size_t n, int ranks,
+             cudaStream_t stream) {
+  if (ranks < 1) {
+    detail::throw_invalid_argument("torch_cuda::combine", "ranks", ranks, ">= 1");
+  }
+  if (n == 0) return;
+  detail::cuda_check(cudaMemsetAsync(out, 0, n * sizeof(float), stream), "cudaMemsetAsync");
+  temp_storage tmp{scratch, scratch_bytes};
+  // Checked on the device before anything is added: a peer's index at or past n throws here.
+  cuda::scatter_add_sorted(tmp, device_span<const std::uint32_t>(indices, total),
+                           device_span<const float>(values, total), device_span<float>(out, n),
+                           stream, device_validation::check);
+  if (ranks == 1) return;  // x / 1 == x
+  constexpr unsigned threads = 256;
+  const std::size_t want = (n + threads - 1) / threads;
+  const auto blocks = static_cast<unsigned>(want < 4096 ? want : 4096);
+  divide_kernel<<<blocks, threads, 0, stream>>>(out, n, static_cast<float>(ranks));
+  detail::cuda_check(cudaGetLastError(), "divide_kernel launch");
+}
+
+}  // namespace gradcomp::torch_cuda

@@ -1,0 +1,380 @@
+// python/src/cuda_engine.hpp: gradcomp.torch's engine for CUDA buckets (CudaEngine), built into
+// _torch_ext where the torch it is built against has CUDA (setup.py defines
+// GRADCOMP_TORCH_CUDA). The same contract as the host engine (runtime::bucket_engine, Engine
+// in torch_ext.cpp), so that gradcomp.torch's state, bucket tracking and checkpoints drive
+// either: run() writes the mean over ranks over the bucket, the new feedback state waits for
+// commit(), discard() forgets it, state()/set_state() move it through CPU tensors.
+//
+// A bucket stays on the device from end to end: the residual feedback and the top-k selection
+// (one fused pass adds the gradient into a copy of the feedback state), the gather of the
+// picked values, the exchange of (index, value) pairs over the process group with CUDA tensors
+// (alltoall_base, which NCCL and gloo both take with uneven splits), and the rank-order mean,
+// bit for bit the host's. The host sees one small copy per bucket (the selection's
+// statistics and the energies, for the non-finite check and the contraction), the bucket's
+// agreement (runtime::settle_bucket: a rank that fails still takes part, every rank learns of
+// it) and the ranks' pick counts.
+//
+// Streams: every kernel and torch operation runs on the stream that is current when run() is
+// called (set_stream() passes its handle for gradcomp's kernels; torch's operations use it as
+// the current stream), so the caller orders the bucket after the backward pass that filled it.
+//
+// So far the CUDA path runs selector 'topk', quantizer 'fp32', feedback 'residual' and exchange
+// 'allgather' (TopK-SGD with error feedback); any other configuration is refused when the
+// engine is made, naming what is allowed.
+#pragma once
+
+#ifdef GRADCOMP_TORCH_CUDA
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <map>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/types.h>
+
+#include <gradcomp/context.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/runtime/bucket_engine.hpp>
+#include <gradcomp/runtime/registry.hpp>
+#include <gradcomp/select/topk.hpp>
+#include <gradcomp/torch/process_group.hpp>
+#include <gradcomp/torch/tensor.hpp>
+
+#include "cuda_bucket.hpp"
+
+namespace gradcomp::torch_cuda {
+
+namespace rt = gradcomp::runtime;
+
+// Refuses a configuration the CUDA path does not run, naming what it runs.
+inline void check_cuda_config(const rt::engine_config& c) {
+  if (c.selector != "topk" || c.quantizer != "fp32" || c.feedback != "residual" ||
+      c.exchange != "allgather") {
+    throw invalid_argument(detail::concat(
+        "gradcomp: CUDA buckets run selector 'topk', quantizer 'fp32', feedback 'residual' and "
+        "exchange 'allgather' so far; this state has selector '", c.selector, "', quantizer '",
+        c.quantizer, "', feedback '", c.feedback, "', exchange '", c.exchange,
+        "' (allowed on CUDA: those four; every combination runs on CPU buckets)"));
+  }
+}
+
+class cuda_engine {
+ public:
+  // `device`: the CUDA device index the buckets live on.
+  cuda_engine(c10::intrusive_ptr<c10d::ProcessGroup> group, rt::engine_config config, int device)
+      : group_(group), config_(checked(std::move(config))),
+        device_(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device))),
+        // The agreement and the counts are a few bytes through the host; over a backend that
+        // moves CUDA tensors only (NCCL) they are staged through the device.
+        comm_(group, group->getBackendName() == "gloo" ? std::optional<c10::Device>()
+                                                       : std::optional<c10::Device>(device_)) {
+    rt::with_selector(config_, [&](auto s) {
+      if constexpr (std::is_same_v<decltype(s), topk>) sel_ = s;
+    });
+  }
+
+  // The stream gradcomp's kernels run on (cudaStream_t as an integer; 0: the legacy default
+  // stream), the one current in torch when run() is called.
+  void set_stream(std::uintptr_t stream) { stream_ = reinterpret_cast<cudaStream_t>(stream); }
+
+  // The host engine's run(): g (a contiguous float32 CUDA tensor on the engine's device) is
+  // compressed with bucket `bucket`'s feedback state, exchanged, and overwritten with the mean
+  // over ranks; the new feedback state waits for commit().
+  tensor_stats run(std::int64_t bucket, const at::Tensor& g, std::uint64_t step, double density,
+                   std::span<const rt::tensor_label> labels) {
+    using clock = std::chrono::steady_clock;
+    if (bucket < 0 || bucket > std::int64_t{0xffffffff}) {
+      detail::throw_invalid_argument("CudaEngine.run", "bucket", bucket, "0 <= bucket < 2^32");
+    }
+    check_bucket(g);
+    if (!pending_.empty() && step != pending_step_) pending_.clear();
+    pending_step_ = step;
+    skipped_ = false;
+    const auto id = static_cast<std::uint32_t>(bucket);
+    const std::size_t n = static_cast<std::size_t>(g.numel());
+    const auto t0 = clock::now();
+
+    rt::bucket_record mine{step, id, rt::bucket_outcome::ok, {}};
+    std::exception_ptr local;
+    at::Tensor e;  // the bucket's new feedback state
+    at::Tensor indices, values;
+    selection_stats sel_stats;
+    double kept = 0.0, rest = 0.0;
+    std::size_t k = 0;
+    try {
+      k = k_for_density(n, density);
+      e = staged_state(bucket, n).clone();
+      if (n > 0) {
+        indices = at::empty({static_cast<std::int64_t>(k)}, g.options().dtype(at::kInt));
+        values = at::empty({static_cast<std::int64_t>(k)}, g.options());
+        at::Tensor d_stats = at::zeros({static_cast<std::int64_t>(sizeof(selection_stats))},
+                                       g.options().dtype(at::kByte));
+        at::Tensor scratch = bytes_on_device(compress_scratch(sel_, n, k));
+        compress(sel_, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
+                 e.data_ptr<float>(), g.data_ptr<float>(), n, k,
+                 reinterpret_cast<std::uint32_t*>(indices.data_ptr<std::int32_t>()),
+                 values.data_ptr<float>(), reinterpret_cast<selection_stats*>(d_stats.data_ptr()),
+                 stream_);
+        // ||sent||^2 and ||e + g - sent||^2 in double (their sum is ||e + g||^2: the
+        // contraction, and a NaN or Inf anywhere in e + g), with the statistics: one copy.
+        at::Tensor energies = at::stack({values.to(at::kDouble).square().sum(),
+                                         e.to(at::kDouble).square().sum()});
+        at::Tensor host = at::cat({d_stats, energies.view(at::kByte)}).to(at::kCPU);
+        const auto* bytes = host.data_ptr<std::uint8_t>();
+        std::memcpy(&sel_stats, bytes, sizeof(selection_stats));
+        double pair[2];
+        std::memcpy(pair, bytes + sizeof(selection_stats), sizeof(pair));
+        kept = pair[0];
+        rest = pair[1];
+        if (!std::isfinite(kept + rest)) {
+          mine.outcome = rt::bucket_outcome::nonfinite;
+          mine.message = nonfinite_message(id, g, labels);
+          local = std::make_exception_ptr(nonfinite_error(mine.message));
+        }
+      }
+    } catch (const std::exception& ex) {
+      local = std::current_exception();
+      mine.outcome = rt::bucket_outcome::failed;
+      mine.message = ex.what();
+    }
+    const auto t1 = clock::now();
+    if (rt::settle_bucket(comm_, mine, local, config_.skip_nonfinite, record_scratch_,
+                          [this] { pending_.clear(); })) {
+      g.fill_(std::numeric_limits<float>::quiet_NaN());
+      skipped_ = true;
+      tensor_stats st;
+      st.id = id;
+      st.n = n;
+      return st;
+    }
+    std::size_t received = 0;
+    try {
+      received = exchange(indices, values, k, n, g);
+    } catch (...) {
+      pending_.clear();
+      throw;
+    }
+    pending_[bucket] = e;
+    const auto t2 = clock::now();
+
+    tensor_stats st;
+    st.id = id;
+    st.n = n;
+    st.selected = k;
+    st.density = n ? static_cast<double>(k) / static_cast<double>(n) : 0.0;
+    st.threshold = sel_stats.threshold;
+    st.iterations = sel_stats.iterations;
+    st.fallback = sel_stats.fallback;
+    const double energy = kept + rest;
+    if (energy > 0.0 && std::isfinite(energy)) st.contraction = std::min(kept / energy, 1.0);
+    st.bytes_sent = k * pick_bytes;
+    st.bytes_received = received * pick_bytes;
+    st.exchange = "sparse_allgather";
+    st.select_seconds = std::chrono::duration<double>(t1 - t0).count();
+    st.exchange_seconds = std::chrono::duration<double>(t2 - t1).count();
+    return st;
+  }
+
+  // As the host engine's fail(): takes part in the bucket's agreement as failed.
+  [[noreturn]] void fail(std::int64_t bucket, std::uint64_t step, std::string message) {
+    const std::exception_ptr local = std::make_exception_ptr(invalid_argument(message));
+    const rt::bucket_record mine{step, static_cast<std::uint32_t>(bucket),
+                                 rt::bucket_outcome::failed, std::move(message)};
+    rt::settle_bucket(comm_, mine, local, config_.skip_nonfinite, record_scratch_,
+                      [this] { pending_.clear(); });
+    std::rethrow_exception(local);
+  }
+
+  [[nodiscard]] bool skipped() const noexcept { return skipped_; }
+
+  void commit() {
+    for (auto& [bucket, e] : pending_) committed_[bucket] = std::move(e);
+    pending_.clear();
+  }
+  void discard() { pending_.clear(); }
+  void clear() {
+    committed_.clear();
+    pending_.clear();
+  }
+  [[nodiscard]] static std::size_t buffer_count() noexcept { return 1; }  // residual: e
+
+  // The committed feedback state of `bucket` as CPU tensors (none before its first step).
+  std::vector<at::Tensor> state(std::int64_t bucket) const {
+    const auto it = committed_.find(bucket);
+    if (it == committed_.end()) return {};
+    return {it->second.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)};
+  }
+
+  // Replaces the committed feedback state of `bucket` with `buffers` (CPU or CUDA float32).
+  void set_state(std::int64_t bucket, const std::vector<at::Tensor>& buffers) {
+    if (buffers.size() != buffer_count()) {
+      detail::throw_invalid_argument("CudaEngine.set_state", "len(buffers)", buffers.size(),
+                                     "1 (the residual feedback's buffer count)");
+    }
+    const at::Tensor& b = buffers[0];
+    if (!b.defined() || b.scalar_type() != at::kFloat || b.dim() != 1) {
+      throw invalid_argument(detail::concat(
+          "gradcomp: CudaEngine.set_state: argument 'buffers[0]' is ", torch_views::describe(b),
+          "; allowed: a one-dimensional float32 tensor"));
+    }
+    committed_[bucket] = b.to(device_, at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    pending_.erase(bucket);
+  }
+
+  [[nodiscard]] int rank() const noexcept { return comm_.rank(); }
+  [[nodiscard]] int size() const noexcept { return comm_.size(); }
+
+ private:
+  // An (index, value) pair on the wire: uint32 and float32.
+  static constexpr std::size_t pick_bytes = 8;
+
+  static rt::engine_config checked(rt::engine_config c) {
+    rt::check_config(c);
+    check_cuda_config(c);
+    return c;
+  }
+
+  void check_bucket(const at::Tensor& g) const {
+    if (!g.defined() || !g.is_cuda() || g.device() != device_ || g.scalar_type() != at::kFloat ||
+        g.layout() != c10::kStrided || !g.is_contiguous()) {
+      throw invalid_argument(detail::concat(
+          "gradcomp: CudaEngine.run: argument 'grad' is ", torch_views::describe(g),
+          "; allowed: a contiguous float32 tensor on ", device_.str()));
+    }
+  }
+
+  at::Tensor bytes_on_device(std::size_t bytes) const {
+    return at::empty({static_cast<std::int64_t>(bytes)},
+                     at::TensorOptions().device(device_).dtype(at::kByte));
+  }
+
+  // The state this step's compression starts from: the bucket's pending state (a bucket run a
+  // second time in one step, which the hook never does), else the committed one (zeros at the
+  // bucket's first step).
+  at::Tensor staged_state(std::int64_t bucket, std::size_t n) {
+    if (const auto p = pending_.find(bucket); p != pending_.end()) return p->second;
+    auto it = committed_.find(bucket);
+    if (it == committed_.end()) {
+      it = committed_.emplace(bucket, at::zeros({static_cast<std::int64_t>(n)},
+                                                at::TensorOptions().device(device_).dtype(at::kFloat)))
+               .first;
+    }
+    if (static_cast<std::size_t>(it->second.numel()) != n) {
+      detail::throw_invalid_argument(
+          "bucket_engine", "bucket size", n,
+          detail::concat("the size bucket ", bucket, " had before (", it->second.numel(),
+                         "); its feedback state is kept per bucket id"));
+    }
+    return it->second;
+  }
+
+  // The host engine's refusal text, from a host copy of g (only on this error path).
+  static std::string nonfinite_message(std::uint32_t id, const at::Tensor& g,
+                                       std::span<const rt::tensor_label> labels) {
+    const at::Tensor host = g.to(at::kCPU);
+    const std::span<const float> v(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
+    return rt::name_nonfinite(id, v, labels,
+                              detail::concat("gradcomp: the gradient of bucket ", id,
+                                             " holds a nan or inf; non-finite gradients are "
+                                             "refused before any rank's state changes"));
+  }
+
+  // Every rank's picks to every rank, then g = their rank-order mean. Returns the picks
+  // received from the other ranks. g is written only once everything has arrived and been
+  // checked; on any error nothing of g has changed.
+  std::size_t exchange(const at::Tensor& indices, const at::Tensor& values, std::size_t k,
+                       std::size_t n, const at::Tensor& g) {
+    if (n == 0) return 0;
+    const auto p = static_cast<std::size_t>(comm_.size());
+    const auto r = static_cast<std::size_t>(comm_.rank());
+    // The counts first, through the host: a rank that announces more picks than the bucket
+    // has elements is refused on every rank before anything is sized by it.
+    std::vector<std::uint64_t> counts(p);
+    const std::uint64_t mine = k;
+    comm_.allgather<std::uint64_t>(std::span<const std::uint64_t>(&mine, 1),
+                                   std::span<std::uint64_t>(counts));
+    std::size_t total = 0;
+    for (std::size_t s = 0; s < p; ++s) {
+      if (counts[s] > n) {
+        throw communicator_error(detail::concat(
+            "gradcomp: rank ", s, " announced ", counts[s], " picks for bucket of ", n,
+            " elements; allowed: at most ", n, " (no rank's state changed)"));
+      }
+      total += static_cast<std::size_t>(counts[s]);
+    }
+    // One block per rank: its indices, then its values (4 bytes each).
+    at::Tensor block = at::cat({indices.view(at::kByte), values.view(at::kByte)});
+    at::Tensor all_bytes;
+    if (p == 1) {
+      all_bytes = block;
+    } else {
+      at::Tensor send = block.repeat({static_cast<std::int64_t>(p)});
+      all_bytes = bytes_on_device(total * pick_bytes);
+      std::vector<std::int64_t> to_each(p, static_cast<std::int64_t>(k * pick_bytes)), from_each(p);
+      for (std::size_t s = 0; s < p; ++s) {
+        from_each[s] = static_cast<std::int64_t>(counts[s] * pick_bytes);
+      }
+      if (total > 0 || k > 0) {
+        try {
+          group_->alltoall_base(all_bytes, send, from_each, to_each)->wait();
+        } catch (const gradcomp::error&) {
+          throw;
+        } catch (const std::exception& ex) {
+          throw communicator_error(detail::concat(
+              "gradcomp: the exchange of a CUDA bucket over ", group_->getBackendName(),
+              " failed on rank ", r, " of ", p, ": ", ex.what()));
+        }
+      }
+    }
+    std::vector<at::Tensor> idx_parts, val_parts;
+    std::int64_t at_byte = 0;
+    for (std::size_t s = 0; s < p; ++s) {
+      const auto c = static_cast<std::int64_t>(counts[s]);
+      idx_parts.push_back(all_bytes.narrow(0, at_byte, 4 * c));
+      val_parts.push_back(all_bytes.narrow(0, at_byte + 4 * c, 4 * c));
+      at_byte += 8 * c;
+    }
+    const at::Tensor all_idx = at::cat(idx_parts).view(at::kInt);
+    const at::Tensor all_val = at::cat(val_parts).view(at::kFloat);
+    if (mean_.numel() < static_cast<std::int64_t>(n)) {
+      mean_ = at::empty({static_cast<std::int64_t>(n)}, g.options());
+    }
+    at::Tensor out = mean_.narrow(0, 0, static_cast<std::int64_t>(n));
+    const at::Tensor scratch = bytes_on_device(combine_scratch(total, n));
+    combine(scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
+            reinterpret_cast<const std::uint32_t*>(all_idx.data_ptr<std::int32_t>()),
+            all_val.data_ptr<float>(), total, out.data_ptr<float>(), n, static_cast<int>(p),
+            stream_);
+    g.copy_(out);
+    return total - static_cast<std::size_t>(counts[r]);
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  rt::engine_config config_;
+  c10::Device device_;
+  process_group_comm comm_;
+  topk sel_;
+  cudaStream_t stream_ = nullptr;
+  std::map<std::int64_t, at::Tensor> committed_;
+  std::map<std::int64_t, at::Tensor> pending_;
+  std::uint64_t pending_step_ = 0;
+  at::Tensor mean_;
+  std::vector<std::byte> record_scratch_;
+  bool skipped_ = false;
+};
+
+}  // namespace gradcomp::torch_cuda
+
+#endif  // GRADCOMP_TORCH_CUDA

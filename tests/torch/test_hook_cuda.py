@@ -1,0 +1,307 @@
+"""gradcomp.torch's DDP hook on CUDA buckets (label cuda; exits 77, skipped, where there is no
+GPU or gradcomp.torch was built without its CUDA path):
+
+- the CUDA hook equals the CPU hook bit for bit (top-k with residual feedback over allgather:
+  the device selects the host's index set and sums in rank order), results and feedback, at
+  P = 2 over gloo with CUDA tensors, for sizes 1, odd and 2^20 + 7, float32 and float16
+  buckets, with and without overlap;
+- DDP on CUDA: a checkpoint taken at step 3 resumes bit for bit; what was applied plus what is
+  left in the residuals equals the sum of the gradients (conservation), across DDP's rebuild;
+- a step that fails in its last bucket changes no state, and the retried step is the
+  unfaulted one;
+- a non-finite gradient on one rank is refused on every rank naming the parameter, or (skip)
+  skipped on every rank;
+- configurations the CUDA path does not run, and a bucket on another device, are refused with
+  errors that say what is allowed;
+- over NCCL at P = 1 the hook sends the top-k of the gradient and keeps the rest.
+"""
+
+import io
+import sys
+import unittest
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+
+import gradcomp.torch as gct
+from gradcomp import _torch_ext
+from support import FakeBucket, fresh, grad_for, same_state, spawn, train
+
+SIZES = [1, 4099, (1 << 20) + 7]
+
+
+def _matches_cpu_worker(rank: int, world: int) -> int:
+    checked = 0
+    for i, n in enumerate(SIZES):
+        for dtype in (torch.float32, torch.float16):
+            overlap = bool((i + (dtype == torch.float16)) % 2)
+            states = {dev: gct.GradcompState(selector="topk", density=0.01, seed=3, overlap=overlap)
+                      for dev in ("cpu", "cuda")}
+            params = {dev: [torch.nn.Parameter(torch.zeros(n, device=dev))] for dev in states}
+            for step in range(3):
+                g = grad_for(rank, step, n).to(dtype)
+                outs = {}
+                for dev, state in states.items():
+                    buf = g.to(dev).clone()
+                    outs[dev] = gct.gradcomp_hook(state, FakeBucket(0, buf, params[dev])).wait()
+                got = outs["cuda"].cpu()
+                if got.dtype != dtype or not torch.equal(got, outs["cpu"]):
+                    diff = (got.double() - outs["cpu"].double()).abs().max().item()
+                    raise AssertionError(f"n={n} {dtype} step {step}: CUDA hook differs from the CPU "
+                                         f"hook by {diff}")
+                checked += 1
+            a, b = (states[d].state_dict() for d in ("cpu", "cuda"))
+            # The same feedback bit for bit and the same counts; the bytes differ by design
+            # (the host sends gradcomp's wire format, the device 8-byte (index, value) pairs).
+            bytes_cuda = b["totals"].pop("bytes_sent"), b["totals"].pop("bytes_received")
+            for key in ("bytes_sent", "bytes_received"):
+                a["totals"].pop(key)
+            if not same_state(a, b):
+                raise AssertionError(f"n={n} {dtype}: the CUDA state differs from the CPU state")
+            k = states["cuda"].stats()["buckets"][0]["selected"]
+            if bytes_cuda != (3 * 8 * k, 3 * 8 * k * (world - 1)):
+                raise AssertionError(f"n={n}: CUDA bytes sent, received {bytes_cuda}; want 8 per pick")
+            s_cpu, s_cuda = (states[d].stats()["buckets"][0] for d in ("cpu", "cuda"))
+            for key in ("n", "selected", "threshold"):
+                if s_cpu[key] != s_cuda[key]:
+                    raise AssertionError(f"n={n}: stats {key} {s_cuda[key]} on CUDA, {s_cpu[key]} on CPU")
+            if abs(s_cpu["contraction"] - s_cuda["contraction"]) > 1e-9:
+                raise AssertionError(f"n={n}: contraction {s_cuda['contraction']} vs {s_cpu['contraction']}")
+            for state in states.values():
+                state.close()
+    return checked
+
+
+def _ddp_worker(rank: int, world: int) -> Dict[str, Any]:
+    cap = 4096  # several buckets after DDP's first iteration
+    dev = "cuda"
+
+    def make() -> tuple:
+        return fresh(0.9, device=dev, selector="topk")
+
+    # Uninterrupted, recording the gradients (conservation).
+    model, opt, state = make()
+    start = {n: p.detach().double().cpu().clone() for n, p in model.named_parameters()}
+    model_plain, _, state_plain = fresh(0.0, device=dev, selector="topk")
+    opt_plain = torch.optim.SGD(model_plain.parameters(), lr=0.1)
+    grads: Dict[str, torch.Tensor] = {}
+    train(rank, world, 6, cap, state_plain, model_plain, opt_plain, record=grads, device=dev)
+    feedback = state_plain.state_dict()["feedback"]
+    worst = 0.0
+    for name, p in model_plain.named_parameters():
+        applied = (start[name] - p.detach().double().cpu()) / 0.1
+        left = feedback[name][0].double().reshape(p.shape).clone()
+        total = grads[name].clone()
+        dist.all_reduce(left)
+        dist.all_reduce(total)
+        worst = max(worst, (applied + left / world - total / world).abs().max().item())
+    if worst > 1e-4:
+        raise AssertionError(f"conservation on CUDA off by {worst}")
+    rebuilds = state_plain.rebuilds
+    buckets = len(state_plain.stats()["buckets"])
+    state_plain.close()
+
+    train(rank, world, 6, cap, state, model, opt, device=dev)
+    uninterrupted = [p.detach().clone() for p in model.parameters()]
+    state.close()
+
+    model, opt, state = make()
+    train(rank, world, 3, cap, state, model, opt, device=dev)
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gradcomp": state.state_dict()}, saved)
+    for k, v in state.state_dict()["feedback"].items():
+        if any(t.device.type != "cpu" for t in v):
+            raise AssertionError(f"state_dict() feedback {k} is not on the CPU")
+    state.close()
+    saved.seek(0)
+    ckpt = torch.load(saved)
+    model, opt, state = make()
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    state.load_state_dict(ckpt["gradcomp"])
+    train(rank, world, 3, cap, state, model, opt, first_step=3, device=dev)
+    state.close()
+    for a, b in zip(uninterrupted, model.parameters()):
+        if not torch.equal(a, b.detach()):
+            raise AssertionError(f"resumed CUDA run differs by {(a - b).abs().max().item()}")
+    return {"rebuilds": rebuilds, "buckets": buckets, "conservation": worst}
+
+
+def _failed_step_worker(rank: int, world: int) -> int:
+    cap = 4096
+    dev = "cuda"
+
+    def make() -> tuple:
+        return fresh(0.9, device=dev, selector="topk", overlap=True)
+
+    model, opt, state = make()
+    train(rank, world, 4, cap, state, model, opt, device=dev)
+    unfaulted = [p.detach().clone() for p in model.parameters()]
+    state.close()
+
+    model, opt, state = make()
+    ddp = train(rank, world, 3, cap, state, model, opt, device=dev)
+    before = state.state_dict()
+    saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+             "opt": opt.state_dict(), "gradcomp": before}
+    saved = torch.load(_round_trip(saved))
+    run_bucket = state._run_bucket
+    exchanged: List[int] = []
+
+    def failing(index: int, buffer: torch.Tensor, params: Any, step: int, is_last: bool) -> torch.Tensor:
+        if is_last:
+            raise RuntimeError("injected failure of the last bucket's exchange")
+        exchanged.append(index)
+        return run_bucket(index, buffer, params, step, is_last)
+
+    state._run_bucket = failing
+    from support import batch
+    x, y = (t.to(dev) for t in batch(rank, 3))
+    opt.zero_grad(set_to_none=True)
+    try:
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        raise AssertionError("the step did not fail")
+    except RuntimeError as e:
+        if "injected failure" not in str(e):
+            raise
+    if not exchanged:
+        raise AssertionError("no bucket went through before the failure: nothing was tested")
+    if not same_state(before, state.state_dict()):
+        raise AssertionError("the failed CUDA step changed the hook's state")
+    state.close()
+
+    model, opt, state = make()
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    state.load_state_dict(saved["gradcomp"])
+    train(rank, world, 1, cap, state, model, opt, first_step=3, device=dev)
+    state.close()
+    for a, b in zip(unfaulted, model.parameters()):
+        if not torch.equal(a, b.detach()):
+            raise AssertionError(f"the retried CUDA step differs by {(a - b).abs().max().item()}")
+    return len(exchanged)
+
+
+def _round_trip(obj: Any) -> io.BytesIO:
+    out = io.BytesIO()
+    torch.save(obj, out)
+    out.seek(0)
+    return out
+
+
+def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
+    n = 1000
+    out: Dict[str, Any] = {}
+    for policy in ("raise", "skip"):
+        state = gct.GradcompState(selector="topk", density=0.05, overlap=False, nonfinite=policy)
+        p = torch.nn.Parameter(torch.zeros(n, device="cuda"))
+        gct.gradcomp_hook(state, FakeBucket(0, grad_for(rank, 0, n).cuda(), [p])).wait()
+        before = state.state_dict()
+        g = grad_for(rank, 1, n).cuda()
+        if rank == 1:
+            g[17] = float("nan")
+        fut = gct.gradcomp_hook(state, FakeBucket(0, g, [p]))
+        if policy == "raise":
+            try:
+                fut.wait()
+                raise AssertionError("a NaN gradient was not refused")
+            except (RuntimeError, FloatingPointError) as e:
+                out["raise"] = str(e)
+        else:
+            result = fut.wait()
+            if not torch.isnan(result).all():
+                raise AssertionError("a skipped bucket is not all NaN")
+            out["skipped"] = state.skipped_steps
+        if not same_state(before, state.state_dict()):
+            raise AssertionError(f"nonfinite={policy}: the refused step changed the state")
+        state.close()
+    return out
+
+
+def _refusal_worker(rank: int, world: int) -> List[str]:
+    texts = []
+    p = torch.nn.Parameter(torch.zeros(100, device="cuda"))
+    for cfg in (dict(selector="gaussiank"), dict(quantizer="fp16"), dict(exchange="gtopk")):
+        state = gct.GradcompState(density=0.05, overlap=False, **cfg)
+        try:
+            gct.gradcomp_hook(state, FakeBucket(0, torch.ones(100, device="cuda"), [p])).wait()
+            raise AssertionError(f"{cfg} ran on a CUDA bucket")
+        except (ValueError, RuntimeError) as e:
+            texts.append(str(e))
+        state.close()
+    state = gct.GradcompState(density=0.05, overlap=False)
+    gct.gradcomp_hook(state, FakeBucket(0, torch.ones(100, device="cuda"), [p])).wait()
+    try:
+        gct.gradcomp_hook(state, FakeBucket(0, torch.ones(100), [torch.nn.Parameter(torch.zeros(100))])).wait()
+        raise AssertionError("a CPU bucket ran on a state whose buckets are on CUDA")
+    except (ValueError, RuntimeError) as e:
+        texts.append(str(e))
+    state.close()
+    return texts
+
+
+def _nccl_worker(rank: int, world: int) -> float:
+    n, density = 100003, 0.01
+    k = round(density * n)
+    state = gct.GradcompState(selector="topk", density=density, overlap=True)
+    p = torch.nn.Parameter(torch.zeros(n, device="cuda"))
+    e = torch.zeros(n)
+    for step in range(3):
+        g = grad_for(0, step, n)
+        out = gct.gradcomp_hook(state, FakeBucket(0, g.cuda(), [p])).wait().cpu()
+        acc = e + g  # float32, as on the device: the same sums, the same top-k
+        top = acc.abs().topk(k).indices
+        want = torch.zeros(n)
+        want[top] = acc[top]
+        acc[top] = 0
+        e = acc
+        if not torch.equal(out, want):
+            raise AssertionError(f"NCCL P=1 step {step}: not the top-k of e + g, off by "
+                                 f"{(out - want).abs().max().item()}")
+    left = state.state_dict()["feedback"]["bucket0.param0"][0]
+    state.close()
+    return (left - e).abs().max().item()
+
+
+class CudaHookTest(unittest.TestCase):
+    def test_equals_cpu_hook_p2(self) -> None:
+        out = spawn(_matches_cpu_worker, 2, timeout_s=120.0)
+        self.assertEqual(out[0], len(SIZES) * 2 * 3)
+
+    def test_ddp_resume_and_conservation_p2(self) -> None:
+        out = spawn(_ddp_worker, 2, timeout_s=120.0)
+        print("DDP on CUDA:", out[0])
+        self.assertGreaterEqual(out[0]["rebuilds"], 1)
+        self.assertGreater(out[0]["buckets"], 1)
+
+    def test_failed_step_changes_nothing_p2(self) -> None:
+        out = spawn(_failed_step_worker, 2, timeout_s=120.0)
+        self.assertGreater(out[0], 0)
+
+    def test_nonfinite_on_one_rank_p2(self) -> None:
+        out = spawn(_nonfinite_worker, 2, timeout_s=60.0)
+        for rank in (0, 1):
+            self.assertIn("bucket0.param0", out[rank]["raise"])
+            self.assertIn("nan", out[rank]["raise"])
+            self.assertEqual(out[rank]["skipped"], 1)
+
+    def test_refusals(self) -> None:
+        texts = spawn(_refusal_worker, 1)[0]
+        for t in texts[:3]:
+            self.assertIn("CUDA buckets run selector 'topk'", t)
+        self.assertIn("cuda", texts[3])
+
+    def test_nccl_p1(self) -> None:
+        worst = spawn(_nccl_worker, 1, backend="nccl", timeout_s=60.0)[0]
+        self.assertEqual(worst, 0.0)
+
+
+if __name__ == "__main__":
+    if not getattr(_torch_ext, "HAS_CUDA", False):
+        print("skipped: gradcomp.torch was built without its CUDA path (torch without CUDA)")
+        sys.exit(77)
+    if not torch.cuda.is_available():
+        print("skipped: no GPU")
+        sys.exit(77)
+    unittest.main()
