@@ -249,10 +249,15 @@ def worker(rank: int, args: argparse.Namespace, store_path: Optional[str], out_p
     _install_byte_counter()
     world = args.workers
     torch.manual_seed(args.seed)  # the same initial model on every rank
-    model = MODELS[args.model]()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)  # every worker on this GPU (gloo moves CUDA tensors)
+    model = MODELS[args.model]().to(device)
     params = sum(p.numel() for p in model.parameters())
-    x_train, y_train = load(args.data, "train")
-    x_test, y_test = load(args.data, "test")
+    x_train, y_train = (t.to(device) for t in load(args.data, "train"))
+    x_test, y_test = (t.to(device) for t in load(args.data, "test"))
     if args.limit:
         x_train, y_train = x_train[: args.limit], y_train[: args.limit]
         x_test, y_test = x_test[: args.limit], y_test[: args.limit]
@@ -278,7 +283,7 @@ def worker(rank: int, args: argparse.Namespace, store_path: Optional[str], out_p
     accuracy = 0.0
     for epoch in range(args.epochs):
         order = torch.randperm(x_train.shape[0], generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
-        mine = order[rank * per_worker : (rank + 1) * per_worker]
+        mine = order[rank * per_worker : (rank + 1) * per_worker].to(device)
         loss_sum = 0.0
         for s in range(steps_per_epoch):
             idx = mine[s * args.batch : (s + 1) * args.batch]
@@ -312,6 +317,7 @@ def worker(rank: int, args: argparse.Namespace, store_path: Optional[str], out_p
     sent = gradcomp_state.stats()["totals"]["bytes_sent"] if gradcomp_state else _counted["bytes"]
     result: Dict[str, Any] = {
         "model": args.model,
+        "device": args.device,
         "hook": args.hook,
         "workers": world,
         "epochs": args.epochs,
@@ -341,6 +347,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hook", default="allreduce")
     p.add_argument("--model", choices=sorted(MODELS), default="cnn")
+    p.add_argument("--device", default="cpu",
+                   help="where the workers train: cpu, or cuda / cuda:N (every worker on that GPU, over gloo)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
