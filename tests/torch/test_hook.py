@@ -517,14 +517,17 @@ def _bad_input_worker(rank: int, world: int) -> int:
         for k, v in before["feedback"].items():
             assert all(torch.equal(a, b) for a, b in zip(v, after["feedback"][k]))
 
-    refuses(ValueError, ["dtype torch.int32", "device cpu"],
-            lambda: gct.gradcomp_hook(state, FakeBucket(0, torch.zeros(n, dtype=torch.int32), [param])))
+    # A refused bucket fails the hook's future (what DDP raises from backward()), never the
+    # hook call itself (which would leave DDP's reducer broken: _refused_bucket_worker).
+    refuses(RuntimeError, ["dtype torch.int32", "device cpu"],
+            lambda: gct.gradcomp_hook(state, FakeBucket(0, torch.zeros(n, dtype=torch.int32), [param])).wait())
     unchanged()
     strided = torch.zeros(2 * n)[::2]
-    refuses(ValueError, ["contiguous=False"], lambda: gct.gradcomp_hook(state, FakeBucket(0, strided, [param])))
+    refuses(RuntimeError, ["contiguous=False"],
+            lambda: gct.gradcomp_hook(state, FakeBucket(0, strided, [param])).wait())
     unchanged()
-    refuses(ValueError, ["device meta", "allowed devices: cpu, and cuda"],
-            lambda: gct.gradcomp_hook(state, FakeBucket(0, torch.zeros(n, device="meta"), [param])))
+    refuses(RuntimeError, ["device meta", "allowed devices: cpu, and cuda"],
+            lambda: gct.gradcomp_hook(state, FakeBucket(0, torch.zeros(n, device="meta"), [param])).wait())
     unchanged()
     # The C++ view itself names dtype, device and layout.
     engine = state._engine
@@ -543,8 +546,8 @@ def _bad_input_worker(rank: int, world: int) -> int:
     other["world_size"] = world + 3
     fresh = gct.GradcompState(selector="topk", density=0.01, overlap=False)
     fresh.load_state_dict(other)
-    refuses(ValueError, [f"has {world} ranks", f"with {world + 3}"],
-            lambda: gct.gradcomp_hook(fresh, FakeBucket(0, grad_for(0, 1, n), [param])))
+    refuses(RuntimeError, [f"has {world} ranks", f"with {world + 3}"],
+            lambda: gct.gradcomp_hook(fresh, FakeBucket(0, grad_for(0, 1, n), [param])).wait())
     assert fresh.iteration == other["iteration"]
     refuses(ValueError, [f"made with {world + 3} ranks"], lambda: state.load_state_dict(other))
     unchanged()
@@ -767,7 +770,44 @@ def _mixed_precision_worker(rank: int, world: int) -> bool:
     return True
 
 
+def _refused_bucket_worker(rank: int, world: int, overlap: bool) -> str:
+    """A bucket refused before it runs (here: the state was registered with another group
+    size) under DDP: backward() raises with the reason on every rank, nothing of the step is
+    kept, and the reducer is not broken: once the state is right, the same model trains on."""
+    model, opt, state = fresh(0.0, selector="topk", overlap=overlap)
+    ddp = train(rank, world, 2, 4096, state, model, opt)
+    before = state.state_dict()
+    state.world_size = world + 1  # as if registered (or checkpointed) with another group
+    x, y = batch(rank, 2)
+    opt.zero_grad(set_to_none=True)
+    text = ""
+    try:
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+    except RuntimeError as e:
+        text = str(e)
+    if "process group has" not in text:
+        raise AssertionError(f"the refused bucket did not fail backward(): {text!r}")
+    state.world_size = world
+    if not same_state(before, state.state_dict()):
+        raise AssertionError("the refused step changed the hook's state")
+    for s in range(2, 4):  # the reducer still works
+        x, y = batch(rank, s)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    if state.iteration != 4:
+        raise AssertionError(f"iteration {state.iteration} after the retried steps, not 4")
+    state.close()
+    return text
+
+
 class BadInputTest(unittest.TestCase):
+    def test_refused_bucket_fails_backward_not_the_reducer(self) -> None:
+        for overlap in (False, True):
+            out = spawn(_refused_bucket_worker, 2, overlap)
+            for rank in (0, 1):
+                self.assertTrue(out[rank].startswith("gradcomp: the process group has 2 ranks"), out[rank])
+
     def test_bad_input_is_refused_and_changes_nothing(self) -> None:
         out = spawn(_bad_input_worker, 1)
         self.assertEqual(out[0], 28)

@@ -65,14 +65,44 @@ def _future_for(buffer: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
     return torch.futures.Future()
 
 
+def _refused(state: GradcompState, buffer: torch.Tensor, index: int, step: int, is_last: bool,
+             error: Exception) -> "torch.futures.Future[torch.Tensor]":
+    """A bucket refused before it ran (its dtype, layout or device; the group; the engine):
+    a failed future, as a failure inside the bucket's work gives, not an exception out of the
+    hook, which would leave DDP's reducer broken. Where the engine exists, the bucket's
+    agreement tells the other ranks (engine.fail, on the state's thread, in bucket order), so
+    that they raise at once instead of waiting in the exchange; nothing of the step is kept."""
+    fut: "torch.futures.Future[torch.Tensor]" = (
+        _future_for(buffer) if buffer.device.type == "cuda" else torch.futures.Future())
+
+    def work() -> None:
+        engine = state._engine
+        if engine is not None and step >= state.config.start_iter:
+            try:
+                engine.fail(index, step, errors.for_future(error))
+            except Exception:
+                pass  # fail() raises by design; the error the caller sees is `error`
+        state._abandon_iteration(step, is_last)
+        _fail(fut, error)
+
+    if state._executor is not None:
+        state._executor.submit(work)
+    else:
+        work()
+    return fut
+
+
 def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook: ``ddp.register_comm_hook(state, gradcomp_hook)``."""
     buffer = bucket.buffer()
-    _check_bucket(buffer)
     index = bucket.index()
     is_last = bucket.is_last()
-    state._ensure_engine(buffer.device)
     step = state.iteration
+    try:
+        _check_bucket(buffer)
+        state._ensure_engine(buffer.device)
+    except Exception as e:
+        return _refused(state, buffer, index, step, is_last, e)
     if is_last:
         state.iteration += 1
     if step < state.config.start_iter:
