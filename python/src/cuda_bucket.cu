@@ -46,7 +46,53 @@ __global__ void divide_kernel(float* out, std::size_t n, float divisor) {
   }
 }
 
+constexpr unsigned energy_threads = 256;
+constexpr unsigned energy_blocks = 512;  // per vector: partials[0, 512) values, [512, 1024) e
+
+// The block's sum of x[i]^2 over its grid-stride share, in double, into partials[blockIdx.x]
+// (blockIdx.y: 0 the values, 1 e).
+__global__ void energy_partials_kernel(const float* values, std::size_t k, const float* e,
+                                       std::size_t n, double* partials) {
+  const float* x = blockIdx.y == 0 ? values : e;
+  const std::size_t m = blockIdx.y == 0 ? k : n;
+  double acc = 0.0;
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < m;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const double v = x[i];
+    acc += v * v;
+  }
+  __shared__ double warp_sums[energy_threads / 32];
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double sum = 0.0;
+    for (unsigned w = 0; w < energy_threads / 32; ++w) sum += warp_sums[w];
+    partials[blockIdx.y * energy_blocks + blockIdx.x] = sum;
+  }
+}
+
+// out[y] = the sum of partials[y * energy_blocks, (y + 1) * energy_blocks), in order.
+__global__ void energy_finish_kernel(const double* partials, double* out) {
+  if (threadIdx.x < 2) {
+    double sum = 0.0;
+    for (unsigned b = 0; b < energy_blocks; ++b) sum += partials[threadIdx.x * energy_blocks + b];
+    out[threadIdx.x] = sum;
+  }
+}
+
 }  // namespace
+
+std::size_t energy_partials() { return 2 * std::size_t{energy_blocks}; }
+
+void energies(const float* values, std::size_t k, const float* e, std::size_t n, double* out,
+              double* partials, cudaStream_t stream) {
+  energy_partials_kernel<<<dim3(energy_blocks, 2), energy_threads, 0, stream>>>(values, k, e, n,
+                                                                              partials);
+  detail::cuda_check(cudaGetLastError(), "energy_partials_kernel launch");
+  energy_finish_kernel<<<1, 32, 0, stream>>>(partials, out);
+  detail::cuda_check(cudaGetLastError(), "energy_finish_kernel launch");
+}
 
 std::size_t compress_scratch(const topk& sel, std::size_t n, std::size_t k) {
   const compress_layout l = compress_sizes(sel, n, k);

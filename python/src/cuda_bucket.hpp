@@ -26,6 +26,13 @@ void compress(const topk& sel, void* scratch, std::size_t scratch_bytes, float* 
               const float* g, std::size_t n, std::size_t k, std::uint32_t* indices,
               float* values, selection_stats* stats, cudaStream_t stream);
 
+// out[0] = sum of values[j]^2 (j < k), out[1] = sum of e[i]^2 (i < n), both in double, each
+// added in a fixed order (per-block partials, then one block): the same bits on every run.
+// A NaN or Inf anywhere makes the sum non-finite. `partials` holds energy_partials() doubles.
+std::size_t energy_partials();
+void energies(const float* values, std::size_t k, const float* e, std::size_t n, double* out,
+              double* partials, cudaStream_t stream);
+
 // Scratch bytes combine() needs for `total` received picks.
 std::size_t combine_scratch(std::size_t total, std::size_t n);
 

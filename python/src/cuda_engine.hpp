@@ -128,10 +128,13 @@ class cuda_engine {
                  values.data_ptr<float>(), reinterpret_cast<selection_stats*>(d_stats.data_ptr()),
                  stream_);
         // ||sent||^2 and ||e + g - sent||^2 in double (their sum is ||e + g||^2: the
-        // contraction, and a NaN or Inf anywhere in e + g), with the statistics: one copy.
-        at::Tensor energies = at::stack({values.to(at::kDouble).square().sum(),
-                                         e.to(at::kDouble).square().sum()});
-        at::Tensor host = at::cat({d_stats, energies.view(at::kByte)}).to(at::kCPU);
+        // contraction, and a NaN or Inf anywhere in e + g), one read of each, with the
+        // statistics: one copy to the host.
+        at::Tensor sums = at::empty({static_cast<std::int64_t>(2 + energy_partials())},
+                                    g.options().dtype(at::kDouble));
+        energies(values.data_ptr<float>(), k, e.data_ptr<float>(), n, sums.data_ptr<double>(),
+                 sums.data_ptr<double>() + 2, stream_);
+        at::Tensor host = at::cat({d_stats, sums.narrow(0, 0, 2).view(at::kByte)}).to(at::kCPU);
         const auto* bytes = host.data_ptr<std::uint8_t>();
         std::memcpy(&sel_stats, bytes, sizeof(selection_stats));
         double pair[2];
