@@ -10,7 +10,8 @@ hook body and PowerSGD rank 4's hook, interleaved rep by rep, on the same GPU.
   exact top-k, the values taken and cleared in e, the bucket's agreement, the rank-order mean
   written over the bucket, the statistics copied to the host (one synchronisation);
 - torch.topk: e += g; torch.topk(e.abs(), k, sorted=False); values = e[idx]; e[idx] = 0;
-  the bucket zeroed and the values put back (bench/torch_hook_bench.py's body, on CUDA);
+  the bucket zeroed and the values put back (bench/torch_hook_bench.py's body, imported, on
+  CUDA);
 - PowerSGD: torch's powerSGD_hook (rank 4, error feedback and warm start, past its start
   iteration) on the same bucket seen as 2-D gradients of 512 x 4096 (the rest as one matrix);
 - copy: the bucket copied once (memory speed).
@@ -33,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 import gradcomp.torch as gct
+from torch_hook_bench import torch_topk_hook_body  # the same body as the CPU benchmark's
 
 
 class Bucket:
@@ -65,16 +67,6 @@ class Bucket:
 
     def is_last(self) -> bool:
         return True
-
-
-def torch_topk_body(residual: torch.Tensor, grad: torch.Tensor, k: int) -> torch.Tensor:
-    residual.add_(grad)
-    _, idx = torch.topk(residual.abs(), k, sorted=False)
-    values = residual[idx]
-    residual.index_fill_(0, idx, 0.0)
-    grad.zero_()
-    grad[idx] = values
-    return grad
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -116,7 +108,8 @@ def main() -> int:
             # The first step of each, compared: the same top-k, bit for bit.
             buf.copy_(grads[0])
             ours = gct.gradcomp_hook(state, Bucket(buf, param)).wait().clone()
-            theirs = torch_topk_body(residual, grads[0].clone(), k)
+            theirs = grads[0].clone()
+            torch_topk_hook_body(residual, theirs, k)
             same = torch.equal(ours, theirs)
             ok = ok and same
             for _ in range(3):  # PowerSGD past its start iteration, and its buffers made
@@ -128,7 +121,7 @@ def main() -> int:
                 buf.copy_(g)
                 samples["gradcomp"].append(timed(lambda: gct.gradcomp_hook(state, Bucket(buf, param)).wait()))
                 buf.copy_(g)
-                samples["torch_topk"].append(timed(lambda: torch_topk_body(residual, buf, k)))
+                samples["torch_topk"].append(timed(lambda: torch_topk_hook_body(residual, buf, k)))
                 buf.copy_(g)
                 samples["powersgd"].append(timed(lambda: psgd.powerSGD_hook(ps, Bucket(buf, param)).wait()))
                 samples["copy"].append(timed(lambda: copy_dst.copy_(g)))

@@ -68,26 +68,33 @@ std::vector<rt::tensor_label> named_labels(const std::vector<std::pair<std::stri
   return named;
 }
 
+// An engine's run() (the host's bucket_engine, or the CUDA engine) with the GIL released,
+// its statistics as a dict. `labels`: (name, element count) of each parameter of the bucket,
+// in order, so that the refusal of a non-finite gradient names the parameter on every rank.
+template <class Engine, class Grad>
+py::dict run_released(Engine& e, std::int64_t bucket, const Grad& grad, std::uint64_t step,
+                      double density, const std::vector<std::pair<std::string, std::size_t>>& labels) {
+  const std::vector<rt::tensor_label> named = named_labels(labels);
+  gradcomp::tensor_stats st;
+  {
+    py::gil_scoped_release no_gil;
+    st = e.run(bucket, grad, step, density, named);
+  }
+  py::dict d = to_dict(st);
+  d["skipped"] = e.skipped();
+  return d;
+}
+
 // One rank's engine over a process group.
 class engine {
  public:
   engine(c10::intrusive_ptr<c10d::ProcessGroup> group, rt::engine_config config)
       : comm_(std::move(group)), engine_(comm_, std::move(config)) {}
 
-  // `labels`: (name, element count) of each parameter of the bucket, in order, so that the
-  // refusal of a non-finite gradient names the parameter on every rank.
   py::dict run(std::int64_t bucket, const at::Tensor& grad, std::uint64_t step, double density,
                const std::vector<std::pair<std::string, std::size_t>>& labels) {
     const std::span<float> g = gradcomp::torch_views::as_span<float>(grad, "gradcomp_hook", "bucket");
-    const std::vector<rt::tensor_label> named = named_labels(labels);
-    gradcomp::tensor_stats st;
-    {
-      py::gil_scoped_release no_gil;
-      st = engine_.run(bucket, g, step, density, named);
-    }
-    py::dict d = to_dict(st);
-    d["skipped"] = engine_.skipped();
-    return d;
+    return run_released(engine_, bucket, g, step, density, labels);
   }
 
   // The caller's own part of the bucket failed: every rank learns it (bucket_engine::fail).
@@ -143,15 +150,7 @@ class cuda_engine_py {
 
   py::dict run(std::int64_t bucket, const at::Tensor& grad, std::uint64_t step, double density,
                const std::vector<std::pair<std::string, std::size_t>>& labels) {
-    const std::vector<rt::tensor_label> named = named_labels(labels);
-    gradcomp::tensor_stats st;
-    {
-      py::gil_scoped_release no_gil;
-      st = engine_.run(bucket, grad, step, density, named);
-    }
-    py::dict d = to_dict(st);
-    d["skipped"] = engine_.skipped();
-    return d;
+    return run_released(engine_, bucket, grad, step, density, labels);
   }
 
   void fail(std::int64_t bucket, std::uint64_t step, const std::string& message) {

@@ -163,3 +163,63 @@ def fresh(momentum: float, device: str = "cpu", **config: Any) -> Tuple[Any, Any
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     state = gct.GradcompState(density=0.1, module=model, **config)
     return model, opt, state
+
+
+def failed_step(rank: int, world: int, overlap: bool, device: str = "cpu") -> int:
+    """Four steps straight, against three steps and a fourth whose last bucket fails inside
+    gradcomp on every rank (as a failed exchange would; on every rank, so that no rank waits
+    for another) after the step's other buckets went through: the failed step leaves the
+    hook's state as it was, and the retried step, from a checkpoint, is the unfaulted one.
+    Returns how many buckets went through before the failure."""
+    import copy
+
+    cap = 4096  # several buckets after DDP's first iteration
+
+    def make() -> Tuple[Any, Any, Any]:
+        return fresh(0.9, device=device, selector="topk", overlap=overlap)
+
+    model, opt, state = make()
+    train(rank, world, 4, cap, state, model, opt, device=device)
+    unfaulted = [p.detach().clone() for p in model.parameters()]
+    state.close()
+
+    model, opt, state = make()
+    ddp = train(rank, world, 3, cap, state, model, opt, device=device)
+    before = state.state_dict()
+    saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+             "opt": copy.deepcopy(opt.state_dict()), "gradcomp": before}
+    run_bucket = state._run_bucket
+    exchanged: List[int] = []
+
+    def failing(index: int, buffer: torch.Tensor, params: Any, step: int, is_last: bool) -> torch.Tensor:
+        if is_last:
+            raise RuntimeError("injected failure of the last bucket's exchange")
+        exchanged.append(index)
+        return run_bucket(index, buffer, params, step, is_last)
+
+    state._run_bucket = failing
+    x, y = (t.to(device) for t in batch(rank, 3))
+    opt.zero_grad(set_to_none=True)
+    try:
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        raise AssertionError("the step did not fail")
+    except RuntimeError as e:
+        if "injected failure" not in str(e):
+            raise
+    if not exchanged:
+        raise AssertionError("no bucket went through before the failure: nothing was tested")
+    if not same_state(before, state.state_dict()):
+        raise AssertionError("the failed step changed the hook's state")
+    state.close()
+
+    # The caller checkpoints and retries: the retried step is the unfaulted one.
+    model, opt, state = make()
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    state.load_state_dict(saved["gradcomp"])
+    train(rank, world, 1, cap, state, model, opt, first_step=3, device=device)
+    state.close()
+    for a, b in zip(unfaulted, model.parameters()):
+        if not torch.equal(a, b.detach()):
+            raise AssertionError(f"the retried step differs by {(a - b).abs().max().item()}")
+    return len(exchanged)

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradcomp.torch as gct
 import gradcomp_oracle
-from support import FakeBucket, Net, batch, fresh, grad_for, same_state, spawn, train
+from support import FakeBucket, Net, batch, failed_step, fresh, grad_for, same_state, spawn, train
 
 
 CONFIGS = [
@@ -264,57 +264,7 @@ _same_state = same_state
 
 
 def _failed_step_worker(rank: int, world: int, overlap: bool) -> int:
-    cap = 4096  # several buckets after DDP's first iteration
-
-    def fresh() -> tuple:
-        return _fresh(momentum=0.9, selector="topk", overlap=overlap)
-
-    unfaulted, _ = _straight(rank, world, fresh, 4, cap)
-
-    # Three steps, then a fourth whose last bucket fails inside gradcomp on every rank (as a
-    # failed exchange would; on every rank, so that no rank waits for another), after the
-    # other buckets of that step went through.
-    model, opt, state = fresh()
-    ddp = _train(rank, world, 3, cap, state, model, opt)
-    before = state.state_dict()
-    saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
-             "opt": copy.deepcopy(opt.state_dict()), "gradcomp": before}
-    run_bucket = state._run_bucket
-    exchanged = []
-
-    def failing(index: int, buffer: torch.Tensor, params: Any, step: int, is_last: bool) -> torch.Tensor:
-        if is_last:
-            raise RuntimeError("injected failure of the last bucket's exchange")
-        exchanged.append(index)
-        return run_bucket(index, buffer, params, step, is_last)
-
-    state._run_bucket = failing
-    x, y = batch(rank, 3)
-    opt.zero_grad(set_to_none=True)
-    try:
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
-        raise AssertionError("the step did not fail")
-    except RuntimeError as e:
-        if "injected failure" not in str(e):
-            raise
-    if not exchanged:
-        raise AssertionError("no bucket went through before the failure: nothing was tested")
-    after = state.state_dict()
-    if not _same_state(before, after):
-        raise AssertionError("the failed step changed the hook's state")
-    state.close()
-
-    # The caller checkpoints and retries: the retried step is the unfaulted one.
-    model, opt, state = fresh()
-    model.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["opt"])
-    state.load_state_dict(saved["gradcomp"])
-    _train(rank, world, 1, cap, state, model, opt, first_step=3)
-    state.close()
-    for a, b in zip(unfaulted, model.parameters()):
-        if not torch.equal(a, b.detach()):
-            raise AssertionError(f"the retried step differs by {(a - b).abs().max().item()}")
-    return len(exchanged)
+    return failed_step(rank, world, overlap)
 
 
 class FailedStepTest(unittest.TestCase):

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 import gradcomp.torch as gct
 from gradcomp import _torch_ext
-from support import FakeBucket, fresh, grad_for, same_state, spawn, train
+from support import FakeBucket, failed_step, fresh, grad_for, same_state, spawn, train
 
 SIZES = [1, 4099, (1 << 20) + 7]
 
@@ -129,65 +129,7 @@ def _ddp_worker(rank: int, world: int) -> Dict[str, Any]:
 
 
 def _failed_step_worker(rank: int, world: int) -> int:
-    cap = 4096
-    dev = "cuda"
-
-    def make() -> tuple:
-        return fresh(0.9, device=dev, selector="topk", overlap=True)
-
-    model, opt, state = make()
-    train(rank, world, 4, cap, state, model, opt, device=dev)
-    unfaulted = [p.detach().clone() for p in model.parameters()]
-    state.close()
-
-    model, opt, state = make()
-    ddp = train(rank, world, 3, cap, state, model, opt, device=dev)
-    before = state.state_dict()
-    saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
-             "opt": opt.state_dict(), "gradcomp": before}
-    saved = torch.load(_round_trip(saved))
-    run_bucket = state._run_bucket
-    exchanged: List[int] = []
-
-    def failing(index: int, buffer: torch.Tensor, params: Any, step: int, is_last: bool) -> torch.Tensor:
-        if is_last:
-            raise RuntimeError("injected failure of the last bucket's exchange")
-        exchanged.append(index)
-        return run_bucket(index, buffer, params, step, is_last)
-
-    state._run_bucket = failing
-    from support import batch
-    x, y = (t.to(dev) for t in batch(rank, 3))
-    opt.zero_grad(set_to_none=True)
-    try:
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
-        raise AssertionError("the step did not fail")
-    except RuntimeError as e:
-        if "injected failure" not in str(e):
-            raise
-    if not exchanged:
-        raise AssertionError("no bucket went through before the failure: nothing was tested")
-    if not same_state(before, state.state_dict()):
-        raise AssertionError("the failed CUDA step changed the hook's state")
-    state.close()
-
-    model, opt, state = make()
-    model.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["opt"])
-    state.load_state_dict(saved["gradcomp"])
-    train(rank, world, 1, cap, state, model, opt, first_step=3, device=dev)
-    state.close()
-    for a, b in zip(unfaulted, model.parameters()):
-        if not torch.equal(a, b.detach()):
-            raise AssertionError(f"the retried CUDA step differs by {(a - b).abs().max().item()}")
-    return len(exchanged)
-
-
-def _round_trip(obj: Any) -> io.BytesIO:
-    out = io.BytesIO()
-    torch.save(obj, out)
-    out.seek(0)
-    return out
+    return failed_step(rank, world, overlap=True, device="cuda")
 
 
 def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
