@@ -74,7 +74,7 @@ class cuda_engine {
  public:
   // `device`: the CUDA device index the buckets live on.
   cuda_engine(c10::intrusive_ptr<c10d::ProcessGroup> group, rt::engine_config config, int device)
-      : group_(group), config_(checked(std::move(config))),
+      : config_(checked(std::move(config))),
         device_(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device))),
         // The agreement and the counts are a few bytes through the host; over a backend that
         // moves CUDA tensors only (NCCL) they are staged through the device.
@@ -157,10 +157,7 @@ class cuda_engine {
                           [this] { pending_.clear(); })) {
       g.fill_(std::numeric_limits<float>::quiet_NaN());
       skipped_ = true;
-      tensor_stats st;
-      st.id = id;
-      st.n = n;
-      return st;
+      return detail::tensor_stats_of(id, n, compress_stats{}, exchange_stats{}, 0);
     }
     std::size_t received = 0;
     try {
@@ -172,32 +169,25 @@ class cuda_engine {
     pending_[bucket] = e;
     const auto t2 = clock::now();
 
-    tensor_stats st;
-    st.id = id;
-    st.n = n;
-    st.selected = k;
-    st.density = n ? static_cast<double>(k) / static_cast<double>(n) : 0.0;
-    st.threshold = sel_stats.threshold;
-    st.iterations = sel_stats.iterations;
-    st.fallback = sel_stats.fallback;
+    compress_stats cs;
+    cs.n = n;
+    cs.selection = sel_stats;
+    cs.selection.count = k;
     const double energy = kept + rest;
-    if (energy > 0.0 && std::isfinite(energy)) st.contraction = std::min(kept / energy, 1.0);
-    st.bytes_sent = k * pick_bytes;
-    st.bytes_received = received * pick_bytes;
-    st.exchange = "sparse_allgather";
-    st.select_seconds = std::chrono::duration<double>(t1 - t0).count();
-    st.exchange_seconds = std::chrono::duration<double>(t2 - t1).count();
-    return st;
+    if (energy > 0.0 && std::isfinite(energy)) cs.contraction = std::min(kept / energy, 1.0);
+    cs.seconds_select = std::chrono::duration<double>(t1 - t0).count();
+    exchange_stats xs;
+    xs.name = "sparse_allgather";
+    xs.bytes_sent = k * pick_bytes;
+    xs.bytes_received = received * pick_bytes;
+    xs.seconds = std::chrono::duration<double>(t2 - t1).count();
+    return detail::tensor_stats_of(id, n, cs, xs, 0);
   }
 
   // As the host engine's fail(): takes part in the bucket's agreement as failed.
   [[noreturn]] void fail(std::int64_t bucket, std::uint64_t step, std::string message) {
-    const std::exception_ptr local = std::make_exception_ptr(invalid_argument(message));
-    const rt::bucket_record mine{step, static_cast<std::uint32_t>(bucket),
-                                 rt::bucket_outcome::failed, std::move(message)};
-    rt::settle_bucket(comm_, mine, local, config_.skip_nonfinite, record_scratch_,
-                      [this] { pending_.clear(); });
-    std::rethrow_exception(local);
+    rt::fail_bucket(comm_, bucket, step, std::move(message), config_.skip_nonfinite,
+                    record_scratch_, [this] { pending_.clear(); });
   }
 
   [[nodiscard]] bool skipped() const noexcept { return skipped_; }
@@ -274,11 +264,8 @@ class cuda_engine {
                                                 at::TensorOptions().device(device_).dtype(at::kFloat)))
                .first;
     }
-    if (static_cast<std::size_t>(it->second.numel()) != n) {
-      detail::throw_invalid_argument(
-          "bucket_engine", "bucket size", n,
-          detail::concat("the size bucket ", bucket, " had before (", it->second.numel(),
-                         "); its feedback state is kept per bucket id"));
+    if (const auto had = static_cast<std::size_t>(it->second.numel()); had != n) {
+      rt::refuse_bucket_size(bucket, n, had);
     }
     return it->second;
   }
@@ -308,15 +295,11 @@ class cuda_engine {
     const std::uint64_t mine = k;
     comm_.allgather<std::uint64_t>(std::span<const std::uint64_t>(&mine, 1),
                                    std::span<std::uint64_t>(counts));
+    detail::check_announced("CudaEngine.run (pick counts)", counts, 1, receive_limit{n},
+                            static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) /
+                                pick_bytes);
     std::size_t total = 0;
-    for (std::size_t s = 0; s < p; ++s) {
-      if (counts[s] > n) {
-        throw communicator_error(detail::concat(
-            "gradcomp: rank ", s, " announced ", counts[s], " picks for bucket of ", n,
-            " elements; allowed: at most ", n, " (no rank's state changed)"));
-      }
-      total += static_cast<std::size_t>(counts[s]);
-    }
+    for (const std::uint64_t c : counts) total += static_cast<std::size_t>(c);
     // One block per rank: its indices, then its values (4 bytes each).
     at::Tensor block = at::cat({indices.view(at::kByte), values.view(at::kByte)});
     at::Tensor all_bytes;
@@ -330,15 +313,8 @@ class cuda_engine {
         from_each[s] = static_cast<std::int64_t>(counts[s] * pick_bytes);
       }
       if (total > 0 || k > 0) {
-        try {
-          group_->alltoall_base(all_bytes, send, from_each, to_each)->wait();
-        } catch (const gradcomp::error&) {
-          throw;
-        } catch (const std::exception& ex) {
-          throw communicator_error(detail::concat(
-              "gradcomp: the exchange of a CUDA bucket over ", group_->getBackendName(),
-              " failed on rank ", r, " of ", p, ": ", ex.what()));
-        }
+        comm_.alltoall_tensors(all_bytes, send, std::move(from_each), std::move(to_each),
+                               "the exchange of a CUDA bucket");
       }
     }
     std::vector<at::Tensor> idx_parts, val_parts;
@@ -364,7 +340,6 @@ class cuda_engine {
     return total - static_cast<std::size_t>(counts[r]);
   }
 
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
   rt::engine_config config_;
   c10::Device device_;
   process_group_comm comm_;

@@ -45,6 +45,15 @@ namespace gradcomp::runtime {
 
 // ---- the compressing half ---------------------------------------------------------------
 
+// The refusal of a bucket of n elements whose id had `had` elements before (every engine keeps
+// its feedback state per bucket id).
+[[noreturn]] inline void refuse_bucket_size(std::int64_t bucket, std::size_t n, std::size_t had) {
+  detail::throw_invalid_argument(
+      "bucket_engine", "bucket size", n,
+      detail::concat("the size bucket ", bucket, " had before (", had,
+                     "); its feedback state is kept per bucket id"));
+}
+
 // Each bucket's feedback state is kept twice: the committed state, and the state a step in
 // flight makes from it (compress() writes it, restore() adds to it). commit() keeps the new
 // states of every bucket compressed since the last commit or discard; discard() forgets them.
@@ -83,10 +92,7 @@ class compress_impl final : public compress_half {
     auto it = slots_.find(bucket);
     if (it == slots_.end()) it = slots_.emplace(bucket, feedback_.add(c_, g.size())).first;
     if (const std::size_t n = feedback_.elements(it->second); n != g.size()) {
-      detail::throw_invalid_argument(
-          "bucket_engine", "bucket size", g.size(),
-          detail::concat("the size bucket ", bucket, " had before (", n,
-                         "); its feedback state is kept per bucket id"));
+      refuse_bucket_size(bucket, g.size(), n);
     }
     return feedback_.compress(c_, it->second, g, ctx, out);
   }
@@ -299,6 +305,20 @@ bool settle_bucket(Comm& comm, const bucket_record& mine, const std::exception_p
   throw communicator_error(text);
 }
 
+// An engine's fail(): for a caller whose own part of the bucket failed before run(), takes part
+// in the bucket's agreement as failed with `message` (so that the other ranks throw at once,
+// carrying it), calls discard(), and throws invalid_argument(message) here.
+template <class Comm, class Discard>
+[[noreturn]] void fail_bucket(Comm& comm, std::int64_t bucket, std::uint64_t step,
+                              std::string message, bool skip_nonfinite,
+                              std::vector<std::byte>& scratch, Discard&& discard) {
+  const std::exception_ptr local = std::make_exception_ptr(invalid_argument(message));
+  const bucket_record mine{step, static_cast<std::uint32_t>(bucket), bucket_outcome::failed,
+                           std::move(message)};
+  settle_bucket(comm, mine, local, skip_nonfinite, scratch, discard);
+  std::rethrow_exception(local);  // settle_bucket() rethrows it; for the compiler
+}
+
 // ---- choosing by name ---------------------------------------------------------------------
 // Both take a configuration check_config() has passed (bucket_engine checks it first); the
 // combinations it refuses are not instantiated.
@@ -463,11 +483,8 @@ class bucket_engine {
   // agreement as failed with `message` (so that the other ranks throw at once, carrying it),
   // forgets the step's new feedback states, and throws invalid_argument(message) here.
   [[noreturn]] void fail(std::int64_t bucket, std::uint64_t step, std::string message) {
-    const std::exception_ptr local = std::make_exception_ptr(invalid_argument(message));
-    const bucket_record mine{step, static_cast<std::uint32_t>(bucket), bucket_outcome::failed,
-                             std::move(message)};
-    settle(mine, local);
-    std::rethrow_exception(local);  // settle() rethrows it; for the compiler
+    fail_bucket(*comm_, bucket, step, std::move(message), config_.skip_nonfinite, record_scratch_,
+                [this] { compress_->discard(); });
   }
 
   // Keeps the new feedback state of every bucket run since the last commit or discard.

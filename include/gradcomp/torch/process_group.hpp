@@ -223,6 +223,14 @@ class process_group_comm {
     if (staging_device_) host.copy_(tensors[0]);
   }
 
+  // One alltoall_base of the caller's own tensors (splits in elements of dim 0), with this
+  // communicator's error handling: for a caller that moves its payloads as device tensors
+  // itself (gradcomp.torch's CUDA engine). `what` names the call in the error.
+  void alltoall_tensors(at::Tensor& out, at::Tensor& in, std::vector<std::int64_t> from_each,
+                        std::vector<std::int64_t> to_each, const char* what) {
+    run(what, [&] { return group_->alltoall_base(out, in, from_each, to_each); });
+  }
+
   void barrier() {
     if (size_ == 1) return;
     run("barrier", [&] { return group_->barrier(); });
@@ -280,7 +288,7 @@ class process_group_comm {
     const at::Tensor host_out = detail::byte_tensor(recv, recv_bytes);
     at::Tensor out = staging_device_ ? at::empty_like(host_out, host_out.options().device(*staging_device_))
                                      : host_out;
-    run(what, [&] { return group_->alltoall_base(out, in, from_each, to_each); });
+    alltoall_tensors(out, in, std::move(from_each), std::move(to_each), what);
     if (staging_device_) host_out.copy_(out);
   }
 
