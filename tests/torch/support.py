@@ -165,6 +165,28 @@ def fresh(momentum: float, device: str = "cpu", **config: Any) -> Tuple[Any, Any
     return model, opt, state
 
 
+def straight(rank: int, world: int, make: Callable[[], Tuple[Any, Any, Any]], steps: int, cap: int,
+             device: str = "cpu") -> Tuple[List[torch.Tensor], int]:
+    """`steps` steps from make(), uninterrupted: the parameters they end with, and how many
+    buckets the state saw."""
+    model, opt, state = make()
+    train(rank, world, steps, cap, state, model, opt, device=device)
+    params = [p.detach().clone() for p in model.parameters()]
+    buckets = len(state.state_dict()["buckets"])
+    state.close()
+    return params, buckets
+
+
+def restore(make: Callable[[], Tuple[Any, Any, Any]], ckpt: Dict[str, Any]) -> Tuple[Any, Any, Any]:
+    """make()'s model, optimizer and state with a checkpoint's "model", "opt" and "gradcomp"
+    loaded into them, ready to train on."""
+    model, opt, state = make()
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    state.load_state_dict(ckpt["gradcomp"])
+    return model, opt, state
+
+
 def failed_step(rank: int, world: int, overlap: bool, device: str = "cpu") -> int:
     """Four steps straight, against three steps and a fourth whose last bucket fails inside
     gradcomp on every rank (as a failed exchange would; on every rank, so that no rank waits
@@ -178,10 +200,7 @@ def failed_step(rank: int, world: int, overlap: bool, device: str = "cpu") -> in
     def make() -> Tuple[Any, Any, Any]:
         return fresh(0.9, device=device, selector="topk", overlap=overlap)
 
-    model, opt, state = make()
-    train(rank, world, 4, cap, state, model, opt, device=device)
-    unfaulted = [p.detach().clone() for p in model.parameters()]
-    state.close()
+    unfaulted, _ = straight(rank, world, make, 4, cap, device=device)
 
     model, opt, state = make()
     ddp = train(rank, world, 3, cap, state, model, opt, device=device)
@@ -213,10 +232,7 @@ def failed_step(rank: int, world: int, overlap: bool, device: str = "cpu") -> in
     state.close()
 
     # The caller checkpoints and retries: the retried step is the unfaulted one.
-    model, opt, state = make()
-    model.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["opt"])
-    state.load_state_dict(saved["gradcomp"])
+    model, opt, state = restore(make, saved)
     train(rank, world, 1, cap, state, model, opt, first_step=3, device=device)
     state.close()
     for a, b in zip(unfaulted, model.parameters()):

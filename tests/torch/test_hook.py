@@ -15,7 +15,7 @@ import io
 import pickle
 import time
 import unittest
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradcomp.torch as gct
 import gradcomp_oracle
-from support import FakeBucket, Net, batch, failed_step, fresh, grad_for, same_state, spawn, train
+from support import (FakeBucket, Net, batch, failed_step, fresh, grad_for, restore, same_state, spawn,
+                     straight, train)
 
 
 CONFIGS = [
@@ -87,9 +88,6 @@ class ReferenceTest(unittest.TestCase):
 # ---- DDP: several buckets, the rebuild, conservation ---------------------------------------
 
 
-_train = train
-
-
 def _conservation_worker(rank: int, world: int) -> Dict[str, Any]:
     torch.manual_seed(0)
     model = Net()
@@ -98,7 +96,7 @@ def _conservation_worker(rank: int, world: int) -> Dict[str, Any]:
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     state = gct.GradcompState(selector="topk", density=0.05, module=model)
     grads: Dict[str, torch.Tensor] = {}
-    _train(rank, world, 8, 4096, state, model, opt, record=grads)
+    train(rank, world, 8, 4096, state, model, opt, record=grads)
     feedback = state.state_dict()["feedback"]
     buckets = len(state.stats()["buckets"])
     worst = 0.0
@@ -195,32 +193,16 @@ class DDPTest(unittest.TestCase):
             self.assertLess(out[rank]["worst"], 1e-5)
 
 
-def _fresh(momentum: float, **config: Any) -> tuple:
-    return fresh(momentum, **config)
-
-
-def _straight(rank: int, world: int, fresh: Callable[[], tuple], steps: int,
-              cap: int) -> Tuple[List[torch.Tensor], int]:
-    """`steps` steps from fresh(), uninterrupted: the parameters they end with, and how many
-    buckets the state saw."""
-    model, opt, state = fresh()
-    _train(rank, world, steps, cap, state, model, opt)
-    params = [p.detach().clone() for p in model.parameters()]
-    buckets = len(state.state_dict()["buckets"])
-    state.close()
-    return params, buckets
-
-
 def _checkpoint_worker(rank: int, world: int) -> int:
     cap = 4096  # several buckets after the rebuild; DDP's first iteration has one
 
-    def fresh() -> tuple:
-        return _fresh(momentum=0.9, selector="topk")
+    def make() -> tuple:
+        return fresh(momentum=0.9, selector="topk")
 
-    uninterrupted, buckets = _straight(rank, world, fresh, 6, cap)
+    uninterrupted, buckets = straight(rank, world, make, 6, cap)
 
-    model, opt, state = fresh()
-    _train(rank, world, 3, cap, state, model, opt)
+    model, opt, state = make()
+    train(rank, world, 3, cap, state, model, opt)
     saved = io.BytesIO()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gradcomp": state.state_dict()}, saved)
     pickled = pickle.dumps(state)
@@ -228,11 +210,8 @@ def _checkpoint_worker(rank: int, world: int) -> int:
     saved.seek(0)
     ckpt = torch.load(saved)
 
-    model, opt, state = fresh()
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["opt"])
-    state.load_state_dict(ckpt["gradcomp"])
-    _train(rank, world, 3, cap, state, model, opt, first_step=3)
+    model, opt, state = restore(make, ckpt)
+    train(rank, world, 3, cap, state, model, opt, first_step=3)
     resumed = [p.detach().clone() for p in model.parameters()]
     state.close()
     for a, b in zip(uninterrupted, resumed):
@@ -242,11 +221,11 @@ def _checkpoint_worker(rank: int, world: int) -> int:
     # The same resume from the pickled state (the module is attached after unpickling).
     unpickled = pickle.loads(pickled)
     again = unpickled.state_dict()
-    model, opt, _ = fresh()
+    model, opt, _ = make()
     model.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["opt"])
     unpickled.attach_module(model)
-    _train(rank, world, 3, cap, unpickled, model, opt, first_step=3)
+    train(rank, world, 3, cap, unpickled, model, opt, first_step=3)
     unpickled.close()
     for a, b in zip(uninterrupted, model.parameters()):
         if not torch.equal(a, b.detach()):
@@ -258,9 +237,6 @@ def _checkpoint_worker(rank: int, world: int) -> int:
     for k in want["feedback"]:
         assert all(torch.equal(x, y) for x, y in zip(again["feedback"][k], want["feedback"][k]))
     return buckets
-
-
-_same_state = same_state
 
 
 def _failed_step_worker(rank: int, world: int, overlap: bool) -> int:
@@ -281,24 +257,21 @@ def _one_bucket_resume_worker(rank: int, world: int, selector: str, quantizer: s
     equal 10 straight."""
     cap = 25 * 1024 * 1024
 
-    def fresh() -> tuple:
-        return _fresh(momentum=0.0, selector=selector, quantizer=quantizer)
+    def make() -> tuple:
+        return fresh(momentum=0.0, selector=selector, quantizer=quantizer)
 
-    straight, buckets = _straight(rank, world, fresh, 10, cap)
+    uninterrupted, buckets = straight(rank, world, make, 10, cap)
 
-    model, opt, state = fresh()
-    _train(rank, world, 5, cap, state, model, opt)
+    model, opt, state = make()
+    train(rank, world, 5, cap, state, model, opt)
     ckpt = {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()),
             "gradcomp": state.state_dict()}
     state.close()
-    model, opt, state = fresh()
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["opt"])
-    state.load_state_dict(ckpt["gradcomp"])
-    _train(rank, world, 5, cap, state, model, opt, first_step=5)
+    model, opt, state = restore(make, ckpt)
+    train(rank, world, 5, cap, state, model, opt, first_step=5)
     rebuilds = state.rebuilds
     state.close()
-    worst = max((a - b.detach()).abs().max().item() for a, b in zip(straight, model.parameters()))
+    worst = max((a - b.detach()).abs().max().item() for a, b in zip(uninterrupted, model.parameters()))
     return {"buckets": buckets, "worst": worst, "rebuilds": rebuilds}
 
 
@@ -313,7 +286,7 @@ def _other_buckets_resume_worker(rank: int, world: int, cap: int, unused: bool,
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     state = gct.GradcompState(selector="topk", density=0.1, module=model if named else None)
-    _train(rank, world, 3, 4096, state, model, opt)
+    train(rank, world, 3, 4096, state, model, opt)
     saved = state.state_dict()
     state.close()
 
@@ -672,7 +645,7 @@ def _pending_before_commit_worker(rank: int, world: int) -> str:
     assert torch.equal(got, want)
     mine, theirs = plain.state_dict(), ref.state_dict()
     assert mine["iteration"] == saved["iteration"] + 1
-    assert _same_state(mine, theirs), (sorted(mine["feedback"]), sorted(theirs["feedback"]))
+    assert same_state(mine, theirs), (sorted(mine["feedback"]), sorted(theirs["feedback"]))
     assert mine["buckets"] == theirs["buckets"], (mine["buckets"], theirs["buckets"])
     plain.close()
     ref.close()
@@ -853,12 +826,12 @@ def _one_rank_nonfinite_worker(rank: int, world: int, overlap: bool, policy: str
         except Exception as e:  # the caller catches it and goes on with the next batch
             out["errors"].append((s, type(e).__name__, str(e), time.perf_counter() - t0))
             if s == 2:
-                out["unchanged"] = _same_state(before, state.state_dict())
+                out["unchanged"] = same_state(before, state.state_dict())
             continue
         if state.last_step_skipped:
             out["skipped"].append(s)
             out["nan_grads"] = any(not torch.isfinite(p.grad).all() for p in model.parameters())
-            out["unchanged"] = _same_state(before, state.state_dict())
+            out["unchanged"] = same_state(before, state.state_dict())
             continue  # as GradScaler does
         opt.step()
     out["buckets"] = len(set(seen))

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 import gradcomp.torch as gct
 from gradcomp import _torch_ext
-from support import FakeBucket, failed_step, fresh, grad_for, same_state, spawn, train
+from support import FakeBucket, failed_step, fresh, grad_for, restore, same_state, spawn, straight, train
 
 SIZES = [1, 4099, (1 << 20) + 7]
 
@@ -80,11 +80,9 @@ def _ddp_worker(rank: int, world: int) -> Dict[str, Any]:
     def make() -> tuple:
         return fresh(0.9, device=dev, selector="topk")
 
-    # Uninterrupted, recording the gradients (conservation).
-    model, opt, state = make()
-    start = {n: p.detach().double().cpu().clone() for n, p in model.named_parameters()}
-    model_plain, _, state_plain = fresh(0.0, device=dev, selector="topk")
-    opt_plain = torch.optim.SGD(model_plain.parameters(), lr=0.1)
+    # Conservation: plain SGD, recording the gradients.
+    model_plain, opt_plain, state_plain = fresh(0.0, device=dev, selector="topk")  # lr 0.1
+    start = {n: p.detach().double().cpu().clone() for n, p in model_plain.named_parameters()}
     grads: Dict[str, torch.Tensor] = {}
     train(rank, world, 6, cap, state_plain, model_plain, opt_plain, record=grads, device=dev)
     feedback = state_plain.state_dict()["feedback"]
@@ -102,9 +100,8 @@ def _ddp_worker(rank: int, world: int) -> Dict[str, Any]:
     buckets = len(state_plain.stats()["buckets"])
     state_plain.close()
 
-    train(rank, world, 6, cap, state, model, opt, device=dev)
-    uninterrupted = [p.detach().clone() for p in model.parameters()]
-    state.close()
+    # A checkpoint at step 3 resumes as the uninterrupted run.
+    uninterrupted, _ = straight(rank, world, make, 6, cap, device=dev)
 
     model, opt, state = make()
     train(rank, world, 3, cap, state, model, opt, device=dev)
@@ -116,10 +113,7 @@ def _ddp_worker(rank: int, world: int) -> Dict[str, Any]:
     state.close()
     saved.seek(0)
     ckpt = torch.load(saved)
-    model, opt, state = make()
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["opt"])
-    state.load_state_dict(ckpt["gradcomp"])
+    model, opt, state = restore(make, ckpt)
     train(rank, world, 3, cap, state, model, opt, first_step=3, device=dev)
     state.close()
     for a, b in zip(uninterrupted, model.parameters()):

@@ -72,8 +72,7 @@ def _refused(state: GradcompState, buffer: torch.Tensor, index: int, step: int, 
     hook, which would leave DDP's reducer broken. Where the engine exists, the bucket's
     agreement tells the other ranks (engine.fail, on the state's thread, in bucket order), so
     that they raise at once instead of waiting in the exchange; nothing of the step is kept."""
-    fut: "torch.futures.Future[torch.Tensor]" = (
-        _future_for(buffer) if buffer.device.type == "cuda" else torch.futures.Future())
+    fut = _future_for(buffer)
 
     def work() -> None:
         engine = state._engine
