@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <gradcomp/runtime/registry.hpp>
+
 #include "fashion_mnist.hpp"
 
 namespace fmnist {
@@ -54,14 +56,23 @@ struct extra_flags {
   std::function<bool(const std::string&, const std::string&)> handle;
 };
 
+// "a|b|c": the choices of a flag, as the registry names them (name(entry) of each entry).
+template <class Entries, class Name>
+std::string choices(const Entries& entries, Name name) {
+  std::string s;
+  for (const auto& e : entries) s += (s.empty() ? "" : "|") + std::string(name(e));
+  return s;
+}
+
 [[noreturn]] inline void usage(const char* program, const extra_flags& extra, const char* why) {
+  const std::string compressors = choices(gradcomp::runtime::compressor_aliases, [](const auto& a) { return a.name; });
   std::fprintf(stderr,
                "%s%s"
                "usage: %s [options]\n"
-               "  --compressor dense|topk|gaussiank|gaussiank_published|randomk|redsync|dgc|qsgd|terngrad|sign\n"
+               "  --compressor %s\n"
                "                 (dense)\n"
                "  --density R      target density of the sparsifiers; LAGS: the least one (0.01)\n"
-               "  --exchange allreduce|allgather|gtopk|a2a|auto\n"
+               "  --exchange %s\n"
                "                   (default: allreduce for dense and randomk, else allgather)\n"
                "  --schedule none|lags|merged|pqasgd   (none)\n"
                "  --tensors model|layer   none: one selection over all parameters (model), or\n"
@@ -83,7 +94,8 @@ struct extra_flags {
                "                   the epoch lines' elapsed time includes them)\n"
                "  --data DIR       (%s)\n"
                "%s",
-               why ? why : "", why ? "\n" : "", program, default_dir().c_str(), extra.usage.c_str());
+               why ? why : "", why ? "\n" : "", program, compressors.c_str(),
+               choices(gradcomp::runtime::exchange_names, [](std::string_view n) { return n; }).c_str(), default_dir().c_str(), extra.usage.c_str());
   std::exit(why ? 2 : 0);
 }
 
@@ -169,10 +181,9 @@ inline void print_epoch(unsigned epoch, const train_options& o, const outcome& r
 // every coordinate; 1/subsets for pqasgd), bits the bits per value sent; the fields after
 // dense_bytes_per_worker are extras, `more` (", \"key\": value" pairs) last.
 inline void print_json(const train_options& o, int workers, const outcome& r, const std::string& more = {}) {
-  const bool sparsifier = o.compressor == "topk" || o.compressor == "gaussiank" ||
-                          o.compressor == "gaussiank_published" ||
-                          o.compressor == "randomk" || o.compressor == "redsync" ||
-                          o.compressor == "dgc";
+  // A sparsifier: an alias whose selector is not 'dense' (runtime::compressor_aliases).
+  bool sparsifier = false;
+  for (const auto& a : gradcomp::runtime::compressor_aliases) sparsifier = sparsifier || (a.name == o.compressor && a.selector != "dense");
   const double density = o.schedule == "pqasgd" ? 1.0 / o.subsets : sparsifier ? o.density : 1.0;
   const unsigned bits = o.compressor == "qsgd" ? o.bits
                         : o.compressor == "terngrad" ? 2u

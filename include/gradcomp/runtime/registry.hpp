@@ -3,18 +3,23 @@
 // examples). One vocabulary, the C++ names; one place that checks a configuration, whose
 // errors name the field, the value given and what is allowed.
 //
-// Adding a selector: its header, one line in selector_names and one in with_selector (and its
-// test). with_selector() hands the caller a value of the policy's type, so that a caller
-// instantiates gradcomp's templates for exactly the policies it can be asked for.
+// Adding a selector: its header, one line in `selectors` below, and its test. with_selector()
+// hands the caller a value of the policy's type, so that a caller instantiates gradcomp's
+// templates for exactly the policies it can be asked for; the names (selector_names, for the
+// errors, the hook's SELECTORS and the examples' usage) come from the same lines.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/error.hpp>
@@ -26,22 +31,13 @@
 
 namespace gradcomp::runtime {
 
-// The names a configuration may use, in the order error messages list them.
-inline constexpr std::string_view selector_names[] = {
-    "topk", "gaussiank", "gaussiank_published", "randomk", "threshold", "redsync", "dgc", "dense"};
-inline constexpr std::string_view quantizer_names[] = {"fp32", "fp16", "bf16",
-                                                       "qsgd", "terngrad", "sign"};
-inline constexpr std::string_view feedback_names[] = {"residual", "none", "dgc"};
-inline constexpr std::string_view exchange_names[] = {"allreduce", "allgather", "gtopk", "a2a",
-                                                      "auto"};
-
 // A configuration: the policies by name and their parameters. Each field's comment gives
 // what check_config() allows.
 struct engine_config {
-  std::string selector = "topk";     // selector_names
-  std::string quantizer = "fp32";    // quantizer_names
-  std::string feedback = "residual";  // feedback_names
-  std::string exchange = "allgather";  // exchange_names
+  std::string selector = "topk";       // a name in `selectors` (selector_names)
+  std::string quantizer = "fp32";      // a name in `quantizers` (quantizer_names)
+  std::string feedback = "residual";   // a name in `feedbacks` (feedback_names)
+  std::string exchange = "allgather";  // a name in `exchanges` (exchange_names)
   unsigned bits = 4;              // quantizer 'qsgd': bits per value, 2..16
   unsigned bucket_size = 512;     // 'qsgd': 1..2^24 values share one scale; 'terngrad',
                                   // 'sign': any (0: one scale for the whole bucket)
@@ -67,10 +63,9 @@ struct engine_config {
 
 namespace detail_registry {
 
-template <std::size_t N>
-std::string listed(const std::string_view (&names)[N]) {
+inline std::string listed(std::span<const std::string_view> names) {
   std::string list;
-  for (std::size_t i = 0; i < N; ++i) list += detail::concat(i ? ", " : "", "'", names[i], "'");
+  for (std::size_t i = 0; i < names.size(); ++i) list += detail::concat(i ? ", " : "", "'", names[i], "'");
   return list;
 }
 
@@ -102,57 +97,116 @@ inline double given_threshold(const engine_config& c) {
 }
 
 // The error for a name that is not among `names`: lists what is.
-template <std::size_t N>
 [[noreturn]] inline void unknown_name(std::string_view what, const std::string& got,
-                                      const std::string_view (&names)[N]) {
+                                      std::span<const std::string_view> names) {
   detail_registry::refuse(what, detail_registry::shown(got),
                           detail::concat("one of ", detail_registry::listed(names)));
 }
 
-// ---- one policy of each kind by name ----------------------------------------------------
-// Each calls fn with a value of the named policy's type; parameters are those check_config()
-// allows (call it first for errors in the configuration's own words).
+// ---- the policies by name ---------------------------------------------------------------
+// One line per policy: its name, and how to make it from a configuration whose parameters
+// check_config() has passed. The tables' order is the order error messages list them in.
 
-template <class Fn>
-decltype(auto) with_quantizer(const engine_config& c, Fn&& fn) {
-  if (c.quantizer == "fp32") return fn(identity{});
-  if (c.quantizer == "fp16") return fn(fp16{});
-  if (c.quantizer == "bf16") return fn(bf16{});
-  if (c.quantizer == "qsgd") return fn(qsgd::with_bits(c.bits, c.bucket_size));
-  if (c.quantizer == "terngrad") return fn(terngrad(c.bucket_size));
-  if (c.quantizer == "sign") return fn(scaled_sign(c.bucket_size));
-  unknown_name("quantizer", c.quantizer, quantizer_names);
+template <class P>
+struct named_policy {
+  using type = P;
+  std::string_view name;
+  P (*make)(const engine_config&);
+};
+
+inline constexpr std::tuple selectors{
+    named_policy<topk>{"topk", [](const engine_config&) { return topk{}; }},
+    named_policy<gaussiank>{"gaussiank", [](const engine_config&) { return gaussiank{}; }},
+    named_policy<gaussiank>{"gaussiank_published", [](const engine_config&) { return gaussiank::published(); }},
+    named_policy<randomk>{"randomk", [](const engine_config&) { return randomk{}; }},
+    named_policy<threshold>{"threshold", [](const engine_config& c) { return threshold{given_threshold(c)}; }},
+    named_policy<redsync>{"redsync", [](const engine_config&) { return redsync{}; }},
+    named_policy<dgc_sampling>{"dgc", [](const engine_config&) { return dgc_sampling{}; }},
+    named_policy<dense>{"dense", [](const engine_config&) { return dense{}; }},
+};
+
+inline constexpr std::tuple quantizers{
+    named_policy<identity>{"fp32", [](const engine_config&) { return identity{}; }},
+    named_policy<fp16>{"fp16", [](const engine_config&) { return fp16{}; }},
+    named_policy<bf16>{"bf16", [](const engine_config&) { return bf16{}; }},
+    named_policy<qsgd>{"qsgd", [](const engine_config& c) { return qsgd::with_bits(c.bits, c.bucket_size); }},
+    named_policy<terngrad>{"terngrad", [](const engine_config& c) { return terngrad(c.bucket_size); }},
+    named_policy<scaled_sign>{"sign", [](const engine_config& c) { return scaled_sign(c.bucket_size); }},
+};
+
+inline constexpr std::tuple feedbacks{
+    named_policy<residual>{"residual", [](const engine_config&) { return residual{}; }},
+    named_policy<no_feedback>{"none", [](const engine_config&) { return no_feedback{}; }},
+    named_policy<dgc_momentum>{"dgc", [](const engine_config& c) { return dgc_momentum{c.dgc_momentum, c.dgc_clip_norm}; }},
+};
+
+inline constexpr std::tuple exchanges{
+    named_policy<dense_allreduce>{"allreduce", [](const engine_config&) { return dense_allreduce{}; }},
+    named_policy<sparse_allgather>{"allgather", [](const engine_config&) { return sparse_allgather{}; }},
+    named_policy<gtopk>{"gtopk", [](const engine_config&) { return gtopk{}; }},
+    named_policy<topk_a2a>{"a2a", [](const engine_config&) { return topk_a2a{}; }},
+    named_policy<auto_exchange>{"auto", [](const engine_config&) { return auto_exchange{}; }},
+};
+
+namespace detail_registry {
+
+template <class Table>
+constexpr auto names_of(const Table& table) {
+  return std::apply([](const auto&... p) { return std::array<std::string_view, sizeof...(p)>{p.name...}; },
+                    table);
 }
+
+// fn(the policy named `name`, made from c) for the first entry of `table` with that name.
+template <std::size_t I, class R, class Table, class Fn>
+R call_named(const Table& table, std::string_view what, const std::string& name, const engine_config& c,
+             Fn& fn) {
+  if constexpr (I == std::tuple_size_v<Table>) {
+    unknown_name(what, name, names_of(table));
+  } else {
+    const auto& entry = std::get<I>(table);
+    if (name == entry.name) return fn(entry.make(c));
+    return call_named<I + 1, R>(table, what, name, c, fn);
+  }
+}
+
+template <class Table, class Fn>
+decltype(auto) with_named(const Table& table, std::string_view what, const std::string& name,
+                          const engine_config& c, Fn& fn) {
+  using R = std::invoke_result_t<Fn&, typename std::tuple_element_t<0, Table>::type>;
+  return call_named<0, R>(table, what, name, c, fn);
+}
+
+}  // namespace detail_registry
+
+// The names a configuration may use, in the order error messages list them.
+inline constexpr auto selector_names = detail_registry::names_of(selectors);
+inline constexpr auto quantizer_names = detail_registry::names_of(quantizers);
+inline constexpr auto feedback_names = detail_registry::names_of(feedbacks);
+inline constexpr auto exchange_names = detail_registry::names_of(exchanges);
+
+// ---- one policy of each kind by name ----------------------------------------------------
+// Each calls fn with a value of the named policy's type (fn returns the same type for every
+// policy); parameters are those check_config() allows (call it first for errors in the
+// configuration's own words).
 
 template <class Fn>
 decltype(auto) with_selector(const engine_config& c, Fn&& fn) {
-  if (c.selector == "topk") return fn(topk{});
-  if (c.selector == "gaussiank") return fn(gaussiank{});
-  if (c.selector == "gaussiank_published") return fn(gaussiank::published());
-  if (c.selector == "randomk") return fn(randomk{});
-  if (c.selector == "threshold") return fn(threshold{given_threshold(c)});
-  if (c.selector == "redsync") return fn(redsync{});
-  if (c.selector == "dgc") return fn(dgc_sampling{});
-  if (c.selector == "dense") return fn(dense{});
-  unknown_name("selector", c.selector, selector_names);
+  return detail_registry::with_named(selectors, "selector", c.selector, c, fn);
+}
+
+template <class Fn>
+decltype(auto) with_quantizer(const engine_config& c, Fn&& fn) {
+  return detail_registry::with_named(quantizers, "quantizer", c.quantizer, c, fn);
 }
 
 template <class Fn>
 decltype(auto) with_feedback(const engine_config& c, Fn&& fn) {
-  if (c.feedback == "residual") return fn(residual{});
-  if (c.feedback == "none") return fn(no_feedback{});
-  if (c.feedback == "dgc") return fn(dgc_momentum{c.dgc_momentum, c.dgc_clip_norm});
-  unknown_name("feedback", c.feedback, feedback_names);
+  return detail_registry::with_named(feedbacks, "feedback", c.feedback, c, fn);
 }
 
 template <class Fn>
 decltype(auto) with_exchange(const engine_config& c, Fn&& fn) {
-  if (c.exchange == "allreduce") return fn(dense_allreduce{});
-  if (c.exchange == "allgather") return fn(sparse_allgather{});
-  if (c.exchange == "gtopk") return fn(gtopk{});
-  if (c.exchange == "a2a") return fn(topk_a2a{});
-  if (c.exchange == "auto") return fn(auto_exchange{});
-  unknown_name("exchange", c.exchange, exchange_names);
+  return detail_registry::with_named(exchanges, "exchange", c.exchange, c, fn);
 }
 
 // DGC's selection goes with DGC's momentum correction (it samples the corrected velocity);
