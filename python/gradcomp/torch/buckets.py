@@ -181,6 +181,19 @@ class BucketFeedback:
             return None
         return groups
 
+    def whole_index(self, params: List[torch.Tensor], index: int) -> int:
+        """The engine's index for DDP's bucket `index` run whole. After a resume, the saved
+        buckets that some of DDP's buckets are compressed as (groups_for) keep their indices,
+        so a bucket that is not one of them as it was takes an index above every saved one:
+        two buckets of one step never share an index (and so a staged state), and each keeps
+        its index, and its feedback, from step to step."""
+        if not self.resume_groups:
+            return index
+        keys = [self.key(p, index, j) for j, p in enumerate(params)]
+        if self.resume_groups.get(index) == keys:
+            return index
+        return max(self.resume_groups) + 1 + index
+
     def prepare_or_fail(self, engine: Any, index: int, params: List[torch.Tensor], n: int,
                         step: int) -> None:
         """prepare(); when it raises, this rank's own part of the bucket failed before the
@@ -204,6 +217,7 @@ class BucketFeedback:
             self.ran, self.ran_step = set(), step
         groups = self.groups_for(params, index)
         if groups is None:
+            index = self.whole_index(params, index)
             self.prepare_or_fail(engine, index, params, staged.numel(), step)
             self.ran.add(index)
             return [engine.run(index, staged, step, density, self.labels(index, params))]
