@@ -343,7 +343,7 @@ def _mid_step_rebuild_worker(rank: int, world: int) -> Dict[str, Any]:
     return out
 
 
-def _resume_regrouped_worker(rank: int, world: int) -> Dict[str, Any]:
+def _resume_regrouped_worker(rank: int, world: int, poison: bool = False) -> Any:
     """Saved under buckets [[a], [b], [c, d]], resumed under [[a, b], [c], [d]]: DDP's bucket 0
     is compressed as the saved buckets 0 and 1 were, while its buckets 1 and 2 tile no saved
     bucket and run whole. Neither may take the index (and so the staged feedback) of a saved
@@ -356,9 +356,12 @@ def _resume_regrouped_worker(rank: int, world: int) -> Dict[str, Any]:
     sums = {id(p): torch.zeros(p.numel(), dtype=torch.float64) for p in (a, b, c, d)}
     applied = {id(p): torch.zeros(p.numel(), dtype=torch.float64) for p in (a, b, c, d)}
 
-    def step(state: Any, s: int, layout: List[List[torch.Tensor]]) -> None:
+    def step(state: Any, s: int, layout: List[List[torch.Tensor]], nan_in: Any = None) -> None:
         for i, params in enumerate(layout):
             grads = [grad_for(rank, 100 * s + 10 * i + j, p.numel()) for j, p in enumerate(params)]
+            for p, g in zip(params, grads):
+                if p is nan_in:
+                    g[3] = float("nan")
             out = gct.gradcomp_hook(state, FakeBucket(i, torch.cat(grads), params,
                                                       last=i == len(layout) - 1)).wait()
             at = 0
@@ -374,6 +377,15 @@ def _resume_regrouped_worker(rank: int, world: int) -> Dict[str, Any]:
     state.close()
     state = gct.GradcompState(selector="topk", density=0.1, feedback="residual", module=m)
     state.load_state_dict(saved)
+    if poison:
+        # b is the saved bucket 1 and DDP's bucket 0 now: the error names DDP's.
+        try:
+            step(state, 2, [[a, b], [c], [d]], nan_in=b)
+        except RuntimeError as e:  # as backward() raises it
+            return str(e)
+        finally:
+            state.close()
+        return "no error"
     step(state, 2, [[a, b], [c], [d]])
     rebuilds = state.rebuilds
     for s in range(3, 6):
@@ -399,6 +411,10 @@ class RebuildTest(unittest.TestCase):
         out = spawn(_resume_regrouped_worker, 1)
         self.assertLess(out[0]["worst"], 1e-5)
         self.assertEqual(out[0]["rebuilds_after_first"], 0)
+
+    def test_after_a_resume_errors_name_ddps_bucket(self) -> None:
+        text = spawn(_resume_regrouped_worker, 1, True)[0]
+        self.assertIn("parameter 'b' (bucket 0) holds nan at element 3", text)
 
 
 class CheckpointTest(unittest.TestCase):

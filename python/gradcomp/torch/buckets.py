@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from . import checkpoint
+
 Layout = Tuple[Tuple[int, int], ...]  # (id(parameter), numel) in bucket order
 
 
@@ -72,7 +74,7 @@ class BucketFeedback:
             for key, numel, held in entries:
                 saved = pending.get(key, held)
                 if saved is not None and saved[b].numel() != numel:
-                    raise ValueError(self.size_mismatch(key, saved[b].numel(), numel))
+                    raise ValueError(checkpoint.size_mismatch(key, saved[b].numel(), numel))
                 parts.append(saved[b] if saved is not None else torch.zeros(numel, dtype=torch.float32))
             buffers.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32))
         return buffers
@@ -122,17 +124,6 @@ class BucketFeedback:
         self.layouts[index] = layout
         for pid, _ in layout:
             self.owner[pid] = index
-
-    @staticmethod
-    def size_mismatch(key: str, saved: int, now: int) -> str:
-        text = f"gradcomp: checkpoint entry {key!r} has {saved} elements, the parameter has {now}"
-        if key.startswith("bucket") and ".param" in key:
-            # A positional key: the parameter at that place of DDP's first buckets.
-            text += (" (the checkpoint keys parameters by their position in DDP's first buckets, "
-                     "as a state without module= does, and this run's DDP formed its first "
-                     "buckets differently: another bucket_cap_mb or find_unused_parameters; save "
-                     "and load with GradcompState(module=model) to resume under any bucketing)")
-        return text
 
     def released(self, engine: Any, keep: Optional[set] = None) -> Dict[str, List[torch.Tensor]]:
         """Every bucket's feedback buffers (but the buckets in `keep`), split by parameter and
@@ -215,12 +206,13 @@ class BucketFeedback:
         each engine run."""
         if step != self.ran_step:
             self.ran, self.ran_step = set(), step
+        ddp_index = index
         groups = self.groups_for(params, index)
         if groups is None:
             index = self.whole_index(params, index)
             self.prepare_or_fail(engine, index, params, staged.numel(), step)
             self.ran.add(index)
-            return [engine.run(index, staged, step, density, self.labels(index, params))]
+            return [self.run_as(engine, ddp_index, index, staged, params, step, density)]
         offsets = [0]
         for p in params:
             offsets.append(offsets[-1] + p.numel())
@@ -230,7 +222,7 @@ class BucketFeedback:
             members = [params[j] for j in positions]
             self.prepare_or_fail(engine, g_index, members, part.numel(), step)
             self.ran.add(g_index)
-            results.append(engine.run(g_index, part, step, density, self.labels(g_index, members)))
+            results.append(self.run_as(engine, ddp_index, g_index, part, members, step, density))
             if results[-1].get("skipped"):
                 staged.fill_(float("nan"))
                 return results
@@ -240,6 +232,22 @@ class BucketFeedback:
                 staged[offsets[j] : offsets[j + 1]].copy_(part[at : at + n])
                 at += n
         return results
+
+    def run_as(self, engine: Any, ddp_index: int, index: int, values: torch.Tensor,
+               params: List[torch.Tensor], step: int, density: float) -> Any:
+        """engine.run() of `values` at the engine's `index`; its errors name DDP's bucket
+        (`ddp_index`), which after a resume can differ from the engine's (whole_index,
+        groups_for), as every rank's does: each maps its own, and the ranks' buckets agree."""
+        try:
+            return engine.run(index, values, step, density, self.labels(index, params))
+        except Exception as e:
+            text = str(e)
+            if index == ddp_index or not isinstance(e, (RuntimeError, ValueError, FloatingPointError)):
+                raise
+            for old, new in ((f"(bucket {index})", f"(bucket {ddp_index})"),
+                             (f"bucket {index} of step", f"bucket {ddp_index} of step")):
+                text = text.replace(old, new)
+            raise type(e)(text) from None
 
     def labels(self, index: int, params: List[torch.Tensor]) -> List[Tuple[str, int]]:
         """Each parameter's key and size, for the engine to name the one whose gradient is not
@@ -251,6 +259,11 @@ class BucketFeedback:
             cached = (layout, [(self.key(p, index, j), p.numel()) for j, p in enumerate(params)])
             self.label_cache[index] = cached
         return cached[1]
+
+    def forget_step(self) -> None:
+        """The step in flight failed and the engine discarded what it staged: a retry of the
+        step (same step number) starts with no bucket run."""
+        self.ran, self.ran_step = set(), None
 
     def check_pending(self) -> None:
         if self.pending:
@@ -280,6 +293,6 @@ class BucketFeedback:
         self.layouts.clear()
         self.owner.clear()
         self.label_cache.clear()
-        self.ran, self.ran_step = set(), None
+        self.forget_step()
         self.pending = pending
         self.resume_groups = resume_groups

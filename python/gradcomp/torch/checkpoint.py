@@ -147,3 +147,15 @@ def parse(state: Any, config: GradcompConfig, world_size: Optional[int],
                 raise _bad(f"buckets[{index}]", f"lists {k!r}, which has no entry in 'feedback'")
         buckets[index] = list(keys)
     return Loaded(iteration, saved_world, feedback, buckets, totals)
+
+
+def size_mismatch(key: str, saved: int, now: int) -> str:
+    """The error for a checkpoint entry whose size is not its parameter's."""
+    text = f"gradcomp: checkpoint entry {key!r} has {saved} elements, the parameter has {now}"
+    if key.startswith("bucket") and ".param" in key:
+        # A positional key: the parameter at that place of DDP's first buckets.
+        text += (" (the checkpoint keys parameters by their position in DDP's first buckets, "
+                 "as a state without module= does, and this run's DDP formed its first "
+                 "buckets differently: another bucket_cap_mb or find_unused_parameters; save "
+                 "and load with GradcompState(module=model) to resume under any bucketing)")
+    return text

@@ -15,6 +15,16 @@ from typing import Optional
 import torch.distributed as dist
 
 
+def check(process_group: object) -> None:
+    """Refuses a process_group argument that is neither None nor a ProcessGroup (a backend
+    name, say), naming what is allowed."""
+    if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+        raise TypeError(
+            f"gradcomp: process_group = {process_group!r} is a "
+            f"{type(process_group).__name__}; allowed: a torch.distributed ProcessGroup "
+            "(e.g. dist.new_group(...)), or None for the default group")
+
+
 def group_of(process_group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
     """The group a state was given (None: the default group)."""
     return process_group if process_group is not None else dist.group.WORLD

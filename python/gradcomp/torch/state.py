@@ -54,11 +54,7 @@ class GradcompState:
         overlap: bool = True,
         nonfinite: str = "raise",
     ) -> None:
-        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
-            raise TypeError(
-                f"gradcomp: process_group = {process_group!r} is a "
-                f"{type(process_group).__name__}; allowed: a torch.distributed ProcessGroup "
-                "(e.g. dist.new_group(...)), or None for the default group")
+        groups.check(process_group)
         self.config = GradcompConfig(
             selector=selector, density=density, quantizer=quantizer, feedback=feedback,
             exchange=exchange, seed=seed, bits=bits, bucket_size=bucket_size, threshold=threshold,
@@ -229,6 +225,7 @@ class GradcompState:
         self._failing_step = None if is_last else step
         if self._engine is not None:
             self._engine.discard()
+        self._buckets.forget_step()
         self._stats.discard()
 
     def stats(self) -> Dict[str, Any]:
