@@ -565,10 +565,9 @@ def _malformed_checkpoint_worker(rank: int, world: int) -> int:
     buffer = io.BytesIO()
     torch.save(good, buffer)
     buffer.seek(0)
-    # torch 1.13's weights-only unpickler refuses floats (the configuration holds some); from
-    # torch 2.0 on it reads the checkpoint, and that is how the docs say to load one.
-    weights_only = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 0)
-    reloaded = torch.load(buffer, weights_only=weights_only)
+    # As the docs say to load one, on every torch (1.13's weights-only reader refuses Python
+    # floats: the configuration's are 0-d tensors in a checkpoint).
+    reloaded = torch.load(buffer, weights_only=True)
     fresh = gct.GradcompState(selector="topk", density=0.01, overlap=False, seed=3)
     fresh.load_state_dict(reloaded)
     assert fresh.iteration == good["iteration"]
@@ -614,6 +613,10 @@ def _malformed_checkpoint_worker(rank: int, world: int) -> int:
     for key, value in (("seed", 4), ("density", 0.02), ("quantizer", "fp16"), ("start_iter", 2),
                        ("warmup_epochs", 1)):
         refused([f"made with {key} = {value!r}"], edited(config={**good["config"], key: value}))
+    # The configuration's floats travel as 0-d float64 tensors (weights_only on torch 1.13); a
+    # tensor of another shape is refused, naming the field.
+    assert isinstance(good["config"]["density"], torch.Tensor) and good["config"]["density"].dim() == 0
+    refused(["'config.density'", "shape (2,)", "0-d float64"], edited(config={**good["config"], "density": torch.zeros(2)}))
     # Fields this configuration does not use are not compared: a threshold without selector
     # 'threshold', DGC's momentum without its feedback.
     other = gct.GradcompState(selector="topk", density=0.01, overlap=False, seed=3)
@@ -804,7 +807,7 @@ class BadInputTest(unittest.TestCase):
 
     def test_malformed_checkpoints_are_refused_by_field(self) -> None:
         out = spawn(_malformed_checkpoint_worker, 1)
-        self.assertEqual(out[0], 21)
+        self.assertEqual(out[0], 22)
 
     def test_a_nonfinite_gradient_names_its_bucket_and_parameter(self) -> None:
         text = spawn(_nonfinite_worker, 1)[0]

@@ -2,7 +2,9 @@
 before load_state_dict() changes anything.
 
 A checkpoint is a dict of plain values and CPU tensors, so ``torch.save`` writes it and
-``torch.load(path, weights_only=True)`` reads it back without running code. (Pickling the
+``torch.load(path, weights_only=True)`` reads it back without running code, on every torch
+this package supports: the configuration's floats are stored as 0-d float64 tensors, since the
+weights-only reader of torch 1.13 refuses Python floats. (Pickling the
 state object itself also works, as PyTorch's PowerSGD state does, but unpickling runs code, as
 pickle always does: load such files only from sources you trust.)
 """
@@ -39,7 +41,8 @@ def make(config: GradcompConfig, iteration: int, world_size: Optional[int],
          totals: Mapping[str, int]) -> Dict[str, Any]:
     return {
         "version": VERSION,
-        "config": config.as_dict(),
+        "config": {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, float) else v
+                   for k, v in config.as_dict().items()},
         "iteration": iteration,
         "world_size": world_size,
         "feedback": feedback,
@@ -90,9 +93,15 @@ def parse(state: Any, config: GradcompConfig, world_size: Optional[int],
     for key in _compared(config):
         if key not in saved:
             raise _bad(f"config.{key}", "is missing")
-        if saved[key] != ours[key]:
+        value = saved[key]
+        if isinstance(value, torch.Tensor):  # a float, as make() stores it
+            if value.dim() != 0 or value.dtype != torch.float64:
+                raise _bad(f"config.{key}", f"is a tensor of shape {tuple(value.shape)} and dtype "
+                           f"{value.dtype}; allowed: a number (a 0-d float64 tensor)")
+            value = value.item()
+        if value != ours[key]:
             raise ValueError(
-                f"gradcomp: the checkpoint was made with {key} = {saved[key]!r}, this state "
+                f"gradcomp: the checkpoint was made with {key} = {value!r}, this state "
                 f"has {ours[key]!r}; the state is unchanged")
     saved_world = _field(state, "world_size")
     if saved_world is not None:
