@@ -390,13 +390,17 @@ def _resume_regrouped_worker(rank: int, world: int, poison: bool = False) -> Any
     rebuilds = state.rebuilds
     for s in range(3, 6):
         step(state, s, [[a, b], [c], [d]])
+    rebuilds_after_first = state.rebuilds - rebuilds
+    # DDP rebuilds into the saved buckets: the statistics are of this step's buckets only.
+    step(state, 6, [[a], [b], [c, d]])
+    n = state.stats()["n"]
     feedback = state.state_dict()["feedback"]
     worst = 0.0
     for name, p in (("a", a), ("b", b), ("c", c), ("d", d)):
         left = feedback[name][0].double()
         err = (applied[id(p)] + left - sums[id(p)]).abs().max().item()
         worst = max(worst, err / (sums[id(p)].abs().max().item() + 1e-12))
-    out = {"worst": worst, "rebuilds_after_first": state.rebuilds - rebuilds}
+    out = {"worst": worst, "rebuilds_after_first": rebuilds_after_first, "n": n}
     state.close()
     return out
 
@@ -411,6 +415,7 @@ class RebuildTest(unittest.TestCase):
         out = spawn(_resume_regrouped_worker, 1)
         self.assertLess(out[0]["worst"], 1e-5)
         self.assertEqual(out[0]["rebuilds_after_first"], 0)
+        self.assertEqual(out[0]["n"], 650)
 
     def test_after_a_resume_errors_name_ddps_bucket(self) -> None:
         text = spawn(_resume_regrouped_worker, 1, True)[0]
@@ -617,6 +622,9 @@ def _malformed_checkpoint_worker(rank: int, world: int) -> int:
     # tensor of another shape is refused, naming the field.
     assert isinstance(good["config"]["density"], torch.Tensor) and good["config"]["density"].dim() == 0
     refused(["'config.density'", "shape (2,)", "0-d float64"], edited(config={**good["config"], "density": torch.zeros(2)}))
+    refused(["'config.seed'", "not a tensor"],
+            edited(config={**good["config"], "seed": torch.tensor(3.0, dtype=torch.float64)}))
+    refused(["'buckets'", "2^30"], edited(buckets={1 << 31: keys}))
     # Fields this configuration does not use are not compared: a threshold without selector
     # 'threshold', DGC's momentum without its feedback.
     other = gct.GradcompState(selector="topk", density=0.01, overlap=False, seed=3)
@@ -807,7 +815,7 @@ class BadInputTest(unittest.TestCase):
 
     def test_malformed_checkpoints_are_refused_by_field(self) -> None:
         out = spawn(_malformed_checkpoint_worker, 1)
-        self.assertEqual(out[0], 22)
+        self.assertEqual(out[0], 24)
 
     def test_a_nonfinite_gradient_names_its_bucket_and_parameter(self) -> None:
         text = spawn(_nonfinite_worker, 1)[0]

@@ -6,7 +6,9 @@
 // Adding a selector: its header, one line in `selectors` below, and its test. with_selector()
 // hands the caller a value of the policy's type, so that a caller instantiates gradcomp's
 // templates for exactly the policies it can be asked for; the names (selector_names, for the
-// errors, the hook's SELECTORS and the examples' usage) come from the same lines.
+// errors and the hook's SELECTORS) come from the same lines. The examples' --compressor takes
+// the aliases at the end of this file: a selector offered there also gets an alias line and
+// its case in with_aliased_compressor.
 #pragma once
 
 #include <array>
@@ -169,11 +171,41 @@ R call_named(const Table& table, std::string_view what, const std::string& name,
   }
 }
 
+// Whether fn returns the same type for every policy of the table.
+template <class Table, class Fn, std::size_t... I>
+constexpr bool same_results(std::index_sequence<I...>) {
+  using R = std::invoke_result_t<Fn&, typename std::tuple_element_t<0, Table>::type>;
+  return (std::is_same_v<R, std::invoke_result_t<Fn&, typename std::tuple_element_t<I, Table>::type>> && ...);
+}
+
 template <class Table, class Fn>
 decltype(auto) with_named(const Table& table, std::string_view what, const std::string& name,
                           const engine_config& c, Fn& fn) {
+  static_assert(same_results<Table, Fn>(std::make_index_sequence<std::tuple_size_v<Table>>{}),
+                "the function given to with_selector() and the others must return the same type "
+                "for every policy");
   using R = std::invoke_result_t<Fn&, typename std::tuple_element_t<0, Table>::type>;
   return call_named<0, R>(table, what, name, c, fn);
+}
+
+// Whether `names` lists no name twice (a second entry of a name could never be chosen).
+template <std::size_t N>
+constexpr bool distinct(const std::array<std::string_view, N>& names) {
+  for (std::size_t i = 0; i < N; ++i) {
+    for (std::size_t j = i + 1; j < N; ++j) {
+      if (names[i] == names[j]) return false;
+    }
+  }
+  return true;
+}
+
+// Whether `name` is one of `names`.
+template <std::size_t N>
+constexpr bool listed_in(std::string_view name, const std::array<std::string_view, N>& names) {
+  for (std::string_view n : names) {
+    if (n == name) return true;
+  }
+  return false;
 }
 
 }  // namespace detail_registry
@@ -183,6 +215,9 @@ inline constexpr auto selector_names = detail_registry::names_of(selectors);
 inline constexpr auto quantizer_names = detail_registry::names_of(quantizers);
 inline constexpr auto feedback_names = detail_registry::names_of(feedbacks);
 inline constexpr auto exchange_names = detail_registry::names_of(exchanges);
+static_assert(detail_registry::distinct(selector_names) && detail_registry::distinct(quantizer_names) &&
+                  detail_registry::distinct(feedback_names) && detail_registry::distinct(exchange_names),
+              "a policy's name is listed twice in the registry");
 
 // ---- one policy of each kind by name ----------------------------------------------------
 // Each calls fn with a value of the named policy's type (fn returns the same type for every
@@ -312,6 +347,19 @@ inline constexpr compressor_alias compressor_aliases[] = {
     {"terngrad", "dense", "terngrad", "none"},
     {"sign", "dense", "sign", "residual"},
 };
+
+static_assert(
+    [] {
+      for (const compressor_alias& a : compressor_aliases) {
+        if (!detail_registry::listed_in(a.selector, selector_names) ||
+            !detail_registry::listed_in(a.quantizer, quantizer_names) ||
+            !detail_registry::listed_in(a.feedback, feedback_names)) {
+          return false;
+        }
+      }
+      return true;
+    }(),
+    "every compressor alias names policies of the registry");
 
 // c with the alias's policies (the parameters as c has them), checked; an unknown alias is
 // refused with the list.

@@ -145,21 +145,26 @@ class BucketFeedback:
                 at += numel
         return out
 
-    def groups_for(self, params: List[torch.Tensor], index: int) -> Optional[List[Tuple[int, List[int]]]]:
-        """After a checkpoint was loaded: DDP's first iteration puts every parameter in one
-        bucket of registration order, while the run that saved the checkpoint had rebuilt its
-        buckets (in the order the gradients came). To continue exactly as it would have, such a
-        bucket is compressed as the saved buckets were: a list of (saved bucket index, positions
-        of its parameters in this bucket), one entry too when the saved run had one bucket of
-        the same parameters in another order (a policy that depends on an element's position in
-        the bucket, such as qsgd's buckets or randomk's picks, sees the saved order). None when
-        this bucket is compressed whole (it is one of the saved buckets as it was, or nothing
-        was saved, or the saved buckets do not tile it)."""
+    def plan(self, params: List[torch.Tensor], index: int) -> Tuple[int, Optional[List[Tuple[int, List[int]]]]]:
+        """How DDP's bucket `index` runs on the engine: (the engine index of its first run, its
+        groups), groups None to run it whole.
+
+        After a checkpoint was loaded, DDP's first iteration puts every parameter in one bucket
+        of registration order, while the run that saved the checkpoint had rebuilt its buckets
+        (in the order the gradients came). To continue exactly as it would have, such a bucket
+        is compressed as the saved buckets were: groups is a list of (saved bucket index,
+        positions of its parameters in this bucket), one entry too when the saved run had one
+        bucket of the same parameters in another order (a policy that depends on an element's
+        position in the bucket, such as qsgd's buckets or randomk's picks, sees the saved
+        order). A bucket that is one of the saved ones as it was (or any bucket, when nothing
+        was saved) runs whole at its own index; one that the saved buckets do not tile runs
+        whole at an index above every saved one, so that two buckets of one step never share
+        an index (and so a staged state) and each keeps its index from step to step."""
         if not self.resume_groups:
-            return None
+            return index, None
         keys = [self.key(p, index, j) for j, p in enumerate(params)]
         if self.resume_groups.get(index) == keys:
-            return None
+            return index, None
         where = {k: j for j, k in enumerate(keys)}
         groups = []
         covered = 0
@@ -169,21 +174,8 @@ class BucketFeedback:
                 groups.append((g_index, [where[k] for k in g_keys]))
                 covered += len(g_keys)
         if covered != len(keys) or not groups:
-            return None
-        return groups
-
-    def whole_index(self, params: List[torch.Tensor], index: int) -> int:
-        """The engine's index for DDP's bucket `index` run whole. After a resume, the saved
-        buckets that some of DDP's buckets are compressed as (groups_for) keep their indices,
-        so a bucket that is not one of them as it was takes an index above every saved one:
-        two buckets of one step never share an index (and so a staged state), and each keeps
-        its index, and its feedback, from step to step."""
-        if not self.resume_groups:
-            return index
-        keys = [self.key(p, index, j) for j, p in enumerate(params)]
-        if self.resume_groups.get(index) == keys:
-            return index
-        return max(self.resume_groups) + 1 + index
+            return max(self.resume_groups) + 1 + index, None
+        return groups[0][0], groups
 
     def prepare_or_fail(self, engine: Any, index: int, params: List[torch.Tensor], n: int,
                         step: int) -> None:
@@ -202,14 +194,13 @@ class BucketFeedback:
     def run(self, engine: Any, index: int, staged: torch.Tensor, params: List[torch.Tensor],
             step: int, density: float) -> List[Any]:
         """Runs bucket `index` (its float32 values `staged`, written over with the result) on
-        the engine, as the saved buckets were after a resume (groups_for); the statistics of
+        the engine, as the saved buckets were after a resume (plan); the statistics of
         each engine run."""
         if step != self.ran_step:
             self.ran, self.ran_step = set(), step
         ddp_index = index
-        groups = self.groups_for(params, index)
+        index, groups = self.plan(params, index)
         if groups is None:
-            index = self.whole_index(params, index)
             self.prepare_or_fail(engine, index, params, staged.numel(), step)
             self.ran.add(index)
             return [self.run_as(engine, ddp_index, index, staged, params, step, density)]
@@ -236,18 +227,19 @@ class BucketFeedback:
     def run_as(self, engine: Any, ddp_index: int, index: int, values: torch.Tensor,
                params: List[torch.Tensor], step: int, density: float) -> Any:
         """engine.run() of `values` at the engine's `index`; its errors name DDP's bucket
-        (`ddp_index`), which after a resume can differ from the engine's (whole_index,
-        groups_for), as every rank's does: each maps its own, and the ranks' buckets agree."""
+        (`ddp_index`), which after a resume can differ from the engine's (plan), as every
+        rank's does: each maps its own, and the ranks' buckets agree. The error itself is
+        raised (its type and traceback), its message mapped."""
         try:
             return engine.run(index, values, step, density, self.labels(index, params))
         except Exception as e:
-            text = str(e)
-            if index == ddp_index or not isinstance(e, (RuntimeError, ValueError, FloatingPointError)):
-                raise
-            for old, new in ((f"(bucket {index})", f"(bucket {ddp_index})"),
-                             (f"bucket {index} of step", f"bucket {ddp_index} of step")):
-                text = text.replace(old, new)
-            raise type(e)(text) from None
+            if index != ddp_index and e.args and isinstance(e.args[0], str):
+                text = e.args[0]
+                for old, new in ((f"(bucket {index})", f"(bucket {ddp_index})"),
+                                 (f"bucket {index} of step", f"bucket {ddp_index} of step")):
+                    text = text.replace(old, new)
+                e.args = (text, *e.args[1:])
+            raise
 
     def labels(self, index: int, params: List[torch.Tensor]) -> List[Tuple[str, int]]:
         """Each parameter's key and size, for the engine to name the one whose gradient is not

@@ -95,9 +95,10 @@ def parse(state: Any, config: GradcompConfig, world_size: Optional[int],
             raise _bad(f"config.{key}", "is missing")
         value = saved[key]
         if isinstance(value, torch.Tensor):  # a float, as make() stores it
-            if value.dim() != 0 or value.dtype != torch.float64:
+            if not isinstance(ours[key], float) or value.dim() != 0 or value.dtype != torch.float64:
+                allowed = "a 0-d float64 tensor" if isinstance(ours[key], float) else "not a tensor"
                 raise _bad(f"config.{key}", f"is a tensor of shape {tuple(value.shape)} and dtype "
-                           f"{value.dtype}; allowed: a number (a 0-d float64 tensor)")
+                           f"{value.dtype}; allowed: {allowed}")
             value = value.item()
         if value != ours[key]:
             raise ValueError(
@@ -143,8 +144,10 @@ def parse(state: Any, config: GradcompConfig, world_size: Optional[int],
     buckets: Dict[int, List[str]] = {}
     seen: Dict[str, int] = {}
     for index, keys in raw_buckets.items():
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise _bad("buckets", f"has the bucket index {index!r}; allowed: integers >= 0")
+        # Below 2^30: a resumed bucket's engine index may be one above the largest saved one
+        # plus DDP's, and the engine takes indices below 2^32.
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 1 << 30:
+            raise _bad("buckets", f"has the bucket index {index!r}; allowed: integers 0 <= i < 2^30")
         if not isinstance(keys, (list, tuple)) or not all(isinstance(k, str) for k in keys):
             raise _bad(f"buckets[{index}]", "is not a list of parameter names")
         for k in keys:

@@ -1,6 +1,7 @@
 """gradcomp_hook: the DDP communication hook, ``ddp.register_comm_hook(state, gradcomp_hook)``."""
 
 import concurrent.futures
+from typing import List
 
 import torch
 import torch.distributed as dist
@@ -65,8 +66,8 @@ def _future_for(buffer: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
     return torch.futures.Future()
 
 
-def _refused(state: GradcompState, buffer: torch.Tensor, index: int, step: int, is_last: bool,
-             error: Exception) -> "torch.futures.Future[torch.Tensor]":
+def _refused(state: GradcompState, buffer: torch.Tensor, index: int, params: List[torch.Tensor],
+             step: int, is_last: bool, error: Exception) -> "torch.futures.Future[torch.Tensor]":
     """A bucket refused before it ran (its dtype, layout or device; the group; the engine):
     a failed future, as a failure inside the bucket's work gives, not an exception out of the
     hook, which would leave DDP's reducer broken. Where the engine exists, the bucket's
@@ -78,7 +79,8 @@ def _refused(state: GradcompState, buffer: torch.Tensor, index: int, step: int, 
         engine = state._engine
         if engine is not None and step >= state.config.start_iter:
             try:
-                engine.fail(index, step, errors.for_future(error))
+                # Under the engine index the other ranks run the bucket's first part at.
+                engine.fail(state._buckets.plan(params, index)[0], step, errors.for_future(error))
             except Exception:
                 pass  # fail() raises by design; the error the caller sees is `error`
         state._abandon_iteration(step, is_last)
@@ -101,7 +103,7 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
         _check_bucket(buffer)
         state._ensure_engine(buffer.device)
     except Exception as e:
-        return _refused(state, buffer, index, step, is_last, e)
+        return _refused(state, buffer, index, list(bucket.parameters()), step, is_last, e)
     if is_last:
         state.iteration += 1
     if step < state.config.start_iter:

@@ -39,8 +39,10 @@ class StepStats:
     def commit(self) -> None:
         """Every bucket of the step succeeded: count them."""
         with self._lock:
+            # The last step's buckets only: after a resume or a rebuild, the engine's bucket
+            # indices (each entry's "bucket") can change from one step to the next.
+            self._last = {stats["bucket"]: stats for stats in self._staged}
             for stats in self._staged:
-                self._last[stats["bucket"]] = stats
                 self._totals["bytes_sent"] += stats["bytes_sent"]
                 self._totals["bytes_received"] += stats["bytes_received"]
                 self._totals["selected"] += stats["selected"]
