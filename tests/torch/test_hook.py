@@ -307,6 +307,25 @@ def _other_buckets_resume_worker(rank: int, world: int, cap: int, unused: bool,
     return out
 
 
+def _fake_step(state: Any, rank: int, s: int, layout: List[List[torch.Tensor]],
+               sums: Dict[int, torch.Tensor], applied: Dict[int, torch.Tensor], nan_in: Any = None) -> None:
+    """One step of the hook over DDP-like buckets `layout` (FakeBucket i holds layout[i]), with
+    grad_for() gradients (a NaN at element 3 of `nan_in`'s); adds each parameter's gradient to
+    sums and the hook's result to applied."""
+    for i, params in enumerate(layout):
+        grads = [grad_for(rank, 100 * s + 10 * i + j, p.numel()) for j, p in enumerate(params)]
+        for p, g in zip(params, grads):
+            if p is nan_in:
+                g[3] = float("nan")
+        out = gct.gradcomp_hook(state, FakeBucket(i, torch.cat(grads), params,
+                                                  last=i == len(layout) - 1)).wait()
+        at = 0
+        for p, g in zip(params, grads):
+            sums[id(p)] += g.double()
+            applied[id(p)] += out[at: at + p.numel()].double()
+            at += p.numel()
+
+
 def _mid_step_rebuild_worker(rank: int, world: int) -> Dict[str, Any]:
     """DDP's rebuilt buckets can keep bucket 0 as it was and change a later one: the rebuild is
     then seen at bucket 1, after bucket 0 ran in that step. Bucket 0's new feedback must
@@ -318,15 +337,7 @@ def _mid_step_rebuild_worker(rank: int, world: int) -> Dict[str, Any]:
     applied = {id(p): torch.zeros(p.numel(), dtype=torch.float64) for p in (a, b, c)}
 
     def step(s: int, layout: List[List[torch.Tensor]]) -> None:
-        for i, params in enumerate(layout):
-            grads = [grad_for(rank, 100 * s + 10 * i + j, p.numel()) for j, p in enumerate(params)]
-            out = gct.gradcomp_hook(state, FakeBucket(i, torch.cat(grads), params,
-                                                      last=i == len(layout) - 1)).wait()
-            at = 0
-            for p, g in zip(params, grads):
-                sums[id(p)] += g.double()
-                applied[id(p)] += out[at: at + p.numel()].double()
-                at += p.numel()
+        _fake_step(state, rank, s, layout, sums, applied)
 
     step(0, [[a], [b, c]])
     step(1, [[a], [c, b]])  # rebuilt: bucket 0 unchanged, bucket 1 in another order
@@ -357,18 +368,7 @@ def _resume_regrouped_worker(rank: int, world: int, poison: bool = False) -> Any
     applied = {id(p): torch.zeros(p.numel(), dtype=torch.float64) for p in (a, b, c, d)}
 
     def step(state: Any, s: int, layout: List[List[torch.Tensor]], nan_in: Any = None) -> None:
-        for i, params in enumerate(layout):
-            grads = [grad_for(rank, 100 * s + 10 * i + j, p.numel()) for j, p in enumerate(params)]
-            for p, g in zip(params, grads):
-                if p is nan_in:
-                    g[3] = float("nan")
-            out = gct.gradcomp_hook(state, FakeBucket(i, torch.cat(grads), params,
-                                                      last=i == len(layout) - 1)).wait()
-            at = 0
-            for p, g in zip(params, grads):
-                sums[id(p)] += g.double()
-                applied[id(p)] += out[at: at + p.numel()].double()
-                at += p.numel()
+        _fake_step(state, rank, s, layout, sums, applied, nan_in)
 
     state = gct.GradcompState(selector="topk", density=0.1, feedback="residual", module=m)
     for s in range(2):
