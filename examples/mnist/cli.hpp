@@ -182,8 +182,8 @@ inline void print_epoch(unsigned epoch, const train_options& o, const outcome& r
 // dense_bytes_per_worker are extras, `more` (", \"key\": value" pairs) last.
 inline void print_json(const train_options& o, int workers, const outcome& r, const std::string& more = {}) {
   // A sparsifier: an alias whose selector is not 'dense' (runtime::compressor_aliases).
-  bool sparsifier = false;
-  for (const auto& a : gradcomp::runtime::compressor_aliases) sparsifier = sparsifier || (a.name == o.compressor && a.selector != "dense");
+  const gradcomp::runtime::compressor_alias* alias = gradcomp::runtime::find_alias(o.compressor);
+  const bool sparsifier = alias != nullptr && alias->selector != "dense";
   const double density = o.schedule == "pqasgd" ? 1.0 / o.subsets : sparsifier ? o.density : 1.0;
   const unsigned bits = o.compressor == "qsgd" ? o.bits
                         : o.compressor == "terngrad" ? 2u

@@ -270,10 +270,7 @@ inline void check_config(const engine_config& c) {
   using detail_registry::refuse;
   using detail_registry::shown;
   auto known = [](std::string_view what, const std::string& got, const auto& names) {
-    for (std::string_view n : names) {
-      if (got == n) return;
-    }
-    unknown_name(what, got, names);
+    if (!detail_registry::listed_in(got, names)) unknown_name(what, got, names);
   };
   known("selector", c.selector, selector_names);
   known("quantizer", c.quantizer, quantizer_names);
@@ -363,12 +360,19 @@ static_assert(
 
 // c with the alias's policies (the parameters as c has them), checked; an unknown alias is
 // refused with the list.
-inline engine_config with_alias(engine_config c, std::string_view alias) {
+// The alias named `name`, or nullptr.
+inline const compressor_alias* find_alias(std::string_view name) {
   for (const compressor_alias& a : compressor_aliases) {
-    if (a.name != alias) continue;
-    c.selector = a.selector;
-    c.quantizer = a.quantizer;
-    c.feedback = a.feedback;
+    if (a.name == name) return &a;
+  }
+  return nullptr;
+}
+
+inline engine_config with_alias(engine_config c, std::string_view alias) {
+  if (const compressor_alias* a = find_alias(alias)) {
+    c.selector = a->selector;
+    c.quantizer = a->quantizer;
+    c.feedback = a->feedback;
     check_config(c);
     return c;
   }
