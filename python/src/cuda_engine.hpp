@@ -3,7 +3,10 @@
 // GRADCOMP_TORCH_CUDA). The same contract as the host engine (runtime::bucket_engine, Engine
 // in torch_ext.cpp), so that gradcomp.torch's state, bucket tracking and checkpoints drive
 // either: run() writes the mean over ranks over the bucket, the new feedback state waits for
-// commit(), discard() forgets it, state()/set_state() move it through CPU tensors.
+// commit(), discard() forgets it, state()/set_state() move it through CPU tensors. The
+// commit and discard are the host drivers' transaction (detail::staged_slots) over device
+// tensors: each bucket keeps a committed and a staged residual, a step writes the staged one
+// from the committed one, and commit() swaps the two.
 //
 // A bucket stays on the device from end to end: the residual feedback and the top-k selection
 // (one fused pass adds the gradient into a copy of the feedback state), the gather of the
@@ -45,6 +48,7 @@
 #include <torch/types.h>
 
 #include <gradcomp/context.hpp>
+#include <gradcomp/detail/staged_feedback.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/runtime/bucket_engine.hpp>
 #include <gradcomp/runtime/registry.hpp>
@@ -99,7 +103,7 @@ class cuda_engine {
       detail::throw_invalid_argument("CudaEngine.run", "bucket", bucket, "0 <= bucket < 2^32");
     }
     check_bucket(g);
-    if (!pending_.empty() && step != pending_step_) pending_.clear();
+    if (step != pending_step_) feedback_.discard();
     pending_step_ = step;
     skipped_ = false;
     const auto id = static_cast<std::uint32_t>(bucket);
@@ -108,14 +112,19 @@ class cuda_engine {
 
     rt::bucket_record mine{step, id, rt::bucket_outcome::ok, {}};
     std::exception_ptr local;
-    at::Tensor e;  // the bucket's new feedback state
+    std::size_t slot = 0;
     at::Tensor indices, values;
     selection_stats sel_stats;
     double kept = 0.0, rest = 0.0;
     std::size_t k = 0;
     try {
       k = k_for_density(n, density);
-      e = staged_state(bucket, n).clone();
+      // The bucket's new feedback state: its staged residual, from the committed one (a
+      // second run of a bucket in one step, which the hook never does, replaces the first).
+      slot = slot_for(bucket, n);
+      feedback_.stage(slot, false);
+      at::Tensor& e = feedback_.staged(slot);
+      e.copy_(feedback_.committed(slot));
       if (n > 0) {
         indices = at::empty({static_cast<std::int64_t>(k)}, g.options().dtype(at::kInt));
         values = at::empty({static_cast<std::int64_t>(k)}, g.options());
@@ -154,7 +163,7 @@ class cuda_engine {
     }
     const auto t1 = clock::now();
     if (rt::settle_bucket(comm_, mine, local, config_.skip_nonfinite, record_scratch_,
-                          [this] { pending_.clear(); })) {
+                          [this] { feedback_.discard(); })) {
       g.fill_(std::numeric_limits<float>::quiet_NaN());
       skipped_ = true;
       return detail::tensor_stats_of(id, n, compress_stats{}, exchange_stats{}, 0);
@@ -163,10 +172,10 @@ class cuda_engine {
     try {
       received = exchange(indices, values, k, n, g);
     } catch (...) {
-      pending_.clear();
+      feedback_.discard();
       throw;
     }
-    pending_[bucket] = e;
+    feedback_.stage(slot);
     const auto t2 = clock::now();
 
     compress_stats cs;
@@ -187,27 +196,24 @@ class cuda_engine {
   // As the host engine's fail(): takes part in the bucket's agreement as failed.
   [[noreturn]] void fail(std::int64_t bucket, std::uint64_t step, std::string message) {
     rt::fail_bucket(comm_, bucket, step, std::move(message), config_.skip_nonfinite,
-                    record_scratch_, [this] { pending_.clear(); });
+                    record_scratch_, [this] { feedback_.discard(); });
   }
 
   [[nodiscard]] bool skipped() const noexcept { return skipped_; }
 
-  void commit() {
-    for (auto& [bucket, e] : pending_) committed_[bucket] = std::move(e);
-    pending_.clear();
-  }
-  void discard() { pending_.clear(); }
+  void commit() noexcept { feedback_.commit(); }
+  void discard() noexcept { feedback_.discard(); }
   void clear() {
-    committed_.clear();
-    pending_.clear();
+    feedback_.clear();
+    slots_.clear();
   }
   [[nodiscard]] static std::size_t buffer_count() noexcept { return 1; }  // residual: e
 
   // The committed feedback state of `bucket` as CPU tensors (none before its first step).
   std::vector<at::Tensor> state(std::int64_t bucket) const {
-    const auto it = committed_.find(bucket);
-    if (it == committed_.end()) return {};
-    return {it->second.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)};
+    const auto it = slots_.find(bucket);
+    if (it == slots_.end()) return {};
+    return {feedback_.committed(it->second).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)};
   }
 
   // Replaces the committed feedback state of `bucket` with `buffers` (CPU or CUDA float32).
@@ -222,8 +228,14 @@ class cuda_engine {
           "gradcomp: CudaEngine.set_state: argument 'buffers[0]' is ", torch_views::describe(b),
           "; allowed: a one-dimensional float32 tensor"));
     }
-    committed_[bucket] = b.to(device_, at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
-    pending_.erase(bucket);
+    at::Tensor e = b.to(device_, at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    at::Tensor staged = at::empty_like(e);
+    const auto n = static_cast<std::size_t>(e.numel());
+    if (const auto it = slots_.find(bucket); it != slots_.end()) {
+      feedback_.reset(it->second, std::move(e), std::move(staged), n);
+    } else {
+      slots_.emplace(bucket, feedback_.add(std::move(e), std::move(staged), n));
+    }
   }
 
   [[nodiscard]] int rank() const noexcept { return comm_.rank(); }
@@ -253,18 +265,18 @@ class cuda_engine {
                      at::TensorOptions().device(device_).dtype(at::kByte));
   }
 
-  // The state this step's compression starts from: the bucket's pending state (a bucket run a
-  // second time in one step, which the hook never does), else the committed one (zeros at the
-  // bucket's first step).
-  at::Tensor staged_state(std::int64_t bucket, std::size_t n) {
-    if (const auto p = pending_.find(bucket); p != pending_.end()) return p->second;
-    auto it = committed_.find(bucket);
-    if (it == committed_.end()) {
-      it = committed_.emplace(bucket, at::zeros({static_cast<std::int64_t>(n)},
-                                                at::TensorOptions().device(device_).dtype(at::kFloat)))
+  // Bucket `bucket`'s slot in feedback_, made at its first step (zeros committed); a bucket
+  // whose size changed is refused with the host engine's text.
+  std::size_t slot_for(std::int64_t bucket, std::size_t n) {
+    auto it = slots_.find(bucket);
+    if (it == slots_.end()) {
+      const auto options = at::TensorOptions().device(device_).dtype(at::kFloat);
+      const auto len = static_cast<std::int64_t>(n);
+      it = slots_.emplace(bucket, feedback_.add(at::zeros({len}, options),
+                                                at::empty({len}, options), n))
                .first;
     }
-    if (const auto had = static_cast<std::size_t>(it->second.numel()); had != n) {
+    if (const std::size_t had = feedback_.elements(it->second); had != n) {
       rt::refuse_bucket_size(bucket, n, had);
     }
     return it->second;
@@ -345,8 +357,8 @@ class cuda_engine {
   process_group_comm comm_;
   topk sel_;
   cudaStream_t stream_ = nullptr;
-  std::map<std::int64_t, at::Tensor> committed_;
-  std::map<std::int64_t, at::Tensor> pending_;
+  detail::staged_slots<at::Tensor> feedback_;  // every bucket's committed and staged residual
+  std::map<std::int64_t, std::size_t> slots_;   // bucket id -> its slot in feedback_
   std::uint64_t pending_step_ = 0;
   at::Tensor mean_;
   std::vector<std::byte> record_scratch_;

@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/comm_concepts.hpp>
 #include <gradcomp/error.hpp>
 
 namespace gradcomp::detail {

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/comm_concepts.hpp>
 #include <gradcomp/detail/comm_common.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/sparse.hpp>

@@ -1,5 +1,6 @@
 // gradcomp/detail/staged_feedback.hpp: the step's transaction over feedback state, the one
-// every driver uses (sparsified_sgd, periodic_averaging, the run-time bucket engine).
+// every driver uses (sparsified_sgd, periodic_averaging, the run-time bucket engine, and, through
+// staged_slots over device tensors, the DDP hook's CUDA engine).
 //
 // Each slot (a tensor, a tensor's slice, a bucket) keeps its feedback state twice: the
 // committed state, and the state a step in flight makes from it. compress() reads the committed
@@ -21,59 +22,36 @@
 
 namespace gradcomp::detail {
 
-template <class Compressor>
-class staged_feedback {
+// The transaction itself, over any state type (host feedback state, a device tensor): each slot
+// holds a committed and a staged state. A step writes a slot's staged state and marks the slot
+// (stage()); commit() keeps the staged state of every marked slot (the two swap: no copy),
+// discard() forgets the marks. What a state is and how a step writes it is the caller's.
+template <class State>
+class staged_slots {
  public:
-  using state_type = typename Compressor::state_type;
-  using value_type = typename Compressor::value_type;
-
-  // A new slot of n elements with zeroed state; returns its index.
-  std::size_t add(const Compressor& c, std::size_t n) {
-    slots_.push_back(slot{c.make_state(n), c.make_state(n), n, false});
+  // A new slot: its committed state, the buffer its steps stage into, its element count.
+  std::size_t add(State committed, State staged, std::size_t n) {
+    slots_.push_back(slot{std::move(committed), std::move(staged), n, false});
     return slots_.size() - 1;
   }
-  // Slot i anew: zeroed state of n elements, nothing pending.
-  void reset(const Compressor& c, std::size_t i, std::size_t n) {
-    slots_.at(i) = slot{c.make_state(n), c.make_state(n), n, false};
+  // Slot i anew, nothing pending.
+  void reset(std::size_t i, State committed, State staged, std::size_t n) {
+    slots_.at(i) = slot{std::move(committed), std::move(staged), n, false};
   }
   void clear() noexcept { slots_.clear(); }
 
-  // Compresses g with slot i's committed state into its staged state (the slot is pending from
-  // then on; a second compression of the slot in one step replaces the first).
-  compress_stats compress(Compressor& c, std::size_t i, std::span<const value_type> g,
-                          const compress_context& ctx, payload& out) {
-    slot& s = slots_[i];
-    if (g.size() != s.n) {
-      throw_invalid_argument("staged_feedback::compress", "gradient size", g.size(),
-                             concat("the size of its slot (", s.n, ")"));
-    }
-    s.pending = false;
-    const compress_stats cs = c.compress(g, std::as_const(s.committed), s.staged, ctx, out);
-    s.pending = true;
-    return cs;
-  }
+  // Slot i's staged state is this step's (commit() keeps it) or not (a step that is rewriting
+  // it unmarks it first, so that a failure half-way leaves nothing to commit).
+  void stage(std::size_t i, bool pending = true) { slots_.at(i).pending = pending; }
 
-  // Gives picks the exchange left out back to slot i's staged state, when the feedback can
-  // take them; returns how many it took (0 where the feedback drops them).
-  std::size_t restore(Compressor& c, std::size_t i, std::span<const std::uint32_t> idx,
-                      std::span<const value_type> values) {
-    if constexpr (restores_picks<typename Compressor::feedback_type, value_type>) {
-      c.feedback().restore(slots_[i].staged, idx, values);
-      return idx.size();
-    } else {
-      (void)c, (void)i, (void)values;
-      return 0;
-    }
-  }
-
-  // Keeps the staged state of every pending slot. Cannot fail.
+  // Keeps the staged state of every marked slot. Cannot fail.
   void commit() noexcept {
     for (slot& s : slots_) {
       if (s.pending) std::swap(s.committed, s.staged);
       s.pending = false;
     }
   }
-  // Forgets every pending slot's staged state.
+  // Forgets every marked slot's staged state.
   void discard() noexcept {
     for (slot& s : slots_) s.pending = false;
   }
@@ -86,14 +64,13 @@ class staged_feedback {
 
   [[nodiscard]] std::size_t size() const noexcept { return slots_.size(); }
   [[nodiscard]] std::size_t elements(std::size_t i) const { return slots_.at(i).n; }
-  [[nodiscard]] state_type& committed(std::size_t i) { return slots_.at(i).committed; }
-  [[nodiscard]] const state_type& committed(std::size_t i) const { return slots_.at(i).committed; }
-  // The state the step in flight is making (e.g. to drop what a driver does not keep).
-  [[nodiscard]] state_type& staged(std::size_t i) { return slots_.at(i).staged; }
+  [[nodiscard]] State& committed(std::size_t i) { return slots_.at(i).committed; }
+  [[nodiscard]] const State& committed(std::size_t i) const { return slots_.at(i).committed; }
+  [[nodiscard]] State& staged(std::size_t i) { return slots_.at(i).staged; }
 
   // Replaces every slot's committed state at once (a checkpoint that was checked whole);
   // nothing stays pending.
-  void replace_committed(std::vector<state_type>&& states) {
+  void replace_committed(std::vector<State>&& states) {
     if (states.size() != slots_.size()) {
       throw_invalid_argument("staged_feedback::replace_committed", "states.size()", states.size(),
                              concat(slots_.size(), " (one per slot)"));
@@ -106,12 +83,60 @@ class staged_feedback {
 
  private:
   struct slot {
-    state_type committed;
-    state_type staged;
-    std::size_t n = 0;  // a feedback without buffers has no other record of the size
+    State committed;
+    State staged;
+    std::size_t n = 0;  // a state without buffers has no other record of the size
     bool pending = false;
   };
   std::vector<slot> slots_;
+};
+
+// The host drivers' form: the slots hold a compressor's feedback state, and a step writes a
+// slot's staged state by compressing from its committed one.
+template <class Compressor>
+class staged_feedback : public staged_slots<typename Compressor::state_type> {
+  using base = staged_slots<typename Compressor::state_type>;
+
+ public:
+  using state_type = typename Compressor::state_type;
+  using value_type = typename Compressor::value_type;
+
+  // A new slot of n elements with zeroed state; returns its index.
+  std::size_t add(const Compressor& c, std::size_t n) {
+    return base::add(c.make_state(n), c.make_state(n), n);
+  }
+  // Slot i anew: zeroed state of n elements, nothing pending.
+  void reset(const Compressor& c, std::size_t i, std::size_t n) {
+    base::reset(i, c.make_state(n), c.make_state(n), n);
+  }
+
+  // Compresses g with slot i's committed state into its staged state (the slot is pending from
+  // then on; a second compression of the slot in one step replaces the first).
+  compress_stats compress(Compressor& c, std::size_t i, std::span<const value_type> g,
+                          const compress_context& ctx, payload& out) {
+    if (g.size() != this->elements(i)) {
+      throw_invalid_argument("staged_feedback::compress", "gradient size", g.size(),
+                             concat("the size of its slot (", this->elements(i), ")"));
+    }
+    this->stage(i, false);
+    const compress_stats cs =
+        c.compress(g, std::as_const(this->committed(i)), this->staged(i), ctx, out);
+    this->stage(i);
+    return cs;
+  }
+
+  // Gives picks the exchange left out back to slot i's staged state, when the feedback can
+  // take them; returns how many it took (0 where the feedback drops them).
+  std::size_t restore(Compressor& c, std::size_t i, std::span<const std::uint32_t> idx,
+                      std::span<const value_type> values) {
+    if constexpr (restores_picks<typename Compressor::feedback_type, value_type>) {
+      c.feedback().restore(this->staged(i), idx, values);
+      return idx.size();
+    } else {
+      (void)c, (void)i, (void)values;
+      return 0;
+    }
+  }
 };
 
 }  // namespace gradcomp::detail

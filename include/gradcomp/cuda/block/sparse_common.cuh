@@ -1,6 +1,7 @@
-// gradcomp/cuda/block/sparse_common.cuh: what the sparse and quantize device calls share:
-// the carving of the caller's one scratch buffer, the device-side error record that lets a
-// kernel reject bad input before anything is written, and the choice of whether to check.
+// gradcomp/cuda/block/sparse_common.cuh: what the sparse and quantize device calls share: the
+// device-side error record that lets a kernel reject bad input before anything is written, and
+// the choice of whether to check. (The carving of the caller's scratch buffer and the launch
+// helpers are the dispatch layer's: dispatch/scratch.cuh, dispatch/launch.cuh.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,8 +10,6 @@
 #include <cstdint>
 #include <string_view>
 
-#include <gradcomp/cuda/dispatch/launch.cuh>
-#include <gradcomp/cuda/dispatch/scratch.cuh>
 #include <gradcomp/config.hpp>
 #include <gradcomp/device.hpp>
 #include <gradcomp/error.hpp>

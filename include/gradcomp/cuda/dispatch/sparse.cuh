@@ -12,6 +12,8 @@
 #include <string_view>
 
 #include <gradcomp/cuda/block/sparse_common.cuh>
+#include <gradcomp/cuda/dispatch/launch.cuh>
+#include <gradcomp/cuda/dispatch/scratch.cuh>
 #include <gradcomp/cuda/kernels/sparse.cuh>
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/cuda/tuning.cuh>
