@@ -6,8 +6,10 @@
 #include <cstdint>
 
 #include <gradcomp/cuda.cuh>
+#include <gradcomp/cuda/dispatch/launch.cuh>
 #include <gradcomp/cuda/dispatch/scratch.cuh>
 #include <gradcomp/cuda/memory.cuh>
+#include <gradcomp/cuda/tuning.cuh>
 
 namespace gradcomp::torch_cuda {
 
@@ -46,8 +48,10 @@ __global__ void divide_kernel(float* out, std::size_t n, float divisor) {
   }
 }
 
-constexpr unsigned energy_threads = 256;
-constexpr unsigned energy_blocks = 512;  // per vector: partials[0, 512) values, [512, 1024) e
+// Per vector: partials[0, energy_blocks) values, [energy_blocks, 2 energy_blocks) e.
+constexpr unsigned energy_threads = cuda::energy_tuning_sm90.threads;
+constexpr unsigned energy_blocks = cuda::energy_tuning_sm90.blocks;
+static_assert(energy_threads % 32 == 0, "the energy kernel sums whole warps");
 
 // The block's sum of x[i]^2 over its grid-stride share, in double, into partials[blockIdx.x]
 // (blockIdx.y: 0 the values, 1 e).
@@ -146,11 +150,10 @@ void combine(void* scratch, std::size_t scratch_bytes, const std::uint32_t* indi
                            device_span<const float>(values, total), device_span<float>(out, n),
                            stream, device_validation::check);
   if (ranks == 1) return;  // x / 1 == x
-  constexpr unsigned threads = 256;
-  const std::size_t want = (n + threads - 1) / threads;
-  const auto blocks = static_cast<unsigned>(want < 4096 ? want : 4096);
-  divide_kernel<<<blocks, threads, 0, stream>>>(out, n, static_cast<float>(ranks));
-  detail::cuda_check(cudaGetLastError(), "divide_kernel launch");
+  constexpr cuda::elementwise_tuning t = cuda::divide_tuning_sm90;
+  divide_kernel<<<cuda::grid_for(n, t.threads, t.max_blocks), t.threads, 0, stream>>>(
+      out, n, static_cast<float>(ranks));
+  cuda::check_launch("divide_kernel launch");
 }
 
 }  // namespace gradcomp::torch_cuda

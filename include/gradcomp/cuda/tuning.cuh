@@ -1,8 +1,9 @@
 // gradcomp/cuda/tuning.cuh: every launch shape of gradcomp's kernels, in one place: the
 // selection kernels' as one constexpr aggregate (a plain value, so benchmarks can inject
 // alternatives: threads per block, items per thread, bits per radix pass), and the
-// element-wise kernels' (quantizers, sparse calls, feedback) as threads and a grid cap. The
-// values were chosen on sm_90; sm_80 builds use the same (not tuned there).
+// element-wise kernels' (quantizers, sparse calls, feedback, the DDP hook's division) as threads
+// and a grid cap, and the hook's energy reduction. The values were chosen on sm_90; sm_80
+// builds use the same (not tuned there).
 // Every kernel that walks g does so in tiles of threads * items consecutive elements, one tile
 // per block, loaded row by row (row r of a tile is threads consecutive elements), so loads are
 // coalesced and the per-tile counts of the ordered passes line up with the tiles.
@@ -68,5 +69,17 @@ inline constexpr elementwise_tuning quantize_tuning_sm90{256, 1u << 20};
 inline constexpr elementwise_tuning sparse_tuning_sm90{256, 1u << 20};
 // e += g and the residual feedback's scatter, gather and validation: few blocks, each looping.
 inline constexpr elementwise_tuning feedback_tuning_sm90{256, 4096};
+// The DDP hook's CUDA engine (python/src/cuda_bucket.cu): the mean's division by the rank count.
+inline constexpr elementwise_tuning divide_tuning_sm90{256, 4096};
+
+// A two-pass reduction: a grid of `blocks` blocks of `threads` per vector writes one partial
+// sum a block, and one more pass adds the partials in order (so the sum's order, and its
+// rounding, are fixed by these two numbers).
+struct reduction_tuning {
+  unsigned threads = 256;
+  unsigned blocks = 512;
+};
+// The DDP hook's energies ||sent||^2 and ||e + g - sent||^2, in double.
+inline constexpr reduction_tuning energy_tuning_sm90{256, 512};
 
 }  // namespace gradcomp::cuda
