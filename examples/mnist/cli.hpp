@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <gradcomp/runtime/registry.hpp>
@@ -56,16 +58,16 @@ struct extra_flags {
   std::function<bool(const std::string&, const std::string&)> handle;
 };
 
-// "a|b|c": the choices of a flag, as the registry names them (name(entry) of each entry).
-template <class Entries, class Name>
-std::string choices(const Entries& entries, Name name) {
+// "a|b|c": the choices of a flag, as the registry names them.
+template <std::size_t N>
+std::string choices(const std::array<std::string_view, N>& names) {
   std::string s;
-  for (const auto& e : entries) s += (s.empty() ? "" : "|") + std::string(name(e));
+  for (const std::string_view n : names) s += (s.empty() ? "" : "|") + std::string(n);
   return s;
 }
 
 [[noreturn]] inline void usage(const char* program, const extra_flags& extra, const char* why) {
-  const std::string compressors = choices(gradcomp::runtime::compressor_aliases, [](const auto& a) { return a.name; });
+  const std::string compressors = choices(gradcomp::runtime::alias_names);
   std::fprintf(stderr,
                "%s%s"
                "usage: %s [options]\n"
@@ -95,7 +97,7 @@ std::string choices(const Entries& entries, Name name) {
                "  --data DIR       (%s)\n"
                "%s",
                why ? why : "", why ? "\n" : "", program, compressors.c_str(),
-               choices(gradcomp::runtime::exchange_names, [](std::string_view n) { return n; }).c_str(), default_dir().c_str(), extra.usage.c_str());
+               choices(gradcomp::runtime::exchange_names).c_str(), default_dir().c_str(), extra.usage.c_str());
   std::exit(why ? 2 : 0);
 }
 

@@ -7,8 +7,8 @@
 // hands the caller a value of the policy's type, so that a caller instantiates gradcomp's
 // templates for exactly the policies it can be asked for; the names (selector_names, for the
 // errors and the hook's SELECTORS) come from the same lines. The examples' --compressor takes
-// the aliases at the end of this file: a selector offered there also gets an alias line and
-// its case in with_aliased_compressor.
+// the aliases at the end of this file: a selector offered there also gets an alias line
+// (with_aliased_compressor makes it from the registry's lines).
 #pragma once
 
 #include <array>
@@ -358,8 +358,14 @@ static_assert(
     }(),
     "every compressor alias names policies of the registry");
 
-// c with the alias's policies (the parameters as c has them), checked; an unknown alias is
-// refused with the list.
+// The aliases' names, in the order error messages list them.
+inline constexpr auto alias_names = [] {
+  std::array<std::string_view, std::size(compressor_aliases)> names{};
+  for (std::size_t i = 0; i < names.size(); ++i) names[i] = compressor_aliases[i].name;
+  return names;
+}();
+static_assert(detail_registry::distinct(alias_names), "a compressor alias is listed twice");
+
 // The alias named `name`, or nullptr.
 inline const compressor_alias* find_alias(std::string_view name) {
   for (const compressor_alias& a : compressor_aliases) {
@@ -368,6 +374,8 @@ inline const compressor_alias* find_alias(std::string_view name) {
   return nullptr;
 }
 
+// c with the alias's policies (the parameters as c has them), checked; an unknown alias is
+// refused with the list.
 inline engine_config with_alias(engine_config c, std::string_view alias) {
   if (const compressor_alias* a = find_alias(alias)) {
     c.selector = a->selector;
@@ -376,41 +384,61 @@ inline engine_config with_alias(engine_config c, std::string_view alias) {
     check_config(c);
     return c;
   }
-  std::string list;
-  for (const compressor_alias& a : compressor_aliases) list += detail::concat(list.empty() ? "" : ", ", "'", a.name, "'");
-  detail_registry::refuse("compressor", detail_registry::shown(alias), detail::concat("one of ", list));
+  detail_registry::refuse("compressor", detail_registry::shown(alias),
+                          detail::concat("one of ", detail_registry::listed(alias_names)));
 }
 
+namespace detail_registry {
+
+// The position of `name` in `names` (N where it is not there).
+template <std::size_t N>
+constexpr std::size_t index_in(std::string_view name, const std::array<std::string_view, N>& names) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (names[i] == name) return i;
+  }
+  return N;
+}
+
+// Alias I's registry lines, and the compressor they make.
+template <std::size_t I, class T>
+struct alias_lines {
+  static constexpr compressor_alias alias = compressor_aliases[I];
+  static constexpr const auto& selector = std::get<index_in(alias.selector, selector_names)>(selectors);
+  static constexpr const auto& quantizer = std::get<index_in(alias.quantizer, quantizer_names)>(quantizers);
+  static constexpr const auto& feedback = std::get<index_in(alias.feedback, feedback_names)>(feedbacks);
+  using type = compressor<typename std::remove_cvref_t<decltype(selector)>::type,
+                          typename std::remove_cvref_t<decltype(quantizer)>::type,
+                          typename std::remove_cvref_t<decltype(feedback)>::type, T>;
+  static type make(const engine_config& c) {
+    return type(selector.make(c), quantizer.make(c), feedback.make(c));
+  }
+};
+
+template <class T, std::size_t I, class R, class Fn>
+R call_aliased(const engine_config& c, Fn& fn) {
+  if constexpr (I == std::size(compressor_aliases)) {
+    throw invalid_argument(detail::concat(
+        "gradcomp: selector '", c.selector, "', quantizer '", c.quantizer, "', feedback '",
+        c.feedback, "' is not one of the aliased compressors; allowed: those of ",
+        listed(alias_names), " (runtime::compressor_aliases)"));
+  } else {
+    constexpr compressor_alias a = compressor_aliases[I];
+    if (c.selector == a.selector && c.quantizer == a.quantizer && c.feedback == a.feedback) {
+      return fn(alias_lines<I, T>::make(c));
+    }
+    return call_aliased<T, I + 1, R>(c, fn);
+  }
+}
+
+}  // namespace detail_registry
+
 // fn(compressor<S, Q, F, T>) for a configuration that is one of the aliases: the compressors a
-// program that takes --compressor instantiates (ten, not every combination).
+// program that takes --compressor instantiates (one per alias, not every combination), each
+// made by the registry's lines for its policies. fn returns the same type for each.
 template <class T = float, class Fn>
 decltype(auto) with_aliased_compressor(const engine_config& c, Fn&& fn) {
-  auto is = [&](std::string_view s, std::string_view q, std::string_view f) {
-    return c.selector == s && c.quantizer == q && c.feedback == f;
-  };
-  auto qsgd_q = [&] { return qsgd::with_bits(c.bits, c.bucket_size); };
-  if (is("dense", "fp32", "none")) return fn(compressor<dense, identity, no_feedback, T>{});
-  if (is("topk", "fp32", "residual")) return fn(compressor<topk, identity, residual, T>{});
-  if (is("gaussiank", "fp32", "residual")) return fn(compressor<gaussiank, identity, residual, T>{});
-  if (is("gaussiank_published", "fp32", "residual")) {
-    return fn(compressor<gaussiank, identity, residual, T>(gaussiank::published()));
-  }
-  if (is("randomk", "fp32", "residual")) return fn(compressor<randomk, identity, residual, T>{});
-  if (is("redsync", "fp32", "residual")) return fn(compressor<redsync, identity, residual, T>{});
-  if (is("topk", "fp32", "dgc")) {
-    return fn(compressor<topk, identity, dgc_momentum, T>(
-        topk{}, identity{}, dgc_momentum{.momentum = c.dgc_momentum, .clip_norm = c.dgc_clip_norm}));
-  }
-  if (is("dense", "qsgd", "none")) return fn(compressor<dense, qsgd, no_feedback, T>(dense{}, qsgd_q()));
-  if (is("dense", "terngrad", "none")) {
-    return fn(compressor<dense, terngrad, no_feedback, T>(dense{}, terngrad(c.bucket_size)));
-  }
-  if (is("dense", "sign", "residual")) {
-    return fn(compressor<dense, scaled_sign, residual, T>(dense{}, scaled_sign(c.bucket_size)));
-  }
-  throw invalid_argument(detail::concat("gradcomp: selector '", c.selector, "', quantizer '", c.quantizer,
-                                        "', feedback '", c.feedback,
-                                        "' is not one of the aliased compressors (runtime::compressor_aliases)"));
+  using R = std::invoke_result_t<Fn&, typename detail_registry::alias_lines<0, T>::type>;
+  return detail_registry::call_aliased<T, 0, R>(c, fn);
 }
 
 }  // namespace gradcomp::runtime
