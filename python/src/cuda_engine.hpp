@@ -207,6 +207,13 @@ class cuda_engine {
     feedback_.clear();
     slots_.clear();
   }
+  // As the host engine's drop(): forgets bucket `bucket`'s residual and frees its memory.
+  void drop(std::int64_t bucket) {
+    const auto it = slots_.find(bucket);
+    if (it == slots_.end()) return;
+    feedback_.release(it->second, at::Tensor(), at::Tensor());
+    slots_.erase(it);
+  }
   [[nodiscard]] static std::size_t buffer_count() noexcept { return 1; }  // residual: e
 
   // The committed feedback state of `bucket` as CPU tensors (none before its first step).

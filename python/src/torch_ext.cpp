@@ -130,6 +130,7 @@ class engine {
   }
 
   void clear() { engine_.feedback().clear(); }
+  void drop(std::int64_t bucket) { engine_.feedback().drop(bucket); }
   void commit() { engine_.commit(); }
   void discard() { engine_.discard(); }
   [[nodiscard]] std::size_t buffer_count() { return engine_.feedback().buffer_count(); }
@@ -229,6 +230,8 @@ PYBIND11_MODULE(_torch_ext, m) {
       .def("state", &engine::state, py::arg("bucket"))
       .def("set_state", &engine::set_state, py::arg("bucket"), py::arg("buffers"))
       .def("clear", &engine::clear)
+      .def("drop", &engine::drop, py::arg("bucket"),
+           "Forgets bucket `bucket`'s feedback state, committed and staged, and frees it.")
       .def("commit", &engine::commit,
            "Keeps the new feedback state of every bucket run since the last commit or discard.")
       .def("discard", &engine::discard,
@@ -252,6 +255,7 @@ PYBIND11_MODULE(_torch_ext, m) {
       .def("set_state", [](cuda_engine_py& e, std::int64_t b, const std::vector<at::Tensor>& v) { e.get().set_state(b, v); },
            py::arg("bucket"), py::arg("buffers"))
       .def("clear", [](cuda_engine_py& e) { e.get().clear(); })
+      .def("drop", [](cuda_engine_py& e, std::int64_t b) { e.get().drop(b); }, py::arg("bucket"))
       .def("commit", [](cuda_engine_py& e) { e.get().commit(); })
       .def("discard", [](cuda_engine_py& e) { e.get().discard(); })
       .def_property_readonly("buffer_count", [](cuda_engine_py&) { return cuda_engine::buffer_count(); })

@@ -96,6 +96,26 @@ TEST_CASE("staged_slots: commit keeps only the staged slots, discard keeps none"
   CHECK(s.committed(b) == std::vector<int>{7, 8, 9});
 }
 
+TEST_CASE("staged_slots: a released slot is freed, stays out of commits, and is reused by add") {
+  gradcomp::detail::staged_slots<std::vector<int>> s;
+  const std::size_t a = s.add({1, 2, 3}, {0, 0, 0}, 3);
+  const std::size_t b = s.add({4}, {0}, 1);
+  s.staged(a) = {7, 8, 9};
+  s.stage(a);
+  s.release(a, {}, {});
+  CHECK_FALSE(s.pending());  // the released slot's staged state is not kept
+  CHECK(s.committed(a).empty());
+  CHECK(s.elements(a) == 0);
+  s.commit();
+  CHECK(s.committed(a).empty());
+  const std::size_t c = s.add({5, 6}, {0, 0}, 2);
+  CHECK(c == a);  // reused
+  CHECK(s.size() == 2);
+  CHECK(s.committed(c) == std::vector<int>{5, 6});
+  CHECK(s.committed(b) == std::vector<int>{4});
+  CHECK(s.add({9}, {0}, 1) == 2);  // no released slot left: a new one
+}
+
 TEST_CASE("staged_slots: replace_committed refuses the wrong number of states and changes nothing") {
   gradcomp::detail::staged_slots<std::vector<int>> s;
   s.add({1}, {0}, 1);

@@ -207,6 +207,40 @@ TEST_CASE("bucket_engine: discard leaves every bucket's feedback as the last com
   });
 }
 
+TEST_CASE("bucket_engine: drop frees one bucket's state and leaves the others'") {
+  run_in_process(2, [](in_process_comm& comm) {
+    runtime::bucket_engine<in_process_comm> e(comm, config_of("topk", "fp32", "residual", "allgather"));
+    std::vector<float> a = bucket_for(comm.rank(), 0, 500);
+    std::vector<float> b = bucket_for(comm.rank(), 1, 300);
+    e.run(0, a, 0, 0.01);
+    e.run(1, b, 0, 0.01);
+    e.commit();
+    const auto kept = e.feedback().buffers(1)[0];
+    const std::vector<float> e1(kept.begin(), kept.end());
+    e.feedback().drop(0);
+    e.feedback().drop(7);  // no state: nothing happens
+    CHECK(e.feedback().buffers(0).empty());
+    const auto after1 = e.feedback().buffers(1)[0];
+    CHECK(std::vector<float>(after1.begin(), after1.end()) == e1);
+    // The dropped index runs again from zeros, at another size too (its slot is reused): the
+    // residual of a first step is the bucket less what was sent, as for a bucket never run.
+    std::vector<float> c = bucket_for(comm.rank(), 2, 123);
+    const std::vector<float> c0 = c;
+    std::vector<float> fresh_c = c;
+    runtime::bucket_engine<in_process_comm> fresh(comm, config_of("topk", "fp32", "residual", "allgather"));
+    e.run(0, c, 1, 0.01);
+    fresh.run(0, fresh_c, 1, 0.01);
+    e.commit();
+    fresh.commit();
+    CHECK(c == fresh_c);
+    const auto r = e.feedback().buffers(0)[0];
+    const auto rf = fresh.feedback().buffers(0)[0];
+    CHECK(r.size() == 123);
+    CHECK(std::vector<float>(r.begin(), r.end()) == std::vector<float>(rf.begin(), rf.end()));
+    CHECK_FALSE(std::vector<float>(r.begin(), r.end()) == c0);  // picks were taken out
+  });
+}
+
 namespace {
 
 std::vector<float> committed_state(runtime::bucket_engine<in_process_comm>& e, std::int64_t bucket) {

@@ -392,7 +392,11 @@ def _resume_regrouped_worker(rank: int, world: int, poison: bool = False) -> Any
         step(state, s, [[a, b], [c], [d]])
     rebuilds_after_first = state.rebuilds - rebuilds
     # DDP rebuilds into the saved buckets: the statistics are of this step's buckets only.
+    # The indices the resume's whole buckets ran at (above the saved 0..2) are no longer used:
+    # the engine frees their state once the step commits; the saved indices keep theirs.
+    held_before = [i for i in range(8) if state._engine.state(i)]
     step(state, 6, [[a], [b], [c, d]])
+    held_after = [i for i in range(8) if state._engine.state(i)]
     n = state.stats()["n"]
     feedback = state.state_dict()["feedback"]
     worst = 0.0
@@ -400,7 +404,8 @@ def _resume_regrouped_worker(rank: int, world: int, poison: bool = False) -> Any
         left = feedback[name][0].double()
         err = (applied[id(p)] + left - sums[id(p)]).abs().max().item()
         worst = max(worst, err / (sums[id(p)].abs().max().item() + 1e-12))
-    out = {"worst": worst, "rebuilds_after_first": rebuilds_after_first, "n": n}
+    out = {"worst": worst, "rebuilds_after_first": rebuilds_after_first, "n": n,
+           "held_before": held_before, "held_after": held_after}
     state.close()
     return out
 
@@ -416,6 +421,8 @@ class RebuildTest(unittest.TestCase):
         self.assertLess(out[0]["worst"], 1e-5)
         self.assertEqual(out[0]["rebuilds_after_first"], 0)
         self.assertEqual(out[0]["n"], 650)
+        self.assertEqual(out[0]["held_before"], [0, 1, 4, 5])
+        self.assertEqual(out[0]["held_after"], [0, 1, 2])
 
     def test_after_a_resume_errors_name_ddps_bucket(self) -> None:
         text = spawn(_resume_regrouped_worker, 1, True)[0]

@@ -29,16 +29,32 @@ namespace gradcomp::detail {
 template <class State>
 class staged_slots {
  public:
-  // A new slot: its committed state, the buffer its steps stage into, its element count.
+  // A new slot (a released one where there is one): its committed state, the buffer its steps
+  // stage into, its element count.
   std::size_t add(State committed, State staged, std::size_t n) {
+    if (!free_.empty()) {
+      const std::size_t i = free_.back();
+      slots_[i] = slot{std::move(committed), std::move(staged), n, false};
+      free_.pop_back();
+      return i;
+    }
     slots_.push_back(slot{std::move(committed), std::move(staged), n, false});
     return slots_.size() - 1;
+  }
+  // Slot i is no longer used: its states become `committed` and `staged` (empty ones, which
+  // frees what it held), nothing of it is pending, and add() reuses it. Each slot once.
+  void release(std::size_t i, State committed, State staged) {
+    slots_.at(i) = slot{std::move(committed), std::move(staged), 0, false};
+    free_.push_back(i);
   }
   // Slot i anew, nothing pending.
   void reset(std::size_t i, State committed, State staged, std::size_t n) {
     slots_.at(i) = slot{std::move(committed), std::move(staged), n, false};
   }
-  void clear() noexcept { slots_.clear(); }
+  void clear() noexcept {
+    slots_.clear();
+    free_.clear();
+  }
 
   // Slot i's staged state is this step's (commit() keeps it) or not (a step that is rewriting
   // it unmarks it first, so that a failure half-way leaves nothing to commit).
@@ -89,6 +105,7 @@ class staged_slots {
     bool pending = false;
   };
   std::vector<slot> slots_;
+  std::vector<std::size_t> free_;  // released slots, for add() to reuse
 };
 
 // The host drivers' form: the slots hold a compressor's feedback state, and a step writes a
@@ -108,6 +125,10 @@ class staged_feedback : public staged_slots<typename Compressor::state_type> {
   // Slot i anew: zeroed state of n elements, nothing pending.
   void reset(const Compressor& c, std::size_t i, std::size_t n) {
     base::reset(i, c.make_state(n), c.make_state(n), n);
+  }
+  // Slot i is no longer used: its buffers are freed and add() reuses it.
+  void release(const Compressor& c, std::size_t i) {
+    base::release(i, c.make_state(0), c.make_state(0));
   }
 
   // Compresses g with slot i's committed state into its staged state (the slot is pending from

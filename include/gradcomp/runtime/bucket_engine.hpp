@@ -74,6 +74,9 @@ class compress_half {
   virtual std::vector<std::span<float>> buffers(std::int64_t bucket) = 0;
   // Makes (zeroed) state for a bucket of n elements, replacing what was there.
   virtual std::vector<std::span<float>> reset(std::int64_t bucket, std::size_t n) = 0;
+  // Forgets a bucket's state, committed and staged, and frees it (a later run of the bucket
+  // starts from zeros); nothing happens for a bucket without state.
+  virtual void drop(std::int64_t bucket) = 0;
   virtual void clear() = 0;
   [[nodiscard]] virtual std::size_t buffer_count() const = 0;
   // The decoded values of p in payload order (what the feedback subtracted).
@@ -120,6 +123,13 @@ class compress_impl final : public compress_half {
       feedback_.reset(c_, it->second, n);
     }
     return feedback_.committed(slots_.at(bucket)).buffers();
+  }
+
+  void drop(std::int64_t bucket) override {
+    const auto it = slots_.find(bucket);
+    if (it == slots_.end()) return;
+    feedback_.release(c_, it->second);
+    slots_.erase(it);
   }
 
   void clear() override {

@@ -37,6 +37,7 @@ class BucketFeedback:
         # those of DDP's buckets of this step, so a rebuild seen later in the step keeps them.
         self.ran: set = set()
         self.ran_step: Optional[int] = None
+        self.held: set = set()  # the indices the engine holds state for (drop_unused)
 
     def name_parameters(self, module: torch.nn.Module, engine: Any = None) -> None:
         """Keys the parameters by their names in `module`. When buckets already hold feedback
@@ -122,6 +123,7 @@ class BucketFeedback:
             pending.pop(k, None)
         self.pending = pending
         self.layouts[index] = layout
+        self.held.add(index)
         for pid, _ in layout:
             self.owner[pid] = index
 
@@ -257,6 +259,13 @@ class BucketFeedback:
         step (same step number) starts with no bucket run."""
         self.ran, self.ran_step = set(), None
 
+    def drop_unused(self, engine: Any) -> None:
+        """Once a step committed: frees the engine's state of each index no bucket uses any more
+        (a rebuild released its feedback to the pending pool, or a resume's first step ran it)."""
+        for index in sorted(self.held - self.layouts.keys()):
+            engine.drop(index)
+        self.held = set(self.layouts)
+
     def check_pending(self) -> None:
         if self.pending:
             names = sorted(self.pending)
@@ -282,6 +291,7 @@ class BucketFeedback:
              resume_groups: Dict[int, List[str]]) -> None:
         if engine is not None:
             engine.clear()
+        self.held.clear()
         self.layouts.clear()
         self.owner.clear()
         self.label_cache.clear()

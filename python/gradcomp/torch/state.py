@@ -212,6 +212,7 @@ class GradcompState:
             # Every bucket of the iteration succeeded: keep their new feedback state and count
             # them. Until now a failure would have changed nothing.
             engine.commit()
+            self._buckets.drop_unused(engine)
             self._last_skipped = False
             self._stats.commit()
         return buffer
