@@ -114,6 +114,17 @@ TEST_CASE("staged_slots: a released slot is freed, stays out of commits, and is 
   CHECK(s.committed(c) == std::vector<int>{5, 6});
   CHECK(s.committed(b) == std::vector<int>{4});
   CHECK(s.add({9}, {0}, 1) == 2);  // no released slot left: a new one
+
+  // A second release of a slot, or a reset of a released one, never hands one slot to two.
+  s.release(b, {}, {});
+  s.release(b, {}, {});
+  const std::size_t d = s.add({1}, {0}, 1);
+  CHECK(d == b);
+  CHECK(s.add({2}, {0}, 1) == 3);  // not b again
+  s.release(0, {}, {});
+  s.reset(0, {3}, {0}, 1);  // in use again: no longer free
+  CHECK(s.add({4}, {0}, 1) == 4);
+  CHECK(s.committed(0) == std::vector<int>{3});
 }
 
 TEST_CASE("staged_slots: replace_committed refuses the wrong number of states and changes nothing") {

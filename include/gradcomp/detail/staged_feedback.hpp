@@ -34,22 +34,27 @@ class staged_slots {
   std::size_t add(State committed, State staged, std::size_t n) {
     if (!free_.empty()) {
       const std::size_t i = free_.back();
-      slots_[i] = slot{std::move(committed), std::move(staged), n, false};
+      slots_[i] = slot{std::move(committed), std::move(staged), n, false, false};
       free_.pop_back();
       return i;
     }
-    slots_.push_back(slot{std::move(committed), std::move(staged), n, false});
+    slots_.push_back(slot{std::move(committed), std::move(staged), n, false, false});
     return slots_.size() - 1;
   }
   // Slot i is no longer used: its states become `committed` and `staged` (empty ones, which
-  // frees what it held), nothing of it is pending, and add() reuses it. Each slot once.
+  // frees what it held), nothing of it is pending, and add() reuses it. Releasing a released
+  // slot again changes nothing.
   void release(std::size_t i, State committed, State staged) {
-    slots_.at(i) = slot{std::move(committed), std::move(staged), 0, false};
+    slot& s = slots_.at(i);
+    if (s.released) return;
+    s = slot{std::move(committed), std::move(staged), 0, false, true};
     free_.push_back(i);
   }
-  // Slot i anew, nothing pending.
+  // Slot i anew, nothing pending (a released slot is in use again).
   void reset(std::size_t i, State committed, State staged, std::size_t n) {
-    slots_.at(i) = slot{std::move(committed), std::move(staged), n, false};
+    slot& s = slots_.at(i);
+    if (s.released) std::erase(free_, i);
+    s = slot{std::move(committed), std::move(staged), n, false, false};
   }
   void clear() noexcept {
     slots_.clear();
@@ -103,6 +108,7 @@ class staged_slots {
     State staged;
     std::size_t n = 0;  // a state without buffers has no other record of the size
     bool pending = false;
+    bool released = false;  // on free_, for add() to reuse
   };
   std::vector<slot> slots_;
   std::vector<std::size_t> free_;  // released slots, for add() to reuse

@@ -212,9 +212,9 @@ class GradcompState:
             # Every bucket of the iteration succeeded: keep their new feedback state and count
             # them. Until now a failure would have changed nothing.
             engine.commit()
-            self._buckets.drop_unused(engine)
             self._last_skipped = False
             self._stats.commit()
+            self._buckets.drop_unused(engine)  # frees memory only: the step is kept already
         return buffer
 
     def _abandon_iteration(self, step: int, is_last: bool = True) -> None:
