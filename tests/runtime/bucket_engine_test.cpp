@@ -180,18 +180,28 @@ TEST_CASE("bucket_engine: every combination the registry accepts runs, and repli
   CHECK(refused > 0);
 }
 
+namespace {
+
+// Top-k with residual feedback over allgather, its buckets 0 (500 elements) and 1 (300) run at
+// step 0 and committed.
+void run_two_buckets(runtime::bucket_engine<in_process_comm>& e, int rank) {
+  std::vector<float> a = bucket_for(rank, 0, 500);
+  std::vector<float> b = bucket_for(rank, 1, 300);
+  e.run(0, a, 0, 0.01);
+  e.run(1, b, 0, 0.01);
+  e.commit();
+}
+
+}  // namespace
+
 TEST_CASE("bucket_engine: discard leaves every bucket's feedback as the last commit did") {
   run_in_process(2, [](in_process_comm& comm) {
     runtime::bucket_engine<in_process_comm> e(comm, config_of("topk", "fp32", "residual", "allgather"));
-    std::vector<float> a = bucket_for(comm.rank(), 0, 500);
-    std::vector<float> b = bucket_for(comm.rank(), 1, 300);
-    e.run(0, a, 0, 0.01);
-    e.run(1, b, 0, 0.01);
-    e.commit();
+    run_two_buckets(e, comm.rank());
     const std::vector<float> e0(e.feedback().buffers(0)[0].begin(), e.feedback().buffers(0)[0].end());
     const std::vector<float> e1(e.feedback().buffers(1)[0].begin(), e.feedback().buffers(1)[0].end());
-    a = bucket_for(comm.rank(), 2, 500);
-    b = bucket_for(comm.rank(), 3, 300);
+    std::vector<float> a = bucket_for(comm.rank(), 2, 500);
+    std::vector<float> b = bucket_for(comm.rank(), 3, 300);
     e.run(0, a, 1, 0.01);
     e.run(1, b, 1, 0.01);
     CHECK(e.feedback().pending());
@@ -210,11 +220,7 @@ TEST_CASE("bucket_engine: discard leaves every bucket's feedback as the last com
 TEST_CASE("bucket_engine: drop frees one bucket's state and leaves the others'") {
   run_in_process(2, [](in_process_comm& comm) {
     runtime::bucket_engine<in_process_comm> e(comm, config_of("topk", "fp32", "residual", "allgather"));
-    std::vector<float> a = bucket_for(comm.rank(), 0, 500);
-    std::vector<float> b = bucket_for(comm.rank(), 1, 300);
-    e.run(0, a, 0, 0.01);
-    e.run(1, b, 0, 0.01);
-    e.commit();
+    run_two_buckets(e, comm.rank());
     const auto kept = e.feedback().buffers(1)[0];
     const std::vector<float> e1(kept.begin(), kept.end());
     e.feedback().drop(0);
