@@ -48,7 +48,7 @@
 #include <torch/types.h>
 
 #include <gradcomp/context.hpp>
-#include <gradcomp/detail/staged_feedback.hpp>
+#include <gradcomp/engine/staged_feedback.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/runtime/bucket_engine.hpp>
 #include <gradcomp/runtime/registry.hpp>

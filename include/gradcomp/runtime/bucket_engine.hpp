@@ -34,8 +34,8 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/comm_common.hpp>
 #include <gradcomp/detail/nonfinite.hpp>
-#include <gradcomp/detail/staged_feedback.hpp>
-#include <gradcomp/detail/tensor_record.hpp>
+#include <gradcomp/engine/staged_feedback.hpp>
+#include <gradcomp/engine/tensor_record.hpp>
 #include <gradcomp/detail/bitpack.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/runtime/registry.hpp>

@@ -20,8 +20,8 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/checkpoint.hpp>
 #include <gradcomp/detail/nonfinite.hpp>
-#include <gradcomp/detail/staged_feedback.hpp>
-#include <gradcomp/detail/tensor_record.hpp>
+#include <gradcomp/engine/staged_feedback.hpp>
+#include <gradcomp/engine/tensor_record.hpp>
 #include <gradcomp/detail/timer.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/feedback/residual.hpp>

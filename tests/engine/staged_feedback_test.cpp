@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include <gradcomp/detail/staged_feedback.hpp>
+#include <gradcomp/engine/staged_feedback.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/feedback/residual.hpp>
 #include <gradcomp/quantize/identity.hpp>

@@ -1,4 +1,4 @@
-// gradcomp/detail/staged_feedback.hpp: the step's transaction over feedback state, the one
+// gradcomp/engine/staged_feedback.hpp: the step's transaction over feedback state, the one
 // every driver uses (sparsified_sgd, periodic_averaging, the run-time bucket engine, and, through
 // staged_slots over device tensors, the DDP hook's CUDA engine).
 //

@@ -1,4 +1,4 @@
-// gradcomp/detail/tensor_record.hpp: the one function from a tensor's compression and
+// gradcomp/engine/tensor_record.hpp: the one function from a tensor's compression and
 // exchange to its statistics, and the step's totals, for every driver (sparsified_sgd,
 // periodic_averaging, the run-time bucket engine behind the PyTorch hook).
 #pragma once
