@@ -4,9 +4,9 @@
 // in torch_ext.cpp), so that gradcomp.torch's state, bucket tracking and checkpoints drive
 // either: run() writes the mean over ranks over the bucket, the new feedback state waits for
 // commit(), discard() forgets it, state()/set_state() move it through CPU tensors. The
-// commit and discard are the host drivers' transaction (detail::staged_slots) over device
-// tensors: each bucket keeps a committed and a staged residual, a step writes the staged one
-// from the committed one, and commit() swaps the two.
+// commit and discard are the host drivers' transaction, by bucket id as in the host engine
+// (detail::bucket_slots), over device tensors: each bucket keeps a committed and a staged
+// residual, a step writes the staged one from the committed one, and commit() swaps the two.
 //
 // A bucket stays on the device from end to end: the residual feedback and the top-k selection
 // (one fused pass adds the gradient into a copy of the feedback state), the gather of the
@@ -37,7 +37,6 @@
 #include <cstring>
 #include <exception>
 #include <limits>
-#include <map>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -203,24 +202,16 @@ class cuda_engine {
 
   void commit() noexcept { feedback_.commit(); }
   void discard() noexcept { feedback_.discard(); }
-  void clear() {
-    feedback_.clear();
-    slots_.clear();
-  }
+  void clear() { feedback_.clear(); }
   // As the host engine's drop(): forgets bucket `bucket`'s residual and frees its memory.
-  void drop(std::int64_t bucket) {
-    const auto it = slots_.find(bucket);
-    if (it == slots_.end()) return;
-    feedback_.release(it->second, at::Tensor(), at::Tensor());
-    slots_.erase(it);
-  }
+  void drop(std::int64_t bucket) { feedback_.drop(bucket, at::Tensor(), at::Tensor()); }
   [[nodiscard]] static std::size_t buffer_count() noexcept { return 1; }  // residual: e
 
   // The committed feedback state of `bucket` as CPU tensors (none before its first step).
   std::vector<at::Tensor> state(std::int64_t bucket) const {
-    const auto it = slots_.find(bucket);
-    if (it == slots_.end()) return {};
-    return {feedback_.committed(it->second).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)};
+    const auto i = feedback_.find(bucket);
+    if (!i) return {};
+    return {feedback_.committed(*i).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)};
   }
 
   // Replaces the committed feedback state of `bucket` with `buffers` (CPU or CUDA float32).
@@ -238,11 +229,7 @@ class cuda_engine {
     at::Tensor e = b.to(device_, at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
     at::Tensor staged = at::empty_like(e);
     const auto n = static_cast<std::size_t>(e.numel());
-    if (const auto it = slots_.find(bucket); it != slots_.end()) {
-      feedback_.reset(it->second, std::move(e), std::move(staged), n);
-    } else {
-      slots_.emplace(bucket, feedback_.add(std::move(e), std::move(staged), n));
-    }
+    feedback_.put(bucket, std::move(e), std::move(staged), n);
   }
 
   [[nodiscard]] int rank() const noexcept { return comm_.rank(); }
@@ -275,18 +262,11 @@ class cuda_engine {
   // Bucket `bucket`'s slot in feedback_, made at its first step (zeros committed); a bucket
   // whose size changed is refused with the host engine's text.
   std::size_t slot_for(std::int64_t bucket, std::size_t n) {
-    auto it = slots_.find(bucket);
-    if (it == slots_.end()) {
+    return feedback_.slot_for(bucket, n, [&] {
       const auto options = at::TensorOptions().device(device_).dtype(at::kFloat);
       const auto len = static_cast<std::int64_t>(n);
-      it = slots_.emplace(bucket, feedback_.add(at::zeros({len}, options),
-                                                at::empty({len}, options), n))
-               .first;
-    }
-    if (const std::size_t had = feedback_.elements(it->second); had != n) {
-      rt::refuse_bucket_size(bucket, n, had);
-    }
-    return it->second;
+      return std::pair{at::zeros({len}, options), at::empty({len}, options)};
+    });
   }
 
   // The host engine's refusal text, from a host copy of g (only on this error path).
@@ -364,8 +344,7 @@ class cuda_engine {
   process_group_comm comm_;
   topk sel_;
   cudaStream_t stream_ = nullptr;
-  detail::staged_slots<at::Tensor> feedback_;  // every bucket's committed and staged residual
-  std::map<std::int64_t, std::size_t> slots_;   // bucket id -> its slot in feedback_
+  detail::bucket_slots<at::Tensor> feedback_;  // every bucket's committed and staged residual
   std::uint64_t pending_step_ = 0;
   at::Tensor mean_;
   std::vector<std::byte> record_scratch_;

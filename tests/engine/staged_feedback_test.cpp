@@ -1,4 +1,5 @@
-// detail::staged_slots and detail::staged_feedback, the step's transaction every driver uses:
+// detail::staged_slots and detail::staged_feedback, the step's transaction every driver uses,
+// and detail::bucket_slots, its slots named by bucket id (the DDP hook's engines):
 // a discarded step leaves every slot's committed state as it was, bit for bit; a committed one
 // keeps exactly what the step staged (for top-k with residual feedback: e + g less what was
 // sent, so sent + kept == e + g element by element); only the slots a step staged change; a
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/engine/staged_feedback.hpp>
@@ -149,6 +151,72 @@ TEST_CASE("staged_slots: replace_committed refuses the wrong number of states an
   CHECK_FALSE(s.pending());
   CHECK(s.committed(0) == std::vector<int>{5});
   CHECK(s.committed(1) == std::vector<int>{6});
+}
+
+TEST_CASE("bucket_slots: a bucket keeps its slot and size, drop frees it for the next bucket") {
+  gradcomp::detail::bucket_slots<std::vector<int>> s;
+  int made = 0;
+  const auto zeros = [&made](std::size_t n) {
+    return [&made, n] {
+      ++made;
+      return std::pair{std::vector<int>(n, 0), std::vector<int>(n, 0)};
+    };
+  };
+  CHECK_FALSE(s.find(7).has_value());
+  const std::size_t a = s.slot_for(7, 3, zeros(3));
+  const std::size_t b = s.slot_for(-2, 1, zeros(1));  // any id, negative included
+  CHECK(a != b);
+  CHECK(s.slot_for(7, 3, zeros(3)) == a);  // found again: nothing made
+  CHECK(made == 2);
+  CHECK(s.find(7) == a);
+  CHECK(s.find(-2) == b);
+
+  // A bucket of another size is refused, naming the bucket and both sizes; nothing changes.
+  s.staged(a) = {1, 2, 3};
+  s.stage(a);
+  try {
+    (void)s.slot_for(7, 4, zeros(4));
+    FAIL("expected an invalid_argument");
+  } catch (const gradcomp::invalid_argument& e) {
+    const std::string what = e.what();
+    CHECK(what.find("bucket size") != std::string::npos);
+    CHECK(what.find("the size bucket 7 had before (3)") != std::string::npos);
+  }
+  CHECK(made == 2);
+  CHECK(s.pending());
+  s.commit();
+  CHECK(s.committed(a) == std::vector<int>{1, 2, 3});
+
+  // put() replaces a bucket's state whole (nothing pending) or names a new slot.
+  s.staged(b) = {9};
+  s.stage(b);
+  CHECK(s.put(-2, {5, 6}, {0, 0}, 2) == b);
+  CHECK_FALSE(s.pending());
+  CHECK(s.elements(b) == 2);
+  CHECK(s.committed(b) == std::vector<int>{5, 6});
+  const std::size_t c = s.put(11, {4}, {0}, 1);
+  CHECK(s.find(11) == c);
+  CHECK(s.size() == 3);
+
+  // drop() forgets the bucket and frees its state; its slot goes to the next new bucket, and the
+  // dropped id starts again from what make() gives. Dropping twice, or an unknown id, does
+  // nothing.
+  s.stage(a);
+  s.drop(7, {}, {});
+  s.drop(7, {}, {});
+  s.drop(12345, {}, {});
+  CHECK_FALSE(s.find(7).has_value());
+  CHECK_FALSE(s.pending());
+  CHECK(s.committed(a).empty());
+  CHECK(s.slot_for(8, 2, zeros(2)) == a);
+  CHECK(s.committed(a) == std::vector<int>{0, 0});
+  CHECK(s.slot_for(7, 5, zeros(5)) == 3);  // a new size is fine once dropped: a new slot
+  CHECK(s.size() == 4);
+
+  s.clear();
+  CHECK(s.size() == 0);
+  CHECK_FALSE(s.find(8).has_value());
+  CHECK(s.slot_for(8, 1, zeros(1)) == 0);
 }
 
 TEST_CASE("staged_feedback: discard leaves the committed state, commit keeps e + g less what was sent") {

@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -114,11 +116,77 @@ class staged_slots {
   std::vector<std::size_t> free_;  // released slots, for add() to reuse
 };
 
+// The slots named by a bucket id instead of an index (the DDP hook's engines, host and CUDA):
+// a bucket's slot is made at its first step, keeps its size, and drop() frees it for another
+// bucket. Use these forms only: add/reset/release by index would leave the names behind.
+template <class State>
+class bucket_slots : public staged_slots<State> {
+  using base = staged_slots<State>;
+
+ public:
+  // Bucket `bucket`'s slot, if it has one.
+  [[nodiscard]] std::optional<std::size_t> find(std::int64_t bucket) const {
+    const auto it = ids_.find(bucket);
+    if (it == ids_.end()) return std::nullopt;
+    return it->second;
+  }
+  // Bucket `bucket`'s slot, made from make() (a pair: committed and staged state of n elements)
+  // at the bucket's first use; a bucket whose size is not the one it had is refused, naming it.
+  template <class Make>
+  std::size_t slot_for(std::int64_t bucket, std::size_t n, Make&& make) {
+    if (const auto i = find(bucket)) {
+      if (const std::size_t had = this->elements(*i); had != n) {
+        throw_invalid_argument("bucket_engine", "bucket size", n,
+                               concat("the size bucket ", bucket, " had before (", had,
+                                      "); its feedback state is kept per bucket id"));
+      }
+      return *i;
+    }
+    auto [committed, staged] = std::forward<Make>(make)();
+    return add_named(bucket, std::move(committed), std::move(staged), n);
+  }
+  // Bucket `bucket` anew with these states of n elements (a checkpoint's, or zeros), nothing
+  // pending; returns its slot.
+  std::size_t put(std::int64_t bucket, State committed, State staged, std::size_t n) {
+    if (const auto i = find(bucket)) {
+      base::reset(*i, std::move(committed), std::move(staged), n);
+      return *i;
+    }
+    return add_named(bucket, std::move(committed), std::move(staged), n);
+  }
+  // Forgets bucket `bucket`: its states become these empty ones (which frees what it held) and
+  // its slot goes to the next new bucket. Nothing happens for a bucket without a slot.
+  void drop(std::int64_t bucket, State committed, State staged) {
+    const auto it = ids_.find(bucket);
+    if (it == ids_.end()) return;
+    base::release(it->second, std::move(committed), std::move(staged));
+    ids_.erase(it);
+  }
+  void clear() noexcept {
+    base::clear();
+    ids_.clear();
+  }
+
+ private:
+  std::size_t add_named(std::int64_t bucket, State committed, State staged, std::size_t n) {
+    const auto it = ids_.emplace(bucket, 0).first;
+    try {
+      it->second = base::add(std::move(committed), std::move(staged), n);
+    } catch (...) {
+      ids_.erase(it);
+      throw;
+    }
+    return it->second;
+  }
+  std::map<std::int64_t, std::size_t> ids_;  // bucket id -> its slot
+};
+
 // The host drivers' form: the slots hold a compressor's feedback state, and a step writes a
-// slot's staged state by compressing from its committed one.
-template <class Compressor>
-class staged_feedback : public staged_slots<typename Compressor::state_type> {
-  using base = staged_slots<typename Compressor::state_type>;
+// slot's staged state by compressing from its committed one. Slots is staged_slots (slots by
+// index: sparsified_sgd, periodic_averaging) or bucket_slots (by bucket id: the bucket engine).
+template <class Compressor, template <class> class Slots = staged_slots>
+class staged_feedback : public Slots<typename Compressor::state_type> {
+  using base = Slots<typename Compressor::state_type>;
 
  public:
   using state_type = typename Compressor::state_type;

@@ -21,7 +21,6 @@
 #include <cstring>
 #include <exception>
 #include <limits>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -44,15 +43,6 @@
 namespace gradcomp::runtime {
 
 // ---- the compressing half ---------------------------------------------------------------
-
-// The refusal of a bucket of n elements whose id had `had` elements before (every engine keeps
-// its feedback state per bucket id).
-[[noreturn]] inline void refuse_bucket_size(std::int64_t bucket, std::size_t n, std::size_t had) {
-  detail::throw_invalid_argument(
-      "bucket_engine", "bucket size", n,
-      detail::concat("the size bucket ", bucket, " had before (", had,
-                     "); its feedback state is kept per bucket id"));
-}
 
 // Each bucket's feedback state is kept twice: the committed state, and the state a step in
 // flight makes from it (compress() writes it, restore() adds to it). commit() keeps the new
@@ -92,17 +82,13 @@ class compress_impl final : public compress_half {
 
   compress_stats compress(std::int64_t bucket, std::span<const float> g,
                           const compress_context& ctx, payload& out) override {
-    auto it = slots_.find(bucket);
-    if (it == slots_.end()) it = slots_.emplace(bucket, feedback_.add(c_, g.size())).first;
-    if (const std::size_t n = feedback_.elements(it->second); n != g.size()) {
-      refuse_bucket_size(bucket, g.size(), n);
-    }
-    return feedback_.compress(c_, it->second, g, ctx, out);
+    const std::size_t i = feedback_.slot_for(bucket, g.size(), [&] { return fresh(g.size()); });
+    return feedback_.compress(c_, i, g, ctx, out);
   }
 
   std::size_t restore(std::int64_t bucket, std::span<const std::uint32_t> idx,
                       std::span<const float> values) override {
-    return feedback_.restore(c_, slots_.at(bucket), idx, values);
+    return feedback_.restore(c_, feedback_.find(bucket).value(), idx, values);
   }
 
   void commit() override { feedback_.commit(); }
@@ -110,32 +96,22 @@ class compress_impl final : public compress_half {
   [[nodiscard]] bool pending() const override { return feedback_.pending(); }
 
   std::vector<std::span<float>> buffers(std::int64_t bucket) override {
-    const auto it = slots_.find(bucket);
-    if (it == slots_.end()) return {};
-    return feedback_.committed(it->second).buffers();
+    const auto i = feedback_.find(bucket);
+    if (!i) return {};
+    return feedback_.committed(*i).buffers();
   }
 
   std::vector<std::span<float>> reset(std::int64_t bucket, std::size_t n) override {
-    const auto it = slots_.find(bucket);
-    if (it == slots_.end()) {
-      slots_.emplace(bucket, feedback_.add(c_, n));
-    } else {
-      feedback_.reset(c_, it->second, n);
-    }
-    return feedback_.committed(slots_.at(bucket)).buffers();
+    auto [committed, staged] = fresh(n);
+    return feedback_.committed(feedback_.put(bucket, std::move(committed), std::move(staged), n))
+        .buffers();
   }
 
   void drop(std::int64_t bucket) override {
-    const auto it = slots_.find(bucket);
-    if (it == slots_.end()) return;
-    feedback_.release(c_, it->second);
-    slots_.erase(it);
+    feedback_.drop(bucket, c_.make_state(0), c_.make_state(0));
   }
 
-  void clear() override {
-    slots_.clear();
-    feedback_.clear();
-  }
+  void clear() override { feedback_.clear(); }
   [[nodiscard]] std::size_t buffer_count() const override {
     return c_.make_state(0).buffers().size();
   }
@@ -145,9 +121,13 @@ class compress_impl final : public compress_half {
   }
 
  private:
+  // Zeroed committed and staged state of n elements.
+  std::pair<typename C::state_type, typename C::state_type> fresh(std::size_t n) const {
+    return {c_.make_state(n), c_.make_state(n)};
+  }
+
   C c_;
-  detail::staged_feedback<C> feedback_;
-  std::map<std::int64_t, std::size_t> slots_;  // bucket id -> its slot in feedback_
+  detail::staged_feedback<C, detail::bucket_slots> feedback_;  // every bucket's, by bucket id
 };
 
 // ---- the exchanging half ----------------------------------------------------------------
