@@ -168,6 +168,24 @@ def _subgroup_worker(rank: int, world: int) -> Dict[str, Any]:
     return {"trained": True, "steps": steps, "equal": torch.equal(gathered[0], gathered[1])}
 
 
+def _subgroup_default_worker(rank: int, world: int) -> Dict[str, Any]:
+    """DDP on a subgroup (ranks 0 and 1 of 3) with process_group=None and module=the DDP model:
+    the state's own group would span rank 2, which never joins, so it is refused at once,
+    naming the fix, instead of waiting out the store's timeout."""
+    ddp_group = dist.new_group(ranks=[0, 1], backend="gloo")
+    if rank == 2:
+        return {"refused": None}
+    torch.manual_seed(0)
+    ddp = DDP(Net(), process_group=ddp_group)
+    t0 = time.monotonic()
+    try:
+        gct.GradcompState(module=ddp, selector="topk", density=0.05)
+        message = ""
+    except ValueError as e:
+        message = str(e)
+    return {"refused": message, "seconds": time.monotonic() - t0}
+
+
 class DDPTest(unittest.TestCase):
     def test_ddp_on_a_subgroup_with_a_group_of_the_same_ranks(self) -> None:
         out = spawn(_subgroup_worker, 3, timeout_s=30.0)
@@ -175,6 +193,13 @@ class DDPTest(unittest.TestCase):
         for rank in (0, 1):
             self.assertEqual(out[rank]["steps"], 4)
             self.assertTrue(out[rank]["equal"], "the subgroup's replicas drifted apart")
+
+    def test_ddp_on_a_subgroup_with_the_default_group_is_refused_at_once(self) -> None:
+        out = spawn(_subgroup_default_worker, 3, timeout_s=30.0)
+        for rank in (0, 1):
+            self.assertIn("a group of 2 of the 3 ranks", out[rank]["refused"])
+            self.assertIn("process_group = a group of the same 2 ranks", out[rank]["refused"])
+            self.assertLess(out[rank]["seconds"], 5.0)
 
     def test_world_group_with_unused_parameters_does_not_deadlock(self) -> None:
         out = spawn(_world_group_worker, 2, timeout_s=30.0)

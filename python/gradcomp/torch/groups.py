@@ -12,6 +12,7 @@ it must not be DDP's.
 
 from typing import Optional
 
+import torch
 import torch.distributed as dist
 
 
@@ -37,11 +38,32 @@ def is_default_group(process_group: Optional[dist.ProcessGroup]) -> bool:
         return process_group is None
 
 
-def make_own_group(process_group: Optional[dist.ProcessGroup]) -> Optional[dist.ProcessGroup]:
+def check_module(process_group: Optional[dist.ProcessGroup], module: object) -> None:
+    """Refuses the default group for a DDP model on a subgroup: the state's own group spans
+    every rank of the default group, and the ranks outside DDP's group would never join it
+    (new_group would wait out the store's timeout, 30 minutes by default)."""
+    ddp_group = getattr(module, "process_group", None)
+    if (not isinstance(module, torch.nn.parallel.DistributedDataParallel)
+            or not isinstance(ddp_group, dist.ProcessGroup)):
+        return
+    ranks, world = dist.get_world_size(ddp_group), dist.get_world_size()
+    if ranks != world:
+        raise ValueError(
+            f"gradcomp: module is a DistributedDataParallel on a group of {ranks} of the "
+            f"{world} ranks, with process_group = {process_group!r} (the default group, whose "
+            f"other {world - ranks} rank(s) would never join the state's exchanges); allowed: "
+            f"process_group = a group of the same {ranks} ranks, made with "
+            "dist.new_group(ranks) on every rank (not DDP's own group)")
+
+
+def make_own_group(process_group: Optional[dist.ProcessGroup],
+                   module: object = None) -> Optional[dist.ProcessGroup]:
     """With the default group, a gloo group of the state's own over the same ranks (collective:
-    every rank of the default group calls it); None for another group."""
+    every rank of the default group calls it); None for another group. A DDP `module` on a
+    subgroup is refused first (check_module)."""
     if not is_default_group(process_group):
         return None
+    check_module(process_group, module)
     try:
         timeout = dist.distributed_c10d._get_default_store().timeout
     except Exception:

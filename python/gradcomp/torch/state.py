@@ -72,7 +72,7 @@ class GradcompState:
         # Not when unpickled or copied (__setstate__): new_group is collective, and a copy is
         # made on one rank.
         if dist.is_available() and dist.is_initialized() and not self.__dict__.pop("_restoring", False):
-            self._own_group = groups.make_own_group(process_group)
+            self._own_group = groups.make_own_group(process_group, module)
         # Progress: survives checkpoints (with the statistics' totals).
         self.iteration = 0  # backward passes seen (counted at the last bucket)
         self.world_size: Optional[int] = None
@@ -153,7 +153,7 @@ class GradcompState:
         if not groups.is_default_group(self.process_group):
             return self._group()
         if self._own_group is None:
-            self._own_group = groups.make_own_group(self.process_group)
+            self._own_group = groups.make_own_group(self.process_group, self._module)
         assert self._own_group is not None
         return self._own_group
 
