@@ -1,6 +1,7 @@
 // gradcomp/engine/staged_feedback.hpp: the step's transaction over feedback state, the one
-// every driver uses (sparsified_sgd, periodic_averaging, the run-time bucket engine, and, through
-// staged_slots over device tensors, the DDP hook's CUDA engine).
+// every driver uses (sparsified_sgd, periodic_averaging, and, with its slots named by bucket id
+// (bucket_slots), the DDP hook's engines: the run-time bucket engine over host state, the CUDA
+// engine over device tensors).
 //
 // Each slot (a tensor, a tensor's slice, a bucket) keeps its feedback state twice: the
 // committed state, and the state a step in flight makes from it. compress() reads the committed
@@ -15,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -49,8 +51,8 @@ class staged_slots {
   void release(std::size_t i, State committed, State staged) {
     slot& s = slots_.at(i);
     if (s.released) return;
+    free_.push_back(i);  // first: if it cannot grow, the slot stays as it was
     s = slot{std::move(committed), std::move(staged), 0, false, true};
-    free_.push_back(i);
   }
   // Slot i anew, nothing pending (a released slot is in use again).
   void reset(std::size_t i, State committed, State staged, std::size_t n) {
@@ -118,12 +120,22 @@ class staged_slots {
 
 // The slots named by a bucket id instead of an index (the DDP hook's engines, host and CUDA):
 // a bucket's slot is made at its first step, keeps its size, and drop() frees it for another
-// bucket. Use these forms only: add/reset/release by index would leave the names behind.
+// bucket. The index forms (add, reset, release, replace_committed) are not offered: they would
+// leave the names behind.
 template <class State>
-class bucket_slots : public staged_slots<State> {
+class bucket_slots : protected staged_slots<State> {
   using base = staged_slots<State>;
 
  public:
+  using base::commit;
+  using base::committed;
+  using base::discard;
+  using base::elements;
+  using base::pending;
+  using base::size;
+  using base::stage;
+  using base::staged;
+
   // Bucket `bucket`'s slot, if it has one.
   [[nodiscard]] std::optional<std::size_t> find(std::int64_t bucket) const {
     const auto it = ids_.find(bucket);
@@ -187,21 +199,30 @@ class bucket_slots : public staged_slots<State> {
 template <class Compressor, template <class> class Slots = staged_slots>
 class staged_feedback : public Slots<typename Compressor::state_type> {
   using base = Slots<typename Compressor::state_type>;
+  // The index forms below are staged_slots' only (bucket_slots names its slots by bucket id).
+  static constexpr bool by_index =
+      std::is_same_v<base, staged_slots<typename Compressor::state_type>>;
 
  public:
   using state_type = typename Compressor::state_type;
   using value_type = typename Compressor::value_type;
 
   // A new slot of n elements with zeroed state; returns its index.
-  std::size_t add(const Compressor& c, std::size_t n) {
+  std::size_t add(const Compressor& c, std::size_t n)
+    requires by_index
+  {
     return base::add(c.make_state(n), c.make_state(n), n);
   }
   // Slot i anew: zeroed state of n elements, nothing pending.
-  void reset(const Compressor& c, std::size_t i, std::size_t n) {
+  void reset(const Compressor& c, std::size_t i, std::size_t n)
+    requires by_index
+  {
     base::reset(i, c.make_state(n), c.make_state(n), n);
   }
   // Slot i is no longer used: its buffers are freed and add() reuses it.
-  void release(const Compressor& c, std::size_t i) {
+  void release(const Compressor& c, std::size_t i)
+    requires by_index
+  {
     base::release(i, c.make_state(0), c.make_state(0));
   }
 
