@@ -171,19 +171,25 @@ def _subgroup_worker(rank: int, world: int) -> Dict[str, Any]:
 def _subgroup_default_worker(rank: int, world: int) -> Dict[str, Any]:
     """DDP on a subgroup (ranks 0 and 1 of 3) with process_group=None and module=the DDP model:
     the state's own group would span rank 2, which never joins, so it is refused at once,
-    naming the fix, instead of waiting out the store's timeout."""
+    naming the fix, instead of waiting out the store's timeout. DDP on a group of every rank
+    that is not the default group is not refused: every rank makes its state."""
     ddp_group = dist.new_group(ranks=[0, 1], backend="gloo")
-    if rank == 2:
-        return {"refused": None}
+    every = dist.new_group(ranks=[0, 1, 2], backend="gloo")
     torch.manual_seed(0)
-    ddp = DDP(Net(), process_group=ddp_group)
-    t0 = time.monotonic()
-    try:
-        gct.GradcompState(module=ddp, selector="topk", density=0.05)
-        message = ""
-    except ValueError as e:
-        message = str(e)
-    return {"refused": message, "seconds": time.monotonic() - t0}
+    message, seconds = None, 0.0
+    if rank != 2:
+        ddp = DDP(Net(), process_group=ddp_group)
+        t0 = time.monotonic()
+        try:
+            gct.GradcompState(module=ddp, selector="topk", density=0.05)
+            message = ""
+        except ValueError as e:
+            message = str(e)
+        seconds = time.monotonic() - t0
+    state = gct.GradcompState(module=DDP(Net(), process_group=every), selector="topk")
+    made = state._own_group is not None
+    state.close()
+    return {"refused": message, "seconds": seconds, "every_rank_group_accepted": made}
 
 
 class DDPTest(unittest.TestCase):
@@ -200,6 +206,8 @@ class DDPTest(unittest.TestCase):
             self.assertIn("a group of 2 of the 3 ranks", out[rank]["refused"])
             self.assertIn("process_group = a group of the same 2 ranks", out[rank]["refused"])
             self.assertLess(out[rank]["seconds"], 5.0)
+        for rank in range(3):
+            self.assertTrue(out[rank]["every_rank_group_accepted"])
 
     def test_world_group_with_unused_parameters_does_not_deadlock(self) -> None:
         out = spawn(_world_group_worker, 2, timeout_s=30.0)

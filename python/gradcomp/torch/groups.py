@@ -53,7 +53,8 @@ def check_module(process_group: Optional[dist.ProcessGroup], module: object) -> 
             f"{world} ranks, with process_group = {process_group!r} (the default group, whose "
             f"other {world - ranks} rank(s) would never join the state's exchanges); allowed: "
             f"process_group = a group of the same {ranks} ranks, made with "
-            "dist.new_group(ranks) on every rank (not DDP's own group)")
+            "dist.new_group(ranks) on every rank (not DDP's own group), or, to average over "
+            f"all {world} ranks, dist.new_group(list(range({world}))) made on every rank")
 
 
 def make_own_group(process_group: Optional[dist.ProcessGroup],

@@ -26,7 +26,7 @@ class GradcompState:
     The arguments are GradcompConfig's (config.py documents each), and:
         process_group: the group to exchange over (None: the default group, every rank of
             which must then run the hook). It must have the same size at every step as at the
-            first. For DDP on a subgroup, pass a group of the same ranks (not DDP's own).
+            first. DDP on a subgroup needs a group of its ranks (None: refused if module=DDP).
         module: the model (or the DDP wrapper). Names its parameters in checkpoints, so that
             a checkpoint is keyed by parameter name; without it, parameters are keyed by
             their position in the buckets DDP formed first.
