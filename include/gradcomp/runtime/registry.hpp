@@ -3,10 +3,10 @@
 // examples). One vocabulary, the C++ names; one place that checks a configuration, whose
 // errors name the field, the value given and what is allowed.
 //
-// Adding a selector: its header, one line in `selectors` below, and its test. with_selector()
-// hands the caller a value of the policy's type, so that a caller instantiates gradcomp's
-// templates for exactly the policies it can be asked for; the names (selector_names, for the
-// errors and the hook's SELECTORS) come from the same lines. The examples' --compressor takes
+// Adding a selector: its header (with its include in select.hpp), one line in `selectors`
+// below, and its test. with_selector() hands the caller a value of the policy's type, so that
+// a caller instantiates gradcomp's templates for exactly the policies it can be asked for; the
+// names (selector_names, for the errors and the hook's SELECTORS) come from the same lines. The examples' --compressor takes
 // the aliases at the end of this file: a selector offered there also gets an alias line
 // (with_aliased_compressor makes it from the registry's lines).
 #pragma once
