@@ -6,9 +6,9 @@
 // Adding a selector: its header (with its include in select.hpp), one line in `selectors`
 // below, and its test. with_selector() hands the caller a value of the policy's type, so that
 // a caller instantiates gradcomp's templates for exactly the policies it can be asked for; the
-// names (selector_names, for the errors and the hook's SELECTORS) come from the same lines. The examples' --compressor takes
-// the aliases at the end of this file: a selector offered there also gets an alias line
-// (with_aliased_compressor makes it from the registry's lines).
+// names (selector_names, for the errors and the hook's SELECTORS) come from the same lines.
+// The examples' --compressor takes the aliases at the end of this file: a selector offered
+// there also gets an alias line (with_aliased_compressor makes it from the registry's lines).
 #pragma once
 
 #include <array>

@@ -42,11 +42,9 @@ def check_module(process_group: Optional[dist.ProcessGroup], module: object) -> 
     """Refuses the default group for a DDP model on a subgroup: the state's own group spans
     every rank of the default group, and the ranks outside DDP's group would never join it
     (new_group would wait out the store's timeout, 30 minutes by default)."""
-    ddp_group = getattr(module, "process_group", None)
-    if (not isinstance(module, torch.nn.parallel.DistributedDataParallel)
-            or not isinstance(ddp_group, dist.ProcessGroup)):
+    if not isinstance(module, torch.nn.parallel.DistributedDataParallel):
         return
-    ranks, world = dist.get_world_size(ddp_group), dist.get_world_size()
+    ranks, world = dist.get_world_size(module.process_group), dist.get_world_size()
     if ranks != world:
         raise ValueError(
             f"gradcomp: module is a DistributedDataParallel on a group of {ranks} of the "
