@@ -175,6 +175,58 @@ class nccl_comm {
     detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd", comm_);
   }
 
+  // recv gets rank 0's counts[0] elements, then rank 1's, ...: an allgatherv whose counts
+  // every rank already holds (from gather_counts, checked by the caller), so nothing is sized
+  // by what a peer announces here. send.size() must be counts[rank()], recv.size() their sum.
+  // One group of ncclBroadcast, one per rank with a non-empty block; asynchronous.
+  template <detail::nccl_element T>
+  void allgatherv_known(device_span<const T> send, device_span<T> recv,
+                        std::span<const std::size_t> counts) {
+    const auto p = static_cast<std::size_t>(size_);
+    if (counts.size() != p) {
+      detail::throw_invalid_argument("nccl_comm::allgatherv_known", "counts.size()", counts.size(),
+                                     detail::concat("size() = ", p));
+    }
+    if (send.size() != counts[static_cast<std::size_t>(rank_)]) {
+      detail::throw_invalid_argument("nccl_comm::allgatherv_known", "send.size()", send.size(),
+                                     detail::concat("counts[rank()] = ", counts[static_cast<std::size_t>(rank_)]));
+    }
+    std::size_t total = 0;
+    for (const std::size_t c : counts) total += c;
+    if (recv.size() != total) {
+      detail::throw_invalid_argument("nccl_comm::allgatherv_known", "recv.size()", recv.size(),
+                                     detail::concat("the sum of counts (", total, ")"));
+    }
+    detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
+    for (std::size_t r = 0, at = 0; r < p; at += counts[r], ++r) {
+      if (counts[r] == 0) continue;
+      const void* from = static_cast<int>(r) == rank_ ? static_cast<const void*>(send.data()) : nullptr;
+      detail::nccl_check(ncclBroadcast(from, recv.data() + at, counts[r] * sizeof(T), ncclUint8,
+                                       static_cast<int>(r), comm_, stream_),
+                         "ncclBroadcast", comm_);
+    }
+    detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd", comm_);
+  }
+
+  // out[r * mine.size() + j] = rank r's mine[j], for every rank; waits for the result.
+  void gather_counts(std::span<const std::uint64_t> mine, std::vector<std::size_t>& out) {
+    const auto p = static_cast<std::size_t>(size_);
+    const std::size_t m = mine.size();
+    counts_.resize(m * (p + 1));
+    std::uint64_t* send = counts_.data() + m * p;
+    detail::cuda_check(cudaMemcpyAsync(send, mine.data(), m * sizeof(std::uint64_t),
+                                       cudaMemcpyHostToDevice, stream_),
+                       "cudaMemcpyAsync");
+    detail::nccl_check(ncclAllGather(send, counts_.data(), m, ncclUint64, comm_, stream_),
+                       "ncclAllGather (counts)", comm_);
+    std::vector<std::uint64_t> host(m * p);
+    detail::cuda_check(cudaMemcpyAsync(host.data(), counts_.data(), m * p * sizeof(std::uint64_t),
+                                       cudaMemcpyDeviceToHost, stream_),
+                       "cudaMemcpyAsync");
+    synchronize();
+    out.assign(host.begin(), host.end());
+  }
+
   // send holds the blocks for rank 0, 1, ... (send_counts[s] elements for rank s); recv is
   // resized and gets the blocks for this rank in source order. The count matrix is gathered
   // first, then one group of ncclSend/ncclRecv moves the non-empty blocks.
@@ -324,25 +376,6 @@ class nccl_comm {
       detail::throw_invalid_argument("nccl_comm::sendrecv", "peer", peer,
                                      detail::concat("-1 (none) or 0 <= rank < size() = ", size_));
     }
-  }
-
-  // out[r * mine.size() + j] = rank r's mine[j], for every rank; waits for the result.
-  void gather_counts(std::span<const std::uint64_t> mine, std::vector<std::size_t>& out) {
-    const auto p = static_cast<std::size_t>(size_);
-    const std::size_t m = mine.size();
-    counts_.resize(m * (p + 1));
-    std::uint64_t* send = counts_.data() + m * p;
-    detail::cuda_check(cudaMemcpyAsync(send, mine.data(), m * sizeof(std::uint64_t),
-                                       cudaMemcpyHostToDevice, stream_),
-                       "cudaMemcpyAsync");
-    detail::nccl_check(ncclAllGather(send, counts_.data(), m, ncclUint64, comm_, stream_),
-                       "ncclAllGather (counts)", comm_);
-    std::vector<std::uint64_t> host(m * p);
-    detail::cuda_check(cudaMemcpyAsync(host.data(), counts_.data(), m * p * sizeof(std::uint64_t),
-                                       cudaMemcpyDeviceToHost, stream_),
-                       "cudaMemcpyAsync");
-    synchronize();
-    out.assign(host.begin(), host.end());
   }
 
   void pair_group(int dest, const void* send, int source, void* recv, std::size_t send_bytes,
