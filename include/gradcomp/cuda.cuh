@@ -8,6 +8,9 @@
 //   - sparse gather, scatter-add (atomic, or sorted and deterministic) and decompress:
 //     cuda/sparse.cuh;
 //   - device_buffer and cuda_check: cuda/memory.cuh.
+// Included on their own: the device-resident SGD step, device_sparsified_sgd
+// (cuda/sparsified_sgd.cuh), and its communicator over any host communicator
+// (cuda/staged_comm.cuh); nccl_comm (comm/nccl.hpp) serves it directly.
 // Layers, as in CUB: facade (these headers) -> cuda/dispatch/ (argument checks, scratch
 // carving, launches) -> cuda/kernels/ -> cuda/block/ primitives; per-element math lives in
 // GRADCOMP_HOST_DEVICE functions under gradcomp/detail/, shared with the host code.

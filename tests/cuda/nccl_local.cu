@@ -1,7 +1,8 @@
 // nccl_comm without MPI: one process, one thread per CUDA device, each thread a rank of one
 // NCCL communicator made by nccl_comm::from_unique_id from a shared ncclUniqueId. Runs the
 // checks of tests/support/nccl_checks.cuh (the device collectives and every exchange through
-// the host API). First, on any machine, it checks that from_unique_id rejects a bad size or
+// the host API), then the device-resident step (device_sparsified_sgd) over NCCL against the
+// host step over the same communicator, bit for bit. First, on any machine, it checks that from_unique_id rejects a bad size or
 // rank before NCCL sees it. `nccl_comm_local [ranks]` uses that many devices (default: all).
 // A rank that throws ends the process at once (exit 1): the others would wait for it forever.
 // Without a CUDA device it then prints "SKIPPED: ..." and exits with 77, which ctest reports
@@ -12,6 +13,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <string>
@@ -19,7 +21,10 @@
 #include <vector>
 
 #include <gradcomp/comm/nccl.hpp>
+#include <gradcomp/cuda.cuh>
+#include <gradcomp/cuda/sparsified_sgd.cuh>
 #include <gradcomp/error.hpp>
+#include <gradcomp/sparsified_sgd.hpp>
 
 #include "../support/nccl_checks.cuh"
 
@@ -52,6 +57,50 @@ void bad_arguments(const ncclUniqueId& id) {
   }
 }
 
+// The device-resident step over NCCL (its picks through allgatherv_known, its counts through
+// gather_counts) against the host step over the same communicator's host API: the parameters
+// bit for bit after every step.
+void device_step(nccl_comm& comm) {
+  using C = compressor<topk, identity, residual>;
+  const std::vector<std::size_t> sizes = {1000, 3, 65537};
+  sgd_options opt{};
+  opt.lr = 0.05;
+  opt.momentum = 0.9;
+  const auto schedule = density_schedule::constant(0.01);
+  sparsified_sgd<C, sparse_allgather, nccl_comm> host(comm, sizes, C{}, sparse_allgather{}, opt,
+                                                      schedule);
+  device_sparsified_sgd<C, sparse_allgather, nccl_comm> dev(comm, sizes, C{}, sparse_allgather{},
+                                                            opt, schedule);
+  const std::size_t n = dev.size();
+  const int me = comm.rank();
+  std::vector<float> params(n, 0.25f), g(n), from_device(n);
+  device_buffer<float> d_params(n), d_g(n);
+  detail::cuda_check(cudaMemcpy(d_params.data(), params.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+                     "cudaMemcpy");
+  for (int step = 0; step < 4; ++step) {
+    for (std::size_t i = 0; i < n; ++i) {
+      // Heavy-tailed, distinct per rank and step.
+      const auto h = static_cast<std::uint32_t>((i * 2654435761u) ^ (static_cast<std::size_t>(step) << 20) ^
+                                                (static_cast<std::size_t>(me) << 28));
+      g[i] = (static_cast<float>(h % 2001) - 1000.0f) / (1.0f + static_cast<float>(h % 97));
+    }
+    host.step(std::span<float>(params), std::span<const float>(g));
+    detail::cuda_check(cudaMemcpyAsync(d_g.data(), g.data(), n * sizeof(float), cudaMemcpyHostToDevice,
+                                       comm.stream()),
+                       "cudaMemcpyAsync");
+    dev.step(d_params.span(), device_span<const float>(d_g.data(), n));
+    detail::cuda_check(cudaMemcpyAsync(from_device.data(), d_params.data(), n * sizeof(float),
+                                       cudaMemcpyDeviceToHost, comm.stream()),
+                       "cudaMemcpyAsync");
+    comm.synchronize();
+    check(std::memcmp(from_device.data(), params.data(), n * sizeof(float)) == 0,
+          "device_sparsified_sgd over NCCL: the host step's parameters, step " + std::to_string(step),
+          me);
+    check(dev.last_stats().selected == host.last_stats().selected,
+          "device_sparsified_sgd over NCCL: the host step's count, step " + std::to_string(step), me);
+  }
+}
+
 void run_rank(const ncclUniqueId& id, int size, int rank) {
   try {
     detail::cuda_check(cudaSetDevice(rank), "cudaSetDevice");
@@ -62,6 +111,7 @@ void run_rank(const ncclUniqueId& id, int size, int rank) {
       check(comm.rank() == rank && comm.size() == size, "rank() and size()", rank);
       gradcomp_test::nccl_checks::device_collectives(comm);
       gradcomp_test::nccl_checks::exchanges(comm);
+      device_step(comm);
     }
     detail::cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   } catch (const std::exception& e) {

@@ -1,0 +1,100 @@
+// gradcomp/cuda/kernels/step_kernels.cuh: the kernels of the device-resident SGD step
+// (cuda/sparsified_sgd.cuh) around the selection, feedback and scatter kernels it reuses: the
+// picks' indices into the flat parameter buffer, the non-finite check of the picks, the check
+// of the received payloads, the division of the rank-order sum, and the SGD update. Every
+// arithmetic step is one correctly rounded operation (__fmul_rn, __fadd_rn, ...), never
+// contracted into a fused multiply-add, so that the results are the host's bit for bit. (The
+// kernels are templates, used with float and std::uint32_t, so that the header can be part of
+// several translation units of one program.)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include <gradcomp/cuda/block/sparse_common.cuh>
+
+namespace gradcomp::cuda::step_impl {
+
+// idx[j] += offset for j < k: a tensor's picks become indices of the flat buffer.
+template <class Index>
+__global__ void add_offset_kernel(Index* idx, std::size_t k, Index offset) {
+  for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < k;
+       j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    idx[j] += offset;
+  }
+}
+
+// errors->first = the first j < m with values[j] NaN or infinite. Top-k orders NaN above +Inf
+// above every finite |x|, so e + g holds a non-finite value exactly when its picks do.
+template <class T>
+__global__ void first_nonfinite_kernel(const T* values, std::size_t m, error_record* errors) {
+  for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < m;
+       j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    if (!isfinite(values[j])) report_error(errors, j);
+  }
+}
+
+// The received picks: segment s (rank s / tensors, tensor s % tensors) holds the entries
+// [start[s], start[s + 1]); each of its indices must lie in [lo[s], hi[s]) (the tensor's
+// range of the flat buffer) and be above the entry before it in the segment (a selection is
+// ascending and distinct). errors->first = the first entry that is not.
+template <class Index>
+__global__ void validate_received_kernel(const Index* idx, std::size_t m,
+                                         const std::uint64_t* start, const std::uint64_t* lo,
+                                         const std::uint64_t* hi, unsigned segments,
+                                         error_record* errors) {
+  for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < m;
+       j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    // The last segment that starts at or before j (empty segments share their start).
+    unsigned a = 0, b = segments;  // start[a] <= j < start[b]
+    while (b - a > 1) {
+      const unsigned mid = a + (b - a) / 2;
+      if (start[mid] <= j) a = mid;
+      else b = mid;
+    }
+    const std::uint64_t i = idx[j];
+    const bool in_range = i >= lo[a] && i < hi[a];
+    const bool ascending = j == start[a] || idx[j - 1] < idx[j];
+    if (!in_range || !ascending) report_error(errors, j);
+  }
+}
+
+// x[i] = x[i] / divisor: the rank-order sum into the mean (the host divides the same way; for
+// a power of two it multiplies by 1 / P, the same number).
+template <class T>
+__global__ void divide_kernel(T* x, std::size_t n, T divisor) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    x[i] = __fdiv_rn(x[i], divisor);
+  }
+}
+
+// detail::sgd_update's three loops, operation for operation:
+//   plain:     p -= lr * (g + wd * p)
+//   momentum:  v = m * v + (g + wd * p); p -= lr * v
+//   nesterov:  d = g + wd * p; v = m * v + d; p -= lr * (d + m * v)
+enum class sgd_kind : unsigned char { plain, momentum, nesterov };
+
+template <sgd_kind Kind>
+__global__ void sgd_kernel(float* p, const float* g, float* v, std::size_t n, float lr, float wd,
+                           float m) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float d = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
+    if constexpr (Kind == sgd_kind::plain) {
+      p[i] = __fsub_rn(p[i], __fmul_rn(lr, d));
+    } else if constexpr (Kind == sgd_kind::momentum) {
+      const float w = __fadd_rn(__fmul_rn(m, v[i]), d);
+      v[i] = w;
+      p[i] = __fsub_rn(p[i], __fmul_rn(lr, w));
+    } else {
+      const float w = __fadd_rn(__fmul_rn(m, v[i]), d);
+      v[i] = w;
+      p[i] = __fsub_rn(p[i], __fmul_rn(lr, __fadd_rn(d, __fmul_rn(m, w))));
+    }
+  }
+}
+
+}  // namespace gradcomp::cuda::step_impl

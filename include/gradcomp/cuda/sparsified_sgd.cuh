@@ -1,0 +1,672 @@
+// gradcomp/cuda/sparsified_sgd.cuh: device_sparsified_sgd<Compressor, Exchange, Comm>, the
+// device twin of sparsified_sgd: the same compressor<S, Q, F> type, exchange type, sgd_options,
+// density_schedule, step_stats and checkpoint format, with parameters, gradients, feedback,
+// velocity and the averaged gradient in device memory, and the exchange over a
+// device_communicator (nccl_comm, or cuda::staged_comm over any host communicator).
+//
+// One step, every call on comm.stream() (the caller's gradient must be ready on it):
+//   1. compress: the committed residual is copied into the staged one; per tensor, top-k of
+//      e + g with the addition fused into the selection pass (on_device(topk)
+//      .select_accumulate), the picks gathered and cleared in e (gather_and_clear), their
+//      indices moved into the flat buffer's range; one check of the picks for NaN and Inf.
+//      The selection statistics and that check come back in pinned memory: the one wait of
+//      this phase (not one per tensor).
+//   2. exchange (sparse_allgather's, in its device form): one gather of every rank's per-tensor
+//      counts and a status (a rank whose gradient held NaN or Inf refuses the step there, so
+//      that every rank throws and none waits), checked on the host (a count above its
+//      tensor's size is refused on every rank before anything is sized by it); one allgatherv of all the step's indices and one of the
+//      values, with the counts known; a check on the device that each rank's picks of each
+//      tensor are ascending and inside the tensor (refused on every rank, naming the rank and
+//      tensor, before anything is written); the rank-order sum by the deterministic sorted
+//      scatter-add into the zeroed staged average; the division by the number of ranks.
+//   3. commit: the SGD update (lr, momentum, Nesterov, weight decay) on the device, operation
+//      for operation the host's; the staged residual and average become the committed ones.
+// The host step's promises hold: the result is the host's bit for bit (same index sets, same
+// rank-order sums, same rounding of each operation), and a step that throws (a non-finite
+// gradient, a peer that failed, a rejected payload) leaves parameters, velocity, residual,
+// average, statistics and step counter as they were: only staged buffers were written.
+//
+// So far it runs compressor<topk, identity, residual> (float) with sparse_allgather and
+// nonfinite_policy::error; any other configuration fails to compile with a static_assert that
+// says so (the policy: invalid_argument when the driver is made). Not measured on the device
+// (seconds in step_stats are 0) and not split into phases; the contraction is NaN (the device
+// selection does not add up ||e + g||^2). bytes_sent counts 8 bytes a pick and 8 a count.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <istream>
+#include <memory>
+#include <ostream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/compressor.hpp>
+#include <gradcomp/cuda/dispatch/launch.cuh>
+#include <gradcomp/cuda/feedback.cuh>
+#include <gradcomp/cuda/kernels/step_kernels.cuh>
+#include <gradcomp/cuda/memory.cuh>
+#include <gradcomp/cuda/select.cuh>
+#include <gradcomp/cuda/sparse.cuh>
+#include <gradcomp/detail/checkpoint.hpp>
+#include <gradcomp/device.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/exchange/sparse_allgather.hpp>
+#include <gradcomp/feedback/residual.hpp>
+#include <gradcomp/quantize/identity.hpp>
+#include <gradcomp/select/topk.hpp>
+#include <gradcomp/sgd.hpp>
+
+namespace gradcomp {
+
+// What the device step needs of a communicator: the host-visible gather of small counts, and
+// an allgatherv of device memory whose counts every rank already holds.
+template <class C>
+concept device_communicator =
+    requires(C& c, const C& cc, std::span<const std::uint64_t> mine, std::vector<std::size_t>& out,
+             device_span<const std::uint32_t> si, device_span<std::uint32_t> ri,
+             device_span<const float> sf, device_span<float> rf, std::span<const std::size_t> n) {
+      { cc.rank() } -> std::convertible_to<int>;
+      { cc.size() } -> std::convertible_to<int>;
+      { cc.stream() } -> std::same_as<cudaStream_t>;
+      c.gather_counts(mine, out);
+      c.allgatherv_known(si, ri, n);
+      c.allgatherv_known(sf, rf, n);
+    };
+
+template <class Compressor, class Exchange, class Comm>
+class device_sparsified_sgd {
+  static_assert(std::is_same_v<typename Compressor::selector_type, topk> &&
+                    std::is_same_v<typename Compressor::quantizer_type, identity> &&
+                    std::is_same_v<typename Compressor::feedback_type, gradcomp::residual> &&
+                    std::is_same_v<typename Compressor::value_type, float>,
+                "device_sparsified_sgd<C, X, Comm> runs C = compressor<topk, identity, residual> "
+                "(float) so far; other selectors, quantizers and feedback run in sparsified_sgd "
+                "on the host.");
+  static_assert(std::is_same_v<Exchange, sparse_allgather>,
+                "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather so far.");
+  static_assert(device_communicator<Comm>,
+                "device_sparsified_sgd<C, X, Comm>: Comm is not a gradcomp::device_communicator "
+                "(nccl_comm, or cuda::staged_comm over a host communicator).");
+
+ public:
+  using value_type = float;
+  using T = float;
+
+  // Tensors with ids 0, 1, ... in the order of layer_sizes.
+  device_sparsified_sgd(Comm& comm, const std::vector<std::size_t>& layer_sizes,
+                        Compressor c = {}, Exchange x = {}, sgd_options opt = {},
+                        density_schedule schedule = density_schedule::constant(1.0))
+      : device_sparsified_sgd(comm, specs_from_sizes(layer_sizes), std::move(c), std::move(x),
+                              opt, schedule) {}
+
+  device_sparsified_sgd(Comm& comm, std::span<const tensor_spec> tensors, Compressor c,
+                        Exchange x, sgd_options opt, density_schedule schedule)
+      : comm_(&comm), tensors_(tensors.begin(), tensors.end()), compressor_(std::move(c)),
+        exchange_(std::move(x)), opt_(opt), schedule_(schedule) {
+    detail::check_sgd_options(driver_name, opt_);
+    offsets_ = detail::tensor_offsets(driver_name, tensors_);
+    for (const tensor_spec& t : tensors_) detail::check_tensor_size(driver_name, t, false);
+    total_ = detail::total_size(tensors_);
+    if (static_cast<std::uint64_t>(total_) > (std::uint64_t{1} << 32)) {
+      detail::throw_invalid_argument(driver_name, "the total of the tensor sizes", total_,
+                                     "<= 2^32 (the device step's picks are 32-bit indices "
+                                     "into the flat buffer)");
+    }
+    compressor_.selector().check();
+    if (compressor_.nonfinite() != nonfinite_policy::error) {
+      // The host's residual keeps e - v = NaN where a pick v is NaN or infinite; the device's
+      // gather_and_clear leaves 0. Until they agree, only the default policy runs here.
+      detail::throw_invalid_argument(driver_name, "the compressor's nonfinite policy",
+                                     "propagate", "nonfinite_policy::error on the device");
+    }
+    for (auto& e : residual_) zeroed(e, total_);
+    for (auto& a : average_) zeroed(a, total_);
+    if (opt_.momentum > 0.0) zeroed(velocity_, total_);
+    stats_dev_.resize(std::max<std::size_t>(tensors_.size(), 1));
+    errors_dev_.resize(2);
+    void* pinned = nullptr;
+    detail::cuda_check(cudaMallocHost(&pinned, pinned_bytes()), "cudaMallocHost");
+    pinned_.reset(static_cast<std::byte*>(pinned));
+    cudaEvent_t event = nullptr;
+    detail::cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                       "cudaEventCreateWithFlags");
+    event_.reset(event);
+    // The zeroed buffers are ready before the first step's work is queued.
+    detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+  }
+
+  device_sparsified_sgd(const device_sparsified_sgd&) = delete;
+  device_sparsified_sgd& operator=(const device_sparsified_sgd&) = delete;
+  ~device_sparsified_sgd() = default;
+
+  // One synchronous step on every rank: exchange_step(grads), then commit_step(params).
+  // params and grads: device memory, size() elements, not overlapping.
+  const step_stats& step(device_span<T> params, device_span<const T> grads) {
+    check_size("params.size()", params.size());
+    exchange_step(grads);
+    return commit_step(params);
+  }
+
+  // Compresses and exchanges every tensor into staged buffers; changes nothing observable.
+  void exchange_step(device_span<const T> grads) {
+    staged_ready_ = false;
+    check_size("grads.size()", grads.size());
+    const double rho = schedule_.at(step_);
+    compress(grads, rho);
+    exchange_picks();
+    staged_ready_ = true;
+  }
+
+  // Applies the staged update to params (asynchronously, on the stream) and keeps the staged
+  // state. Cannot fail once its argument is checked, but for a failed launch of the update
+  // kernel (a CUDA error), which leaves everything as it was.
+  const step_stats& commit_step(device_span<T> params) {
+    check_size("params.size()", params.size());
+    if (!staged_ready_) {
+      detail::throw_invalid_argument("device_sparsified_sgd::commit_step", "state",
+                                     "no staged step", "a successful exchange_step() first");
+    }
+    update(params, staged_average());
+    committed_ ^= 1u;
+    stats_ = std::move(staged_stats_);
+    total_bytes_sent_ += stats_.bytes_sent;
+    total_bytes_received_ += stats_.bytes_received;
+    ++step_;
+    staged_ready_ = false;
+    return stats_;
+  }
+
+  void discard_step() noexcept { staged_ready_ = false; }
+
+  [[nodiscard]] const step_stats& last_stats() const noexcept { return stats_; }
+  [[nodiscard]] std::uint64_t steps_done() const noexcept { return step_; }
+  [[nodiscard]] std::size_t size() const noexcept { return total_; }
+  [[nodiscard]] std::size_t total_bytes_sent() const noexcept { return total_bytes_sent_; }
+  [[nodiscard]] std::size_t total_bytes_received() const noexcept { return total_bytes_received_; }
+  [[nodiscard]] const std::vector<tensor_spec>& tensors() const noexcept { return tensors_; }
+  [[nodiscard]] Compressor& compressor() noexcept { return compressor_; }
+  // The exchange policy object (sparsified_sgd's accessor of the same name).
+  [[nodiscard]] Exchange& exchange() noexcept { return exchange_; }
+  [[nodiscard]] cudaStream_t stream() const { return comm_->stream(); }
+  // Device memory, valid until the next commit_step (read it on the stream, or after it).
+  [[nodiscard]] device_span<const T> averaged_gradient() const noexcept {
+    return {average_[committed_].data(), total_};
+  }
+  [[nodiscard]] device_span<const T> residual(std::size_t tensor_index) const {
+    return {residual_[committed_].data() + offsets_.at(tensor_index), tensors_[tensor_index].size};
+  }
+  [[nodiscard]] device_span<const T> velocity() const noexcept {
+    return {velocity_.data(), velocity_.size()};
+  }
+
+  // Checkpoints in sparsified_sgd's format (either driver loads the other's): the step
+  // counter, every tensor's residual keyed by tensor id, the velocity. Both wait for the stream.
+  void save_state(std::ostream& os) const {
+    std::vector<T> e = download(residual_[committed_].data(), total_);
+    std::vector<T> v = download(velocity_.data(), velocity_.size());
+    detail::put(os, checkpoint_magic);
+    detail::put(os, checkpoint_version);
+    detail::put(os, static_cast<std::uint32_t>(sizeof(T)));
+    detail::put(os, step_);
+    detail::put(os, static_cast<std::uint32_t>(tensors_.size()));
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      detail::put(os, tensors_[t].id);
+      detail::put(os, static_cast<std::uint64_t>(tensors_[t].size));
+      detail::put(os, std::uint32_t{1});  // residual keeps one buffer
+      detail::put_array(os, std::span<const T>(e.data() + offsets_[t], tensors_[t].size));
+    }
+    detail::put(os, static_cast<std::uint64_t>(v.size()));
+    detail::put_array(os, std::span<const T>(v));
+    if (!os) throw error("gradcomp::device_sparsified_sgd::save_state: the stream failed while writing");
+  }
+
+  // Accepts the tensors in any order; checks ids, sizes, element type and buffer counts, and
+  // changes nothing unless all of it matches.
+  void load_state(std::istream& is) {
+    detail::check_header(is, driver_name, "gradcomp", checkpoint_magic, checkpoint_version,
+                         static_cast<std::uint32_t>(sizeof(T)));
+    const auto step = get<std::uint64_t>(is);
+    const auto count = get<std::uint32_t>(is);
+    if (count != tensors_.size()) {
+      fail_load(detail::concat("checkpoint has ", count, " tensors, this optimizer has ",
+                               tensors_.size()));
+    }
+    std::vector<T> e(total_);
+    std::vector<bool> seen(tensors_.size(), false);
+    for (std::uint32_t c = 0; c < count; ++c) {
+      const auto id = get<std::uint32_t>(is);
+      const auto n = get<std::uint64_t>(is);
+      const auto nbuf = get<std::uint32_t>(is);
+      std::size_t t = 0;
+      while (t < tensors_.size() && tensors_[t].id != id) ++t;
+      if (t == tensors_.size()) fail_load(detail::concat("checkpoint has unknown tensor id ", id));
+      if (seen[t]) fail_load(detail::concat("checkpoint has tensor id ", id, " twice"));
+      seen[t] = true;
+      if (n != tensors_[t].size) {
+        fail_load(detail::concat("tensor ", id, " has ", n, " elements in the checkpoint, ",
+                                 tensors_[t].size, " here"));
+      }
+      if (nbuf != 1) {
+        fail_load(detail::concat("tensor ", id, " has ", nbuf,
+                                 " feedback buffers in the checkpoint, 1 here (another feedback "
+                                 "policy?)"));
+      }
+      get_array(is, std::span<T>(e.data() + offsets_[t], tensors_[t].size));
+    }
+    const auto nvel = get<std::uint64_t>(is);
+    if (nvel != velocity_.size()) {
+      fail_load(detail::concat("checkpoint has a velocity of ", nvel, " elements, this optimizer ",
+                               velocity_.size(), " (momentum set differently?)"));
+    }
+    std::vector<T> v(velocity_.size());
+    get_array(is, std::span<T>(v));
+    // Everything read and checked: now the device state.
+    upload(residual_[committed_].data(), e);
+    upload(velocity_.data(), v);
+    detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+    step_ = step;
+    staged_ready_ = false;
+  }
+
+ private:
+  static constexpr std::string_view driver_name = "device_sparsified_sgd";
+  static constexpr std::uint32_t checkpoint_magic = 0x504b4347;  // sparsified_sgd's: "GCKP"
+  static constexpr std::uint32_t checkpoint_version = 1;
+  static constexpr unsigned threads = 256;
+  static constexpr std::size_t max_blocks = 4096;
+
+  static std::vector<tensor_spec> specs_from_sizes(const std::vector<std::size_t>& sizes) {
+    std::vector<tensor_spec> specs;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      specs.push_back(tensor_spec{static_cast<std::uint32_t>(i), sizes[i]});
+    }
+    return specs;
+  }
+
+  void check_size(const char* what, std::size_t n) const {
+    if (n != total_) {
+      detail::throw_invalid_argument("device_sparsified_sgd::step", what, n,
+                                     detail::concat("the total of the tensor sizes (", total_, ")"));
+    }
+  }
+
+  // Pinned host memory: a selection_stats per tensor, then the two error records.
+  std::size_t pinned_bytes() const {
+    return stats_dev_.size() * sizeof(selection_stats) + 2 * sizeof(cuda::error_record);
+  }
+  selection_stats* stats_host() const { return reinterpret_cast<selection_stats*>(pinned_.get()); }
+  cuda::error_record* errors_host() const {
+    return reinterpret_cast<cuda::error_record*>(pinned_.get() + stats_dev_.size() * sizeof(selection_stats));
+  }
+
+  // n zeros (no allocation for n = 0: the spans of an empty buffer are never read).
+  void zeroed(device_buffer<T>& b, std::size_t n) {
+    b.resize(n);
+    if (n) {
+      detail::cuda_check(cudaMemsetAsync(b.data(), 0, n * sizeof(T), stream()), "cudaMemsetAsync");
+    }
+  }
+  device_span<T> staged_residual() const { return {residual_[committed_ ^ 1u].data(), total_}; }
+  device_span<T> staged_average() const { return {average_[committed_ ^ 1u].data(), total_}; }
+
+  template <class U>
+  std::vector<U> download(const U* p, std::size_t n) const {
+    std::vector<U> v(n);
+    if (n) {
+      detail::cuda_check(cudaMemcpyAsync(v.data(), p, n * sizeof(U), cudaMemcpyDeviceToHost, stream()),
+                         "cudaMemcpyAsync");
+    }
+    detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+    return v;
+  }
+  template <class U>
+  void upload(U* p, const std::vector<U>& v) const {
+    if (v.empty()) return;
+    detail::cuda_check(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(U), cudaMemcpyHostToDevice, stream()),
+                       "cudaMemcpyAsync");
+  }
+
+  // Waits for what the stream has queued so far (the step's one event).
+  void wait() const {
+    detail::cuda_check(cudaEventRecord(event_.get(), stream()), "cudaEventRecord");
+    detail::cuda_check(cudaEventSynchronize(event_.get()), "cudaEventSynchronize");
+  }
+
+  // Never empty: a temp_storage with a null pointer is a size query, not a call.
+  void grow_scratch(std::size_t bytes) {
+    bytes = std::max<std::size_t>(bytes, 256);
+    if (bytes > scratch_.size()) scratch_.resize(bytes);
+  }
+  temp_storage scratch() const { return temp_storage{scratch_.data(), scratch_.size()}; }
+
+  // Phase 1: the picks of every tensor into picks_ / values_, the residual staged.
+  void compress(device_span<const T> grads, double rho) {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    k_.resize(nt);
+    k_at_.assign(nt + 1, 0);
+    for (std::size_t t = 0; t < nt; ++t) {
+      k_[t] = k_for_density(tensors_[t].size, rho);
+      k_at_[t + 1] = k_at_[t] + k_[t];
+    }
+    const std::size_t picks = k_at_[nt];
+    picks_.resize(std::max<std::size_t>(picks, 1));
+    values_.resize(std::max<std::size_t>(picks, 1));
+    const topk& sel = compressor_.selector();
+    const gradcomp::residual& fb = compressor_.feedback();
+    const device_span<T> e = staged_residual();
+    // The scratch every call needs (the size queries depend on n and k only).
+    for (std::size_t t = 0; t < nt; ++t) {
+      if (tensors_[t].size == 0) continue;
+      temp_storage q;
+      on_device(sel).select_accumulate(q, tensor(e, t), tensor(grads, t), context(t, rho),
+                                       picks_of(t), stats_dev_.data() + t, s);
+      grow_scratch(q.bytes);
+      q = temp_storage{};
+      on_device(fb).gather_and_clear(q, tensor(e, t), picks_of(t), stats_dev_.data() + t,
+                                     values_of(t), s, device_validation::trusted);
+      grow_scratch(q.bytes);
+    }
+    if (total_) {
+      detail::cuda_check(cudaMemcpyAsync(e.data(), residual_[committed_].data(), total_ * sizeof(T),
+                                         cudaMemcpyDeviceToDevice, s),
+                         "cudaMemcpyAsync");
+    }
+    detail::cuda_check(cudaMemsetAsync(stats_dev_.data(), 0, nt * sizeof(selection_stats), s),
+                       "cudaMemsetAsync");
+    detail::cuda_check(cudaMemsetAsync(errors_dev_.data(), 0xff, 2 * sizeof(cuda::error_record), s),
+                       "cudaMemsetAsync");
+    for (std::size_t t = 0; t < nt; ++t) {
+      if (tensors_[t].size == 0) continue;
+      temp_storage tmp = scratch();
+      on_device(sel).select_accumulate(tmp, tensor(e, t), tensor(grads, t), context(t, rho),
+                                       picks_of(t), stats_dev_.data() + t, s);
+      tmp = scratch();
+      on_device(fb).gather_and_clear(tmp, tensor(e, t), picks_of(t), stats_dev_.data() + t,
+                                     values_of(t), s, device_validation::trusted);
+      if (offsets_[t] != 0 && k_[t] != 0) {
+        cuda::step_impl::add_offset_kernel<std::uint32_t>
+            <<<cuda::grid_for(k_[t], threads, max_blocks), threads, 0, s>>>(
+                picks_of(t).data(), k_[t], static_cast<std::uint32_t>(offsets_[t]));
+        cuda::check_launch("add_offset_kernel");
+      }
+    }
+    if (picks) {
+      cuda::step_impl::first_nonfinite_kernel<T>
+          <<<cuda::grid_for(picks, threads, max_blocks), threads, 0, s>>>(values_.data(), picks,
+                                                                          errors_dev_.data());
+      cuda::check_launch("first_nonfinite_kernel");
+    }
+    detail::cuda_check(cudaMemcpyAsync(stats_host(), stats_dev_.data(), nt * sizeof(selection_stats),
+                                       cudaMemcpyDeviceToHost, s),
+                       "cudaMemcpyAsync");
+    detail::cuda_check(cudaMemcpyAsync(errors_host(), errors_dev_.data(), sizeof(cuda::error_record),
+                                       cudaMemcpyDeviceToHost, s),
+                       "cudaMemcpyAsync");
+    wait();
+    // A non-finite gradient is refused in the exchange's first collective, so that every rank
+    // learns of it and none waits for this one.
+    refusal_.clear();
+    if (errors_host()[0].first != cuda::no_error) refusal_ = nonfinite_message(errors_host()[0].first);
+    for (std::size_t t = 0; t < nt; ++t) {
+      detail::check_invariant(stats_host()[t].count == k_[t],
+                              "device_sparsified_sgd: top-k picked k coordinates");
+    }
+    staged_stats_ = step_stats{};
+    staged_stats_.step = step_;
+    staged_stats_.target_density = rho;
+    staged_stats_.n = total_;
+  }
+
+  // Phase 2: every rank's picks into the staged average.
+  void exchange_picks() {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    const auto me = static_cast<std::size_t>(comm_->rank());
+    // Per rank: its count for each tensor, then 1 where it refused its gradient, else 0.
+    mine_.assign(k_.begin(), k_.end());
+    mine_.push_back(refusal_.empty() ? 0 : 1);
+    comm_->gather_counts(std::span<const std::uint64_t>(mine_), counts_);
+    const std::size_t row = nt + 1;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const std::size_t status = counts_[r * row + nt];
+      if (status == 0) continue;
+      if (r == me && status == 1) throw nonfinite_error(refusal_);
+      throw communicator_error(detail::concat(
+          "gradcomp::device_sparsified_sgd: rank ", r,
+          status == 1 ? " refused its gradient (NaN or Inf, nonfinite_policy::error)"
+                      : " sent an unknown status",
+          "; the step changes nothing on any rank"));
+    }
+    // A count above its tensor's size is refused on every rank (each holds the same counts)
+    // before anything is sized by it.
+    rank_total_.assign(ranks, 0);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (std::size_t t = 0; t < nt; ++t) {
+        const std::size_t c = counts_[r * row + t];
+        if (c > tensors_[t].size) {
+          throw communicator_error(detail::concat(
+              "gradcomp::device_sparsified_sgd: rank ", r, " announced ", c, " picks of tensor ",
+              tensors_[t].id, "; allowed: at most its ", tensors_[t].size, " elements. Nothing "
+              "was received"));
+        }
+        rank_total_[r] += c;
+      }
+    }
+    std::size_t received = 0;
+    for (const std::size_t c : rank_total_) received += c;
+    recv_picks_.resize(std::max<std::size_t>(received, 1));
+    recv_values_.resize(std::max<std::size_t>(received, 1));
+    const std::size_t picks = k_at_[nt];
+    comm_->allgatherv_known(device_span<const std::uint32_t>(picks_.data(), picks),
+                            device_span<std::uint32_t>(recv_picks_.data(), received),
+                            std::span<const std::size_t>(rank_total_));
+    comm_->allgatherv_known(device_span<const T>(values_.data(), picks),
+                            device_span<T>(recv_values_.data(), received),
+                            std::span<const std::size_t>(rank_total_));
+    validate_received(received);
+
+    const device_span<T> avg = staged_average();
+    if (total_) {
+      detail::cuda_check(cudaMemsetAsync(avg.data(), 0, total_ * sizeof(T), s), "cudaMemsetAsync");
+    }
+    if (received) {
+      const device_span<const std::uint32_t> idx(recv_picks_.data(), received);
+      const device_span<const float> val(recv_values_.data(), received);
+      temp_storage q;
+      cuda::scatter_add_sorted(q, idx, val, avg, s, device_validation::trusted);
+      grow_scratch(q.bytes);
+      temp_storage tmp = scratch();
+      cuda::scatter_add_sorted(tmp, idx, val, avg, s, device_validation::trusted);
+    }
+    if (ranks > 1 && total_) {
+      cuda::step_impl::divide_kernel<T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
+          avg.data(), total_, static_cast<T>(ranks));
+      cuda::check_launch("divide_kernel");
+    }
+
+    for (std::size_t t = 0; t < nt; ++t) {
+      const selection_stats& sel = stats_host()[t];
+      tensor_stats ts;
+      ts.id = tensors_[t].id;
+      ts.n = tensors_[t].size;
+      ts.selected = sel.count;
+      ts.density = ts.n ? static_cast<double>(sel.count) / static_cast<double>(ts.n) : 0.0;
+      ts.threshold = sel.threshold;
+      ts.iterations = sel.iterations;
+      ts.fallback = sel.fallback;
+      ts.bytes_sent = 8 * k_[t] + 8;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        if (r != me) ts.bytes_received += 8 * counts_[r * (nt + 1) + t] + 8;
+      }
+      ts.exchange = "sparse_allgather";
+      staged_stats_.selected += ts.selected;
+      staged_stats_.bytes_sent += ts.bytes_sent;
+      staged_stats_.bytes_received += ts.bytes_received;
+      staged_stats_.tensors.push_back(ts);
+    }
+    staged_stats_.density =
+        total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
+  }
+
+  // Each rank's picks of each tensor: ascending, inside the tensor's range of the flat buffer.
+  void validate_received(std::size_t received) {
+    if (!received) return;
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    const std::size_t ranks = rank_total_.size();
+    const std::size_t segments = ranks * nt;
+    seg_host_.assign(3 * segments + 1, 0);  // start[0..segments], lo[segments], hi[segments]
+    std::uint64_t* start = seg_host_.data();
+    std::uint64_t* lo = start + segments + 1;
+    std::uint64_t* hi = lo + segments;
+    for (std::size_t r = 0, at = 0; r < ranks; ++r) {
+      for (std::size_t t = 0; t < nt; ++t) {
+        const std::size_t sgm = r * nt + t;
+        start[sgm] = at;
+        lo[sgm] = offsets_[t];
+        hi[sgm] = offsets_[t] + tensors_[t].size;
+        at += counts_[r * (nt + 1) + t];
+      }
+    }
+    start[segments] = received;
+    seg_dev_.resize(seg_host_.size());
+    upload(seg_dev_.data(), seg_host_);
+    cuda::step_impl::validate_received_kernel<std::uint32_t>
+        <<<cuda::grid_for(received, threads, max_blocks), threads, 0, s>>>(
+            recv_picks_.data(), received, seg_dev_.data(), seg_dev_.data() + segments + 1,
+            seg_dev_.data() + 2 * segments + 1, static_cast<unsigned>(segments),
+            errors_dev_.data() + 1);
+    cuda::check_launch("validate_received_kernel");
+    detail::cuda_check(cudaMemcpyAsync(errors_host() + 1, errors_dev_.data() + 1,
+                                       sizeof(cuda::error_record), cudaMemcpyDeviceToHost, s),
+                       "cudaMemcpyAsync");
+    wait();
+    const unsigned long long bad = errors_host()[1].first;
+    if (bad == cuda::no_error) return;
+    std::size_t sgm = 0;
+    while (sgm + 1 < segments && start[sgm + 1] <= bad) ++sgm;
+    const std::size_t r = sgm / nt, t = sgm % nt;
+    const std::vector<std::uint32_t> got = download(recv_picks_.data() + bad, 1);
+    throw payload_error(detail::concat(
+        "gradcomp::device_sparsified_sgd: the picks of rank ", r, " for tensor ", tensors_[t].id,
+        " are not a selection: its pick ", bad - start[sgm], " is flat index ", got[0],
+        "; allowed: ascending and distinct, in [", lo[sgm], ", ", hi[sgm],
+        ") (the tensor's range of the flat buffer). Nothing was written"));
+  }
+
+  // Phase 3: params -= lr * update.
+  void update(device_span<T> params, device_span<const T> g) {
+    if (!total_) return;
+    const cudaStream_t s = stream();
+    const auto lr = static_cast<float>(opt_.lr);
+    const auto wd = static_cast<float>(opt_.weight_decay);
+    const auto m = static_cast<float>(opt_.momentum);
+    const unsigned grid = cuda::grid_for(total_, threads, max_blocks);
+    using cuda::step_impl::sgd_kind;
+    if (opt_.momentum == 0.0) {
+      cuda::step_impl::sgd_kernel<sgd_kind::plain><<<grid, threads, 0, s>>>(
+          params.data(), g.data(), nullptr, total_, lr, wd, m);
+    } else if (opt_.nesterov) {
+      cuda::step_impl::sgd_kernel<sgd_kind::nesterov><<<grid, threads, 0, s>>>(
+          params.data(), g.data(), velocity_.data(), total_, lr, wd, m);
+    } else {
+      cuda::step_impl::sgd_kernel<sgd_kind::momentum><<<grid, threads, 0, s>>>(
+          params.data(), g.data(), velocity_.data(), total_, lr, wd, m);
+    }
+    cuda::check_launch("sgd_kernel");
+  }
+
+  // What a non-finite pick at position j of the step's picks is refused with.
+  std::string nonfinite_message(unsigned long long j) const {
+    const std::size_t t = static_cast<std::size_t>(
+        std::upper_bound(k_at_.begin(), k_at_.end(), static_cast<std::size_t>(j)) - k_at_.begin() - 1);
+    const std::vector<T> value = download(values_.data() + j, 1);
+    const std::vector<std::uint32_t> index = download(picks_.data() + j, 1);
+    return detail::concat(
+        "gradcomp::device_sparsified_sgd::step: the gradient or the accumulated gradient "
+        "(feedback state + gradient) of tensor ", tensors_[t].id, " holds ", value[0],
+        " at index ", index[0] - offsets_[t],
+        "; nonfinite_policy::error (the default) rejects it before any state changes, on "
+        "every rank");
+  }
+
+  template <class U>
+  static device_span<U> tensor_of(device_span<U> all, std::size_t at, std::size_t n) {
+    return device_span<U>(all.data() + at, n);
+  }
+  template <class U>
+  device_span<U> tensor(device_span<U> all, std::size_t t) const {
+    return tensor_of(all, offsets_[t], tensors_[t].size);
+  }
+  device_span<std::uint32_t> picks_of(std::size_t t) const {
+    return {picks_.data() + k_at_[t], k_[t]};
+  }
+  device_span<T> values_of(std::size_t t) const { return {values_.data() + k_at_[t], k_[t]}; }
+  select_context context(std::size_t t, double rho) const {
+    return select_context{k_[t], rho,
+                          call_id{opt_.seed, step_, tensors_[t].id,
+                                  static_cast<std::uint32_t>(comm_->rank())}};
+  }
+
+  [[noreturn]] static void fail_load(const std::string& why) { detail::fail_load(driver_name, why); }
+  template <class V>
+  static V get(std::istream& is) {
+    return detail::get<V>(is, driver_name);
+  }
+  static void get_array(std::istream& is, std::span<T> a) { detail::get_array(is, a, driver_name); }
+
+  Comm* comm_;
+  std::vector<tensor_spec> tensors_;
+  std::vector<std::size_t> offsets_;
+  std::size_t total_ = 0;
+  Compressor compressor_;
+  Exchange exchange_;
+  sgd_options opt_;
+  density_schedule schedule_;
+  // [committed_]: the state; [committed_ ^ 1]: what a step in flight writes.
+  device_buffer<T> residual_[2];
+  device_buffer<T> average_[2];
+  unsigned committed_ = 0;
+  device_buffer<T> velocity_;
+  // Per step, reused.
+  std::vector<std::size_t> k_, k_at_;
+  device_buffer<std::uint32_t> picks_;
+  device_buffer<T> values_;
+  device_buffer<selection_stats> stats_dev_;
+  device_buffer<cuda::error_record> errors_dev_;
+  device_buffer<std::byte> scratch_;
+  std::vector<std::uint64_t> mine_;
+  std::string refusal_;  // this step's non-finite gradient, or empty
+  std::vector<std::size_t> counts_, rank_total_;
+  device_buffer<std::uint32_t> recv_picks_;
+  device_buffer<T> recv_values_;
+  std::vector<std::uint64_t> seg_host_;
+  device_buffer<std::uint64_t> seg_dev_;
+  struct free_pinned {
+    void operator()(std::byte* p) const noexcept { cudaFreeHost(p); }
+  };
+  struct destroy_event {
+    void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
+  };
+  std::unique_ptr<std::byte, free_pinned> pinned_;
+  std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, destroy_event> event_;
+  step_stats stats_;
+  step_stats staged_stats_;
+  bool staged_ready_ = false;
+  std::uint64_t step_ = 0;
+  std::size_t total_bytes_sent_ = 0;
+  std::size_t total_bytes_received_ = 0;
+};
+
+}  // namespace gradcomp

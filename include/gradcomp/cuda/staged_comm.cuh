@@ -1,0 +1,119 @@
+// gradcomp/cuda/staged_comm.cuh: the device API the device-resident step needs
+// (device_communicator, cuda/sparsified_sgd.cuh), over any host gradcomp::communicator: device
+// payloads are copied to host memory, moved by the host communicator, and copied back. For
+// ranks that share one GPU (NCCL refuses two ranks on one device), for threads of one process
+// (in_process_comm) and for MPI ranks without NCCL; nccl_comm offers the same calls on device
+// memory directly. Every call runs on the stream it was given and returns after the host
+// communicator has finished (the counts, which the host needs, and the data: the copies wait).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/cuda/memory.cuh>
+#include <gradcomp/detail/comm_common.hpp>
+#include <gradcomp/device.hpp>
+#include <gradcomp/error.hpp>
+
+namespace gradcomp::cuda {
+
+template <class HostComm>
+class staged_comm {
+ public:
+  staged_comm(HostComm& host, cudaStream_t stream) : host_(&host), stream_(stream) {}
+
+  [[nodiscard]] int rank() const { return host_->rank(); }
+  [[nodiscard]] int size() const { return host_->size(); }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+  [[nodiscard]] HostComm& host() noexcept { return *host_; }
+
+  // out[r * mine.size() + j] = rank r's mine[j], for every rank (mine.size() the same on every
+  // rank: a rank that sends another number of counts is refused on every rank, naming it).
+  void gather_counts(std::span<const std::uint64_t> mine, std::vector<std::size_t>& out) {
+    const std::size_t m = mine.size();
+    send_.resize(m * sizeof(std::uint64_t));
+    if (m) std::memcpy(send_.data(), mine.data(), send_.size());
+    detail::allgatherv_within(*host_, std::span<const std::byte>(send_), recv_, recv_counts_,
+                              receive_limit{send_.size()}, "staged_comm::gather_counts");
+    for (std::size_t r = 0; r < recv_counts_.size(); ++r) {
+      if (recv_counts_[r] != send_.size()) {
+        throw communicator_error(detail::concat(
+            "gradcomp::cuda::staged_comm::gather_counts: rank ", r, " sent ", recv_counts_[r],
+            " bytes of counts; every rank sends ", send_.size(), " (", m, " counts)"));
+      }
+    }
+    out.resize(recv_.size() / sizeof(std::uint64_t));
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      std::uint64_t c = 0;
+      std::memcpy(&c, recv_.data() + i * sizeof(c), sizeof(c));
+      out[i] = static_cast<std::size_t>(c);
+    }
+  }
+
+  // recv gets rank 0's counts[0] elements, then rank 1's, ...: counts every rank already holds
+  // (from gather_counts, checked by the caller); a rank whose block has another size is
+  // refused on every rank before recv is written. send.size() must be counts[rank()], recv.size()
+  // their sum.
+  template <class T>
+  void allgatherv_known(device_span<const T> send, device_span<T> recv,
+                        std::span<const std::size_t> counts) {
+    const auto p = static_cast<std::size_t>(size());
+    const auto me = static_cast<std::size_t>(rank());
+    constexpr std::string_view where = "cuda::staged_comm::allgatherv_known";
+    if (counts.size() != p) {
+      detail::throw_invalid_argument(where, "counts.size()", counts.size(),
+                                     detail::concat("size() = ", p));
+    }
+    if (send.size() != counts[me]) {
+      detail::throw_invalid_argument(where, "send.size()", send.size(),
+                                     detail::concat("counts[rank()] = ", counts[me]));
+    }
+    std::size_t total = 0, most = 0;
+    for (const std::size_t c : counts) {
+      total += c;
+      most = c > most ? c : most;
+    }
+    if (recv.size() != total) {
+      detail::throw_invalid_argument(where, "recv.size()", recv.size(),
+                                     detail::concat("the sum of counts (", total, ")"));
+    }
+    send_.resize(send.size() * sizeof(T));
+    if (!send_.empty()) {
+      detail::cuda_check(cudaMemcpyAsync(send_.data(), send.data(), send_.size(),
+                                         cudaMemcpyDeviceToHost, stream_),
+                         "cudaMemcpyAsync (staged_comm, device to host)");
+    }
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    detail::allgatherv_within(*host_, std::span<const std::byte>(send_), recv_, recv_counts_,
+                              receive_limit{most * sizeof(T)}, "staged_comm::allgatherv_known");
+    for (std::size_t r = 0; r < p; ++r) {
+      if (recv_counts_[r] != counts[r] * sizeof(T)) {
+        throw communicator_error(detail::concat(
+            "gradcomp::cuda::staged_comm::allgatherv_known: rank ", r, " sent ", recv_counts_[r],
+            " bytes; it announced ", counts[r], " elements of ", sizeof(T), " bytes"));
+      }
+    }
+    if (!recv_.empty()) {
+      detail::cuda_check(cudaMemcpyAsync(recv.data(), recv_.data(), recv_.size(),
+                                         cudaMemcpyHostToDevice, stream_),
+                         "cudaMemcpyAsync (staged_comm, host to device)");
+    }
+    // recv_ is reused by the next call: the copy out of it has to be done.
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+ private:
+  HostComm* host_;
+  cudaStream_t stream_;
+  std::vector<std::byte> send_;
+  std::vector<std::byte> recv_;
+  std::vector<std::size_t> recv_counts_;
+};
+
+}  // namespace gradcomp::cuda

@@ -1,0 +1,465 @@
+// device_sparsified_sgd (gradcomp/cuda/sparsified_sgd.cuh) against the host sparsified_sgd:
+// the same compressor, exchange, options and gradients, run side by side on P = 1, 2 and 4
+// ranks (threads of this process, one stream each, sharing the GPU; the device step's exchange
+// over cuda::staged_comm on the same in-process communicator as the host's). Parameters,
+// averaged gradient, residuals and selection statistics must be the host's bit for bit after
+// every step. Then the transaction: a fault in any of the device step's collectives, on any
+// rank, a corrupted count or pick, or a non-finite gradient changes no state on any rank, and
+// the retried step is the unfaulted one; checkpoints move between the two drivers.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gradcomp/comm/in_process.hpp>
+#include <gradcomp/cuda.cuh>
+#include <gradcomp/cuda/sparsified_sgd.cuh>
+#include <gradcomp/cuda/staged_comm.cuh>
+#include <gradcomp/sparsified_sgd.hpp>
+
+#include "../support/cuda_buffers.hpp"
+#include "../support/fault_comm.hpp"
+
+namespace {
+
+using namespace gradcomp;
+using gradcomp_test::fault_comm;
+using gradcomp_test::fault_kind;
+
+using comm_t = fault_comm<in_process_comm>;
+using C = compressor<topk, identity, residual>;
+using host_t = sparsified_sgd<C, sparse_allgather, comm_t>;
+using staged_t = gradcomp::cuda::staged_comm<comm_t>;
+using device_t = device_sparsified_sgd<C, sparse_allgather, staged_t>;
+
+// Not Gaussian: kind 0 uniform in [-1, 1), 1 heavy-tailed (a ratio of uniforms, as Cauchy),
+// 2 multiples of 1/8 in [-1, 1] (many ties and zeros). Every rank and step its own values.
+float gradient_value(int kind, int rank, int step, std::size_t i) {
+  std::uint64_t x = (static_cast<std::uint64_t>(rank) << 56) ^ (static_cast<std::uint64_t>(step) << 40) ^ i;
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  const float u = static_cast<float>(x >> 40) / static_cast<float>(1ull << 24) * 2.0f - 1.0f;
+  const float v = static_cast<float>((x >> 16) & 0xffffff) / static_cast<float>(1ull << 24) + 1e-3f;
+  switch (kind) {
+    case 0: return u;
+    case 1: return u / v;
+    default: return std::round(u * 8.0f) / 8.0f;
+  }
+}
+
+std::vector<float> gradient(std::size_t n, int kind, int rank, int step) {
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = gradient_value(kind, rank, step, i);
+  return g;
+}
+
+struct stream_t {
+  cudaStream_t s = nullptr;
+  stream_t() { detail::cuda_check(cudaStreamCreate(&s), "cudaStreamCreate"); }
+  stream_t(const stream_t&) = delete;
+  stream_t& operator=(const stream_t&) = delete;
+  ~stream_t() { cudaStreamDestroy(s); }
+};
+
+// One rank: its communicator (rebound to a fresh world each step), both drivers, their
+// parameters and the device gradient.
+struct rank_t {
+  std::shared_ptr<in_process_world> first_world;  // what comm points at until the first step
+  std::unique_ptr<in_process_comm> first;
+  std::unique_ptr<comm_t> comm;
+  std::unique_ptr<stream_t> stream;
+  std::unique_ptr<staged_t> staged;
+  std::unique_ptr<host_t> host;
+  std::unique_ptr<device_t> dev;
+  std::vector<float> host_params;
+  device_buffer<float> dev_params;
+  device_buffer<float> dev_grad;
+};
+
+struct setup_t {
+  std::vector<std::size_t> sizes;
+  double density = 0.01;
+  sgd_options opt{};
+  int kind = 0;
+};
+
+std::size_t total_of(const setup_t& s) {
+  std::size_t n = 0;
+  for (const std::size_t x : s.sizes) n += x;
+  return n;
+}
+
+// Runs body(r, comm, world) on P threads over a fresh world; a rank that throws keeps its
+// exception and fails the world, so that the others stop waiting.
+template <class Body>
+std::vector<std::exception_ptr> run_world(int P, Body&& body) {
+  in_process_world world(P);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(P));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r) {
+    threads.emplace_back([&, r] {
+      in_process_comm comm = world.comm(r);
+      try {
+        detail::cuda_check(cudaSetDevice(0), "cudaSetDevice");
+        body(r, comm, world);
+        world.rank_done(r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        world.abort(r, "failed");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+}
+
+void require_none_threw(const std::vector<std::exception_ptr>& errors) {
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (errors[r]) FAIL("rank ", r, " threw: ", what_of(errors[r]));
+  }
+}
+
+std::vector<rank_t> make_ranks(const setup_t& s, int P, bool with_host = true) {
+  // The constructors need a communicator to point at; each step rebinds to a fresh world.
+  const auto first = std::make_shared<in_process_world>(P);
+  std::vector<rank_t> ranks(static_cast<std::size_t>(P));
+  const std::size_t n = total_of(s);
+  std::vector<float> init(n);
+  for (std::size_t i = 0; i < n; ++i) init[i] = 0.5f - static_cast<float>(i % 7) * 0.125f;
+  for (int r = 0; r < P; ++r) {
+    rank_t& k = ranks[static_cast<std::size_t>(r)];
+    k.first_world = first;
+    k.first = std::make_unique<in_process_comm>(first->comm(r));
+    k.comm = std::make_unique<comm_t>(*k.first);
+    k.stream = std::make_unique<stream_t>();
+    k.staged = std::make_unique<staged_t>(*k.comm, k.stream->s);
+    const auto schedule = density_schedule::constant(s.density);
+    if (with_host) k.host = std::make_unique<host_t>(*k.comm, s.sizes, C{}, sparse_allgather{}, s.opt, schedule);
+    k.dev = std::make_unique<device_t>(*k.staged, s.sizes, C{}, sparse_allgather{}, s.opt, schedule);
+    k.host_params = init;
+    k.dev_params = gradcomp_test::upload(init);
+    k.dev_grad.resize(std::max<std::size_t>(n, 1));
+  }
+  return ranks;
+}
+
+// The device step of rank r on gradient g (host memory), waited for.
+void device_step(rank_t& k, const std::vector<float>& g) {
+  if (!g.empty()) {
+    detail::cuda_check(cudaMemcpyAsync(k.dev_grad.data(), g.data(), g.size() * sizeof(float),
+                                       cudaMemcpyHostToDevice, k.stream->s),
+                       "cudaMemcpyAsync");
+  }
+  k.dev->step(device_span<float>(k.dev_params.data(), g.size()),
+              device_span<const float>(k.dev_grad.data(), g.size()));
+  detail::cuda_check(cudaStreamSynchronize(k.stream->s), "cudaStreamSynchronize");
+}
+
+// Both drivers, one step, every rank.
+void step_both(std::vector<rank_t>& ranks, const setup_t& s, int step) {
+  const int P = static_cast<int>(ranks.size());
+  const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world& world) {
+    rank_t& k = ranks[static_cast<std::size_t>(r)];
+    k.comm->rebind(comm);
+    k.comm->disarm();
+    k.comm->on_throw = [&world, r](std::string_view what) { world.abort(r, what); };
+    const std::vector<float> g = gradient(total_of(s), s.kind, r, step);
+    k.host->step(std::span<float>(k.host_params), std::span<const float>(g));
+    device_step(k, g);
+  });
+  require_none_threw(errors);
+}
+
+template <class U>
+std::vector<U> down(device_span<const U> d) {
+  return gradcomp_test::download(d.data(), d.size());
+}
+
+// The first index where a and b differ in their bits, or -1.
+long long first_difference(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) return -2;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<long long>(i);
+  }
+  return -1;
+}
+
+void check_same_state(rank_t& k, int r) {
+  CAPTURE(r);
+  const std::size_t n = k.host_params.size();
+  const std::vector<float> p = gradcomp_test::download(k.dev_params.data(), n);
+  CHECK(first_difference(p, k.host_params) == -1);
+  CHECK(first_difference(down(k.dev->averaged_gradient()), k.host->averaged_gradient()) == -1);
+  for (std::size_t t = 0; t < k.dev->tensors().size(); ++t) {
+    CAPTURE(t);
+    CHECK(first_difference(down(k.dev->residual(t)), k.host->feedback_state(t).e) == -1);
+    const tensor_stats& d = k.dev->last_stats().tensors[t];
+    const tensor_stats& h = k.host->last_stats().tensors[t];
+    CHECK(d.selected == h.selected);
+    CHECK(d.threshold == h.threshold);
+    CHECK(d.fallback == h.fallback);
+  }
+  CHECK(k.dev->steps_done() == k.host->steps_done());
+  CHECK(k.dev->last_stats().selected == k.host->last_stats().selected);
+}
+
+std::string checkpoint_of(const device_t& d) {
+  std::ostringstream os;
+  d.save_state(os);
+  return os.str();
+}
+
+struct snapshot_t {
+  std::vector<float> params;
+  std::vector<float> average;
+  std::string checkpoint;
+  std::uint64_t steps = 0;
+};
+
+snapshot_t snapshot(rank_t& k) {
+  return {gradcomp_test::download(k.dev_params.data(), k.host_params.size()),
+          down(k.dev->averaged_gradient()), checkpoint_of(*k.dev), k.dev->steps_done()};
+}
+
+void check_unchanged(rank_t& k, const snapshot_t& before, int r) {
+  CAPTURE(r);
+  const snapshot_t now = snapshot(k);
+  CHECK(first_difference(now.params, before.params) == -1);
+  CHECK(first_difference(now.average, before.average) == -1);
+  CHECK(now.checkpoint == before.checkpoint);
+  CHECK(now.steps == before.steps);
+}
+
+}  // namespace
+
+TEST_CASE("device_sparsified_sgd: the host step bit for bit, P = 1, 2, 4") {
+  sgd_options plain{};
+  plain.lr = 0.1;
+  sgd_options momentum{};
+  momentum.lr = 0.05;
+  momentum.momentum = 0.9;
+  momentum.weight_decay = 1e-4;
+  sgd_options nesterov = momentum;
+  nesterov.nesterov = true;
+  const std::vector<setup_t> setups = {
+      {{1}, 0.01, plain, 0},
+      {{0, 5, 1000}, 0.01, momentum, 1},
+      {{4097, 3, 1}, 0.3, nesterov, 2},
+      {{1000, 1000}, 1.0, plain, 2},
+      {{(std::size_t{1} << 20) + 3}, 0.001, momentum, 1},
+      {{65536, 300000, 17}, 0.01, nesterov, 0},
+  };
+  // Under compute-sanitizer (scripts/gpu_check.sh sets GRADCOMP_CUDA_TEST_SMALL) the large
+  // layouts are left out: the kernels they run are the small ones' on more elements.
+  const bool small = std::getenv("GRADCOMP_CUDA_TEST_SMALL") != nullptr;
+  for (const int P : {1, 2, 4}) {
+    for (std::size_t c = 0; c < setups.size(); ++c) {
+      if (small && total_of(setups[c]) > 70000) continue;
+      CAPTURE(P);
+      CAPTURE(c);
+      std::vector<rank_t> ranks = make_ranks(setups[c], P);
+      for (int step = 0; step < 3; ++step) {
+        CAPTURE(step);
+        step_both(ranks, setups[c], step);
+        for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
+      }
+    }
+  }
+}
+
+TEST_CASE("device_sparsified_sgd: a failed step changes nothing on any rank; the retry is the unfaulted step") {
+  sgd_options opt{};
+  opt.lr = 0.05;
+  opt.momentum = 0.9;
+  const setup_t s{{1000, 37, 4096}, 0.05, opt, 1};
+  for (const int P : {2, 3}) {
+    CAPTURE(P);
+    std::vector<rank_t> ranks = make_ranks(s, P);
+    step_both(ranks, s, 0);
+    std::vector<snapshot_t> before;
+    for (auto& k : ranks) before.push_back(snapshot(k));
+    const auto device_only = [&](int faulty, fault_kind kind, std::size_t at) {
+      return run_world(P, [&](int r, in_process_comm& comm, in_process_world& world) {
+        rank_t& k = ranks[static_cast<std::size_t>(r)];
+        k.comm->rebind(comm);
+        k.comm->on_throw = [&world, r](std::string_view what) { world.abort(r, what); };
+        if (r == faulty) k.comm->arm(kind, at);
+        else k.comm->disarm();
+        device_step(k, gradient(total_of(s), s.kind, r, 1));
+      });
+    };
+    // The device step makes three collectives: the counts, the picks' indices, their values.
+    for (const int faulty : {0, P - 1}) {
+      for (std::size_t at = 0; at < 3; ++at) {
+        CAPTURE(faulty);
+        CAPTURE(at);
+        const auto errors = device_only(faulty, fault_kind::throw_before, at);
+        for (int r = 0; r < P; ++r) {
+          CAPTURE(r);
+          CHECK(errors[static_cast<std::size_t>(r)] != nullptr);
+          check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
+        }
+      }
+    }
+    // A lying peer: a corrupted count (call 0) or corrupted indices (call 1) are refused on
+    // every rank, by the same check, before anything is written.
+    for (std::size_t at = 0; at < 2; ++at) {
+      CAPTURE(at);
+      const auto errors = device_only(P - 1, fault_kind::corrupt, at);
+      for (int r = 0; r < P; ++r) {
+        CAPTURE(r);
+        REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
+        const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
+        CAPTURE(what);
+        CHECK(what.find("rank " + std::to_string(P - 1)) != std::string::npos);
+        check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
+      }
+    }
+    // The retry, on both drivers: still the host's step.
+    step_both(ranks, s, 1);
+    for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
+    }
+}
+
+TEST_CASE("device_sparsified_sgd: a non-finite gradient is refused before any state changes") {
+  const setup_t s{{100, 2000}, 0.01, {}, 0};
+  std::vector<rank_t> ranks = make_ranks(s, 1);
+  step_both(ranks, s, 0);
+  rank_t& k = ranks[0];
+  const snapshot_t before = snapshot(k);
+  for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    std::vector<float> g = gradient(total_of(s), s.kind, 0, 1);
+    g[100 + 1234] = bad;  // tensor 1, index 1234
+    const auto errors = run_world(1, [&](int, in_process_comm& comm, in_process_world&) {
+      k.comm->rebind(comm);
+      k.comm->disarm();
+      k.comm->on_throw = nullptr;
+      device_step(k, g);
+    });
+    REQUIRE(errors[0] != nullptr);
+    const std::string what = what_of(errors[0]);
+    CAPTURE(what);
+    CHECK(what.find("tensor 1 ") != std::string::npos);
+    CHECK(what.find("index 1234") != std::string::npos);
+    check_unchanged(k, before, 0);
+  }
+  step_both(ranks, s, 1);
+  check_same_state(k, 0);
+}
+
+TEST_CASE("device_sparsified_sgd: a non-finite gradient on one rank fails the step on every rank") {
+  const setup_t s{{100, 2000}, 0.01, {}, 2};
+  for (const int P : {2, 3}) {
+    CAPTURE(P);
+    std::vector<rank_t> ranks = make_ranks(s, P);
+    step_both(ranks, s, 0);
+    std::vector<snapshot_t> before;
+    for (auto& k : ranks) before.push_back(snapshot(k));
+    const int bad_rank = P - 1;
+    const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
+      rank_t& k = ranks[static_cast<std::size_t>(r)];
+      k.comm->rebind(comm);
+      k.comm->disarm();
+      k.comm->on_throw = nullptr;
+      std::vector<float> g = gradient(total_of(s), s.kind, r, 1);
+      if (r == bad_rank) g[7] = std::nanf("");  // tensor 0, index 7
+      device_step(k, g);
+    });
+    for (int r = 0; r < P; ++r) {
+      CAPTURE(r);
+      REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
+      const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
+      CAPTURE(what);
+      if (r == bad_rank) {
+        CHECK(what.find("tensor 0 ") != std::string::npos);
+        CHECK(what.find("index 7") != std::string::npos);
+      } else {
+        CHECK(what.find("rank " + std::to_string(bad_rank)) != std::string::npos);
+      }
+      check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
+    }
+    step_both(ranks, s, 1);
+    for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
+  }
+}
+
+TEST_CASE("device_sparsified_sgd: checkpoints move between the host and the device driver") {
+  sgd_options opt{};
+  opt.momentum = 0.5;
+  const setup_t s{{300, 5000}, 0.02, opt, 2};
+  std::vector<rank_t> ranks = make_ranks(s, 1);
+  step_both(ranks, s, 0);
+  rank_t& k = ranks[0];
+  // The device driver's checkpoint is the host's, byte for byte.
+  std::ostringstream host_cp;
+  k.host->save_state(host_cp);
+  CHECK(checkpoint_of(*k.dev) == host_cp.str());
+  // A truncated checkpoint is refused and changes nothing.
+  const snapshot_t before = snapshot(k);
+  std::istringstream truncated(host_cp.str().substr(0, host_cp.str().size() - 3));
+  CHECK_THROWS_AS(k.dev->load_state(truncated), invalid_argument);
+  check_unchanged(k, before, 0);
+  // A fresh device driver loads the host's checkpoint and steps as the host does.
+  auto fresh = std::make_unique<device_t>(*k.staged, s.sizes, C{}, sparse_allgather{}, s.opt,
+                                          density_schedule::constant(s.density));
+  std::istringstream in(host_cp.str());
+  fresh->load_state(in);
+  k.dev = std::move(fresh);
+  step_both(ranks, s, 1);
+  check_same_state(k, 0);
+}
+
+TEST_CASE("device_sparsified_sgd: bad arguments are refused, naming them") {
+  const setup_t s{{10, 20}, 0.1, {}, 0};
+  std::vector<rank_t> ranks = make_ranks(s, 1, false);
+  rank_t& k = ranks[0];
+  const snapshot_t before = snapshot(k);
+  const device_span<float> short_params(k.dev_params.data(), 29);
+  const device_span<const float> grads(k.dev_grad.data(), 30);
+  try {
+    k.dev->step(short_params, grads);
+    FAIL("a short params was accepted");
+  } catch (const invalid_argument& e) {
+    CHECK(std::string(e.what()).find("params.size()") != std::string::npos);
+  }
+  try {
+    k.dev->commit_step(device_span<float>(k.dev_params.data(), 30));
+    FAIL("commit_step without a staged step was accepted");
+  } catch (const invalid_argument& e) {
+    CHECK(std::string(e.what()).find("exchange_step") != std::string::npos);
+  }
+  check_unchanged(k, before, 0);
+  sgd_options bad{};
+  bad.lr = -1.0;
+  CHECK_THROWS_AS(device_t(*k.staged, s.sizes, C{}, sparse_allgather{}, bad,
+                           density_schedule::constant(0.1)),
+                  invalid_argument);
+  // NaN and Inf pass through only on the host so far (the residual keeps e - v there).
+  const C propagate(topk{}, identity{}, residual{}, nonfinite_policy::propagate);
+  try {
+    device_t d(*k.staged, s.sizes, propagate, sparse_allgather{}, {}, density_schedule::constant(0.1));
+    FAIL("nonfinite_policy::propagate was accepted");
+  } catch (const invalid_argument& e) {
+    CHECK(std::string(e.what()).find("nonfinite") != std::string::npos);
+  }
+}
