@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu_bundle.sh [BUILD_DIR] [DEST]: gathers what scripts/gpu_check.sh runs on a GPU
 # machine that lacks this machine's toolchain into one flat folder (default .gpu): the CUDA
-# test programs, nccl_comm_local, gradcomp_cuda_bench and (where built) gradcomp_cub_topk_bench
+# test programs, nccl_comm_local, gradcomp_cuda_bench and (where built) gradcomp_cuda_step_bench
+# and gradcomp_cub_topk_bench
 # from BUILD_DIR (default build/default), with the shared libraries they load that such a machine may not have
 # (libcudart, libbenchmark). Not copied: the C and C++ runtimes (the GPU machine needs a
 # libstdc++ at least as new as this machine's), the driver (libcuda, libnvidia-*), and NCCL
@@ -15,7 +16,8 @@ dest=${2:-.gpu}
 mkdir -p "$dest"
 programs=()
 for exe in "$build"/tests/cuda/cuda_*_test "$build"/tests/cuda/nccl_comm_local \
-           "$build"/bench/gradcomp_cuda_bench "$build"/bench/gradcomp_cub_topk_bench; do
+           "$build"/bench/gradcomp_cuda_bench "$build"/bench/gradcomp_cuda_step_bench \
+           "$build"/bench/gradcomp_cub_topk_bench; do
   [[ -x $exe ]] || continue
   cp "$exe" "$dest/"
   programs+=("$dest/$(basename "$exe")")

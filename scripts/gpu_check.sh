@@ -2,10 +2,12 @@
 # scripts/gpu_check.sh [BIN_DIR] [OUT_DIR]: on a machine with a CUDA GPU, runs every CUDA test
 # (cuda_*_test) and the NCCL communicator's one-process test (nccl_comm_local, which needs
 # libnccl.so.2 on LD_LIBRARY_PATH, no MPI), then gradcomp_cuda_bench over all its families (3
-# repetitions, JSON; GPU_CHECK_BENCH=0 leaves it out and the baselines) and the top-k's
+# repetitions, JSON; GPU_CHECK_BENCH=0 leaves it out and the baselines), the device-resident
+# step against the dense step (gradcomp_cuda_step_bench, where built) and the top-k's
 # baselines (cub::DeviceTopK in gradcomp_cub_topk_bench where built, torch.topk where python3
 # has CUDA torch), then the CUDA tests again under compute-sanitizer's memcheck where found
-# (GPU_CHECK_MEMCHECK=0 leaves it out). Logs and the
+# (GPU_CHECK_MEMCHECK=0 leaves it out; GRADCOMP_CUDA_TEST_SMALL=1 there leaves out the large
+# layouts of cuda_sparsified_sgd_test). Logs and the
 # JSON go to OUT_DIR (default gpu-check). BIN_DIR (default build/default) is a build tree or a
 # flat folder of those executables (what a GPU machine without this machine's toolchain gets:
 # the binaries built here, with LD_LIBRARY_PATH naming a folder of the libraries they need).
@@ -82,6 +84,15 @@ else
   summary+=("gradcomp_cuda_bench: not built")
 fi
 
+# The device-resident step against the dense step (NCCL at P = 1; needs libnccl.so.2).
+if [[ ${GPU_CHECK_BENCH:-1} != 0 ]]; then
+  if exe=$(find_exe gradcomp_cuda_step_bench); then
+    run_bench gradcomp_cuda_step_bench "$exe" 180 cuda_step_bench
+  else
+    summary+=("gradcomp_cuda_step_bench: not built (gradcomp::nccl)")
+  fi
+fi
+
 # The baselines of the device top-k: cub::DeviceTopK (where built) and torch.topk (where a
 # python3 with CUDA torch is found), at the same sizes and densities.
 if [[ ${GPU_CHECK_BENCH:-1} != 0 ]]; then
@@ -109,7 +120,7 @@ elif command -v compute-sanitizer > /dev/null; then
   for name in "${tests[@]}"; do
     exe=$(find_exe "$name") || continue
     start=$SECONDS
-    timeout 90 compute-sanitizer --tool memcheck --error-exitcode 99 "$exe" \
+    GRADCOMP_CUDA_TEST_SMALL=1 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 99 "$exe" \
       > "$out/$name.memcheck.log" 2>&1
     rc=$?
     summary+=("memcheck $name: rc $rc, $((SECONDS - start)) s, $(grep -E 'ERROR SUMMARY' "$out/$name.memcheck.log" | tail -1)")
