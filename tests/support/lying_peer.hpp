@@ -121,16 +121,19 @@ void every_counts_message_refused(Comm& comm, Tamperer& t, std::uint64_t lie,
                                   const std::string& needle) {
   namespace rt = gradcomp::runtime;
   const std::size_t n = 5003;
-  for (const char* ex : {"allreduce", "allgather", "gtopk", "a2a", "auto"}) {
+  for (const std::string ex : {"allreduce", "allgather", "gtopk", "a2a", "auto"}) {
     rt::engine_config c;
     c.exchange = ex;
-    c.selector = std::string(ex) == "allreduce" ? "randomk" : "topk";
+    c.selector = ex == "allreduce" ? "randomk" : "topk";
     CAPTURE(ex);
     rt::bucket_engine<Comm> engine(comm, c), clean(comm, c);
+    // The exchange each step ran ('auto': the one it chose), engine's and clean's.
+    std::vector<std::string> ran, ran_clean;
     auto step = [&](rt::bucket_engine<Comm>& e, std::uint64_t s) {
       auto g = make_input<float>(dist::laplace, n, static_cast<std::uint64_t>(comm.rank()) + 10 * s);
-      e.run(3, std::span<float>(g), s, 0.01);
+      const auto st = e.run(3, std::span<float>(g), s, 0.01);
       e.commit();
+      (&e == &engine ? ran : ran_clean).emplace_back(st.exchange);
       return g;
     };
     // How many messages of counts a rank sends in one step (the same on every rank; the
@@ -149,7 +152,28 @@ void every_counts_message_refused(Comm& comm, Tamperer& t, std::uint64_t lie,
     const auto got = step(engine, 2);
     (void)step(clean, 0);
     (void)step(clean, 1);
-    CHECK(same_bits(got, step(clean, 2)));
+    const auto want = step(clean, 2);
+    // 'auto' measures the link once per engine, so the two engines may choose differently on a
+    // loaded machine. Every choice but gtopk gives the same bits (rank-order sums, the same
+    // feedback); gtopk sends a global top-k and gives the rest back to the residual. So the
+    // bits must agree wherever both engines made the same gtopk-or-not choice at every step.
+    const auto joined = [](const std::vector<std::string>& v) {
+      std::string j;
+      for (const auto& x : v) j += x + " ";
+      return j;
+    };
+    const std::string ran_s = joined(ran), ran_clean_s = joined(ran_clean);
+    CAPTURE(ran_s);
+    CAPTURE(ran_clean_s);
+    bool comparable = ran.size() == ran_clean.size();
+    for (std::size_t s = 0; comparable && s < ran.size(); ++s) {
+      comparable = (ran[s] == "gtopk") == (ran_clean[s] == "gtopk");
+    }
+    if (comparable) {
+      CHECK(same_bits(got, want));
+    } else {
+      MESSAGE("auto chose gtopk in one engine and not the other: bits not compared");
+    }
   }
 }
 
