@@ -67,6 +67,17 @@ struct tensor_spec {
 
 namespace detail {
 
+// Tensors with ids 0..n-1 and the given sizes: what the drivers' constructors from layer sizes
+// mean.
+inline std::vector<tensor_spec> tensor_specs(const std::vector<std::size_t>& sizes) {
+  std::vector<tensor_spec> specs;
+  specs.reserve(sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    specs.push_back(tensor_spec{static_cast<std::uint32_t>(i), sizes[i]});
+  }
+  return specs;
+}
+
 // The checks every SGD driver (sparsified_sgd, periodic_averaging) makes of its options.
 inline void check_sgd_options(std::string_view where, const sgd_options& opt) {
   if (!(opt.lr > 0.0 && std::isfinite(opt.lr))) {

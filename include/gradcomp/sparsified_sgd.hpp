@@ -17,7 +17,7 @@
 
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/concepts.hpp>
-#include <gradcomp/detail/checkpoint.hpp>
+#include <gradcomp/detail/sgd_checkpoint.hpp>
 #include <gradcomp/detail/nonfinite.hpp>
 #include <gradcomp/engine/staged_feedback.hpp>
 #include <gradcomp/engine/tensor_record.hpp>
@@ -47,7 +47,7 @@ class sparsified_sgd {
   sparsified_sgd(Comm& comm, const std::vector<std::size_t>& layer_sizes, Compressor c = {},
                  Exchange x = {}, sgd_options opt = {},
                  density_schedule schedule = density_schedule::constant(1.0))
-      : sparsified_sgd(comm, specs_from_sizes(layer_sizes), std::move(c), std::move(x), opt,
+      : sparsified_sgd(comm, detail::tensor_specs(layer_sizes), std::move(c), std::move(x), opt,
                        schedule) {}
 
   // Tensors with explicit ids (taken as a span so that a braced list of sizes picks the
@@ -171,63 +171,33 @@ class sparsified_sgd {
   // the optimizer's velocity. load_state() accepts the tensors in any order, checks ids,
   // sizes, element type and buffer counts, and changes nothing unless all of it matches.
   void save_state(std::ostream& os) const {
-    detail::put(os, checkpoint_magic);
-    detail::put(os, checkpoint_version);
-    detail::put(os, static_cast<std::uint32_t>(sizeof(T)));
-    detail::put(os, step_);
-    detail::put(os, static_cast<std::uint32_t>(tensors_.size()));
-    for (std::size_t t = 0; t < tensors_.size(); ++t) {
-      // buffers() hands out mutable spans for load_state(); here they are only read.
-      auto buffers = const_cast<typename Compressor::state_type&>(feedback_.committed(t)).buffers();
-      detail::put(os, tensors_[t].id);
-      detail::put(os, static_cast<std::uint64_t>(tensors_[t].size));
-      detail::put(os, static_cast<std::uint32_t>(buffers.size()));
-      for (const auto& b : buffers) detail::put_array(os, std::span<const T>(b.data(), b.size()));
-    }
-    detail::put(os, static_cast<std::uint64_t>(velocity_.size()));
-    detail::put_array(os, std::span<const T>(velocity_));
-    if (!os) throw error("gradcomp::sparsified_sgd::save_state: the stream failed while writing");
+    detail::save_sgd_checkpoint<T>(
+        os, driver_name, step_, tensors_,
+        [&](std::size_t t) {
+          // buffers() hands out mutable spans for load_state(); here they are only read.
+          std::vector<std::span<const T>> out;
+          for (const auto& b :
+               const_cast<typename Compressor::state_type&>(feedback_.committed(t)).buffers()) {
+            out.emplace_back(b.data(), b.size());
+          }
+          return out;
+        },
+        std::span<const T>(velocity_));
   }
 
   void load_state(std::istream& is) {
-    detail::check_header(is, driver_name, "gradcomp", checkpoint_magic, checkpoint_version,
-                         static_cast<std::uint32_t>(sizeof(T)));
-    const auto step = get<std::uint64_t>(is);
-    const auto count = get<std::uint32_t>(is);
-    if (count != tensors_.size()) {
-      fail_load(detail::concat("checkpoint has ", count, " tensors, this optimizer has ", tensors_.size()));
-    }
     std::vector<typename Compressor::state_type> states;
     states.reserve(tensors_.size());
     for (const auto& t : tensors_) states.push_back(compressor_.make_state(t.size));
-    std::vector<bool> seen(tensors_.size(), false);
-    for (std::uint32_t c = 0; c < count; ++c) {
-      const auto id = get<std::uint32_t>(is);
-      const auto n = get<std::uint64_t>(is);
-      const auto nbuf = get<std::uint32_t>(is);
-      std::size_t t = 0;
-      while (t < tensors_.size() && tensors_[t].id != id) ++t;
-      if (t == tensors_.size()) fail_load(detail::concat("checkpoint has unknown tensor id ", id));
-      if (seen[t]) fail_load(detail::concat("checkpoint has tensor id ", id, " twice"));
-      seen[t] = true;
-      if (n != tensors_[t].size) {
-        fail_load(detail::concat("tensor ", id, " has ", n, " elements in the checkpoint, ",
-                                 tensors_[t].size, " here"));
-      }
-      auto buffers = states[t].buffers();
-      if (nbuf != buffers.size()) {
-        fail_load(detail::concat("tensor ", id, " has ", nbuf, " feedback buffers in the checkpoint, ",
-                                 buffers.size(), " here (another feedback policy?)"));
-      }
-      for (auto& b : buffers) get_array(is, b);
-    }
-    const auto nvel = get<std::uint64_t>(is);
-    if (nvel != velocity_.size()) {
-      fail_load(detail::concat("checkpoint has a velocity of ", nvel, " elements, this optimizer ",
-                               velocity_.size(), " (momentum set differently?)"));
-    }
     std::vector<T> velocity(velocity_.size());
-    get_array(is, std::span<T>(velocity));
+    const std::uint64_t step = detail::load_sgd_checkpoint<T>(
+        is, driver_name, tensors_,
+        [&](std::size_t t) {
+          std::vector<std::span<T>> out;
+          for (const auto& b : states[t].buffers()) out.emplace_back(b.data(), b.size());
+          return out;
+        },
+        std::span<T>(velocity));
     feedback_.replace_committed(std::move(states));
     velocity_ = std::move(velocity);
     step_ = step;
@@ -237,17 +207,6 @@ class sparsified_sgd {
  private:
   // This rank, for call_id::rank: each rank rounds with its own quantize stream.
   std::uint32_t rank_id() const { return static_cast<std::uint32_t>(comm_->rank()); }
-
-  static constexpr std::uint32_t checkpoint_magic = 0x504b4347;  // "GCKP" little-endian
-  static constexpr std::uint32_t checkpoint_version = 1;
-
-  static std::vector<tensor_spec> specs_from_sizes(const std::vector<std::size_t>& sizes) {
-    std::vector<tensor_spec> specs;
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      specs.push_back(tensor_spec{static_cast<std::uint32_t>(i), sizes[i]});
-    }
-    return specs;
-  }
 
   void check_options() const {
     detail::check_sgd_options("sparsified_sgd", opt_);
@@ -326,12 +285,6 @@ class sparsified_sgd {
   }
 
   static constexpr std::string_view driver_name = "sparsified_sgd";
-  [[noreturn]] static void fail_load(const std::string& why) { detail::fail_load(driver_name, why); }
-  template <class V>
-  static V get(std::istream& is) {
-    return detail::get<V>(is, driver_name);
-  }
-  static void get_array(std::istream& is, std::span<T> a) { detail::get_array(is, a, driver_name); }
 
   Comm* comm_;
   std::vector<tensor_spec> tensors_;

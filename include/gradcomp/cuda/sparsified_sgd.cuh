@@ -56,7 +56,7 @@
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/cuda/select.cuh>
 #include <gradcomp/cuda/sparse.cuh>
-#include <gradcomp/detail/checkpoint.hpp>
+#include <gradcomp/detail/sgd_checkpoint.hpp>
 #include <gradcomp/device.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/exchange/sparse_allgather.hpp>
@@ -105,7 +105,7 @@ class device_sparsified_sgd {
   device_sparsified_sgd(Comm& comm, const std::vector<std::size_t>& layer_sizes,
                         Compressor c = {}, Exchange x = {}, sgd_options opt = {},
                         density_schedule schedule = density_schedule::constant(1.0))
-      : device_sparsified_sgd(comm, specs_from_sizes(layer_sizes), std::move(c), std::move(x),
+      : device_sparsified_sgd(comm, detail::tensor_specs(layer_sizes), std::move(c), std::move(x),
                               opt, schedule) {}
 
   device_sparsified_sgd(Comm& comm, std::span<const tensor_spec> tensors, Compressor c,
@@ -211,64 +211,27 @@ class device_sparsified_sgd {
   // Checkpoints in sparsified_sgd's format (either driver loads the other's): the step
   // counter, every tensor's residual keyed by tensor id, the velocity. Both wait for the stream.
   void save_state(std::ostream& os) const {
-    std::vector<T> e = download(residual_[committed_].data(), total_);
-    std::vector<T> v = download(velocity_.data(), velocity_.size());
-    detail::put(os, checkpoint_magic);
-    detail::put(os, checkpoint_version);
-    detail::put(os, static_cast<std::uint32_t>(sizeof(T)));
-    detail::put(os, step_);
-    detail::put(os, static_cast<std::uint32_t>(tensors_.size()));
-    for (std::size_t t = 0; t < tensors_.size(); ++t) {
-      detail::put(os, tensors_[t].id);
-      detail::put(os, static_cast<std::uint64_t>(tensors_[t].size));
-      detail::put(os, std::uint32_t{1});  // residual keeps one buffer
-      detail::put_array(os, std::span<const T>(e.data() + offsets_[t], tensors_[t].size));
-    }
-    detail::put(os, static_cast<std::uint64_t>(v.size()));
-    detail::put_array(os, std::span<const T>(v));
-    if (!os) throw error("gradcomp::device_sparsified_sgd::save_state: the stream failed while writing");
+    const std::vector<T> e = download(residual_[committed_].data(), total_);
+    const std::vector<T> v = download(velocity_.data(), velocity_.size());
+    detail::save_sgd_checkpoint<T>(
+        os, driver_name, step_, tensors_,
+        [&](std::size_t t) {  // residual keeps one buffer
+          return std::vector<std::span<const T>>{{e.data() + offsets_[t], tensors_[t].size}};
+        },
+        std::span<const T>(v));
   }
 
   // Accepts the tensors in any order; checks ids, sizes, element type and buffer counts, and
   // changes nothing unless all of it matches.
   void load_state(std::istream& is) {
-    detail::check_header(is, driver_name, "gradcomp", checkpoint_magic, checkpoint_version,
-                         static_cast<std::uint32_t>(sizeof(T)));
-    const auto step = get<std::uint64_t>(is);
-    const auto count = get<std::uint32_t>(is);
-    if (count != tensors_.size()) {
-      fail_load(detail::concat("checkpoint has ", count, " tensors, this optimizer has ",
-                               tensors_.size()));
-    }
     std::vector<T> e(total_);
-    std::vector<bool> seen(tensors_.size(), false);
-    for (std::uint32_t c = 0; c < count; ++c) {
-      const auto id = get<std::uint32_t>(is);
-      const auto n = get<std::uint64_t>(is);
-      const auto nbuf = get<std::uint32_t>(is);
-      std::size_t t = 0;
-      while (t < tensors_.size() && tensors_[t].id != id) ++t;
-      if (t == tensors_.size()) fail_load(detail::concat("checkpoint has unknown tensor id ", id));
-      if (seen[t]) fail_load(detail::concat("checkpoint has tensor id ", id, " twice"));
-      seen[t] = true;
-      if (n != tensors_[t].size) {
-        fail_load(detail::concat("tensor ", id, " has ", n, " elements in the checkpoint, ",
-                                 tensors_[t].size, " here"));
-      }
-      if (nbuf != 1) {
-        fail_load(detail::concat("tensor ", id, " has ", nbuf,
-                                 " feedback buffers in the checkpoint, 1 here (another feedback "
-                                 "policy?)"));
-      }
-      get_array(is, std::span<T>(e.data() + offsets_[t], tensors_[t].size));
-    }
-    const auto nvel = get<std::uint64_t>(is);
-    if (nvel != velocity_.size()) {
-      fail_load(detail::concat("checkpoint has a velocity of ", nvel, " elements, this optimizer ",
-                               velocity_.size(), " (momentum set differently?)"));
-    }
     std::vector<T> v(velocity_.size());
-    get_array(is, std::span<T>(v));
+    const std::uint64_t step = detail::load_sgd_checkpoint<T>(
+        is, driver_name, tensors_,
+        [&](std::size_t t) {
+          return std::vector<std::span<T>>{{e.data() + offsets_[t], tensors_[t].size}};
+        },
+        std::span<T>(v));
     // Everything read and checked: now the device state.
     upload(residual_[committed_].data(), e);
     upload(velocity_.data(), v);
@@ -279,18 +242,8 @@ class device_sparsified_sgd {
 
  private:
   static constexpr std::string_view driver_name = "device_sparsified_sgd";
-  static constexpr std::uint32_t checkpoint_magic = 0x504b4347;  // sparsified_sgd's: "GCKP"
-  static constexpr std::uint32_t checkpoint_version = 1;
   static constexpr unsigned threads = 256;
   static constexpr std::size_t max_blocks = 4096;
-
-  static std::vector<tensor_spec> specs_from_sizes(const std::vector<std::size_t>& sizes) {
-    std::vector<tensor_spec> specs;
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      specs.push_back(tensor_spec{static_cast<std::uint32_t>(i), sizes[i]});
-    }
-    return specs;
-  }
 
   void check_size(const char* what, std::size_t n) const {
     if (n != total_) {
@@ -618,13 +571,6 @@ class device_sparsified_sgd {
                           call_id{opt_.seed, step_, tensors_[t].id,
                                   static_cast<std::uint32_t>(comm_->rank())}};
   }
-
-  [[noreturn]] static void fail_load(const std::string& why) { detail::fail_load(driver_name, why); }
-  template <class V>
-  static V get(std::istream& is) {
-    return detail::get<V>(is, driver_name);
-  }
-  static void get_array(std::istream& is, std::span<T> a) { detail::get_array(is, a, driver_name); }
 
   Comm* comm_;
   std::vector<tensor_spec> tensors_;
