@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -184,13 +185,13 @@ TEST_CASE("a rank with another tensor size makes every rank throw over gloo, non
 TEST_CASE("bucket_engine over gloo equals bucket_engine in process, every exchange, steps carried") {
   namespace rt = gradcomp::runtime;
   const std::size_t n = 5003;
-  for (const char* ex : {"allreduce", "allgather", "gtopk", "a2a", "auto"}) {
-    for (const char* sel : {"topk", "randomk", "dgc"}) {
+  for (const std::string ex : {"allreduce", "allgather", "gtopk", "a2a", "auto"}) {
+    for (const std::string sel : {"topk", "randomk", "dgc"}) {
       rt::engine_config c;
       c.exchange = ex;
       c.selector = sel;
-      c.feedback = std::string(sel) == "dgc" ? "dgc" : "residual";
-      c.quantizer = std::string(sel) == "randomk" ? "fp16" : "fp32";
+      c.feedback = sel == "dgc" ? "dgc" : "residual";
+      c.quantizer = sel == "randomk" ? "fp16" : "fp32";
       if (c.exchange == "allreduce" && c.selector != "randomk") continue;  // not summable
       CAPTURE(ex);
       CAPTURE(sel);
@@ -198,24 +199,42 @@ TEST_CASE("bucket_engine over gloo equals bucket_engine in process, every exchan
         return gradcomp_test::make_input<float>(rank % 2 ? gradcomp_test::dist::laplace : gradcomp_test::dist::normal,
                                                 n, static_cast<std::uint64_t>(1000 * step + rank));
       };
+      // The exchange each step ran ('auto': the one it chose), over gloo and in process.
+      std::vector<std::string> ran, ran_in_process;
       rt::bucket_engine<process_group_comm> mine(comm(), c);
       std::vector<std::vector<float>> got;
       for (int s = 0; s < 3; ++s) {
         auto g = grad(comm().rank(), s);
-        mine.run(7, std::span<float>(g), static_cast<std::uint64_t>(s), 0.01);
+        ran.emplace_back(mine.run(7, std::span<float>(g), static_cast<std::uint64_t>(s), 0.01).exchange);
         mine.commit();
         got.push_back(g);
       }
+      std::string ran_s;
+      for (const auto& x : ran) ran_s += x + " ";
+      CAPTURE(ran_s);
+      // 'auto' measures its link once per engine, and gloo's link is not the in-process one,
+      // so the two would choose for links of their own. The reference runs the exchange the
+      // gloo engine chose, by name: auto's bits must be that exchange's.
+      rt::engine_config reference = c;
+      if (ex == "auto") {
+        REQUIRE(std::all_of(ran.begin(), ran.end(), [&](const std::string& x) { return x == ran.front(); }));
+        reference.exchange = ran.front() == "dense_allreduce"    ? "allreduce"
+                             : ran.front() == "sparse_allgather" ? "allgather"
+                             : ran.front() == "topk_a2a"         ? "a2a"
+                                                                 : ran.front();
+      }
       std::vector<std::vector<std::vector<float>>> want(static_cast<std::size_t>(comm().size()));
       run_in_process(comm().size(), [&](in_process_comm& ic) {
-        rt::bucket_engine<in_process_comm> e(ic, c);
+        rt::bucket_engine<in_process_comm> e(ic, reference);
         for (int s = 0; s < 3; ++s) {
           auto g = grad(ic.rank(), s);
-          e.run(7, std::span<float>(g), static_cast<std::uint64_t>(s), 0.01);
+          const std::string_view x = e.run(7, std::span<float>(g), static_cast<std::uint64_t>(s), 0.01).exchange;
           e.commit();
+          if (ic.rank() == 0) ran_in_process.emplace_back(x);
           want[static_cast<std::size_t>(ic.rank())].push_back(g);
         }
       });
+      CHECK(ran == ran_in_process);
       for (int s = 0; s < 3; ++s) {
         CHECK(gradcomp_test::same_bits(got[static_cast<std::size_t>(s)],
                                        want[static_cast<std::size_t>(comm().rank())][static_cast<std::size_t>(s)]));
