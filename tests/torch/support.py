@@ -29,13 +29,27 @@ def _entry(rank: int, world: int, store: str, fn: Callable[..., Any], timeout_s:
             pass
 
 
+# Ranks are forked from multiprocessing's fork server, which imports torch and the test module
+# (the __main__ that calls spawn) once, rather than started with "spawn", which imports them
+# again for every rank of every test: most of test_hook.py's time on a 2-core machine. The
+# server only imports: it starts no thread and touches no device, so the ranks may use CUDA as
+# under "spawn", and each rank still makes its own process group.
+_PRELOAD = ["__main__", "torch", "torch.distributed"]
+
+
+def _context() -> Any:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts, at the first spawn
+    return ctx
+
+
 def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 60.0,
           allow_failure: bool = False, backend: str = "gloo") -> Dict[int, Any]:
     """Runs fn(rank, world, *args) on `world` ranks (processes) of a `backend` group; returns
     {rank: result}.
     Raises AssertionError naming the rank and its traceback when one fails (unless
     allow_failure, then the failures come back as ("error", text))."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory(prefix="gradcomp_test_") as tmp:
         store = os.path.join(tmp, "store")
