@@ -10,6 +10,9 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -180,6 +183,25 @@ bool same_bits(std::span<const T> a, std::span<const T> b) {
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return same_bits(std::span<const T>(a), std::span<const T>(b));
+}
+
+// The registry's name (runtime::exchanges) of the exchange a step reports it ran
+// (step_stats::exchange: the exchange's own name; 'auto': the one it chose). A reference engine
+// configured with it runs, by name, what 'auto' chose in another engine: 'auto' measures its
+// link once per engine, so two engines may choose differently, and gtopk gives other bits.
+inline std::string registry_exchange_name(std::string_view ran) {
+  if (ran == "dense_allreduce") return "allreduce";
+  if (ran == "sparse_allgather") return "allgather";
+  if (ran == "topk_a2a") return "a2a";
+  if (ran == "gtopk") return "gtopk";
+  throw std::invalid_argument("registry_exchange_name: no exchange is named '" + std::string(ran) + "'");
+}
+
+// Names joined by spaces, for a CAPTURE.
+inline std::string joined(const std::vector<std::string>& names) {
+  std::string j;
+  for (const auto& x : names) j += x + " ";
+  return j;
 }
 
 }  // namespace gradcomp_test
