@@ -3,8 +3,8 @@
 # a copy of its seed corpus (fuzz/corpus/<target>/). Fails if any target crashes, leaks or
 # violates a property; the input that did it is left in build/fuzz/artifacts/<target>/.
 # Usage: scripts/fuzz.sh [target...]   (default: all seven)
-# GRADCOMP_FUZZ_SECONDS: seconds per target (default 60); GRADCOMP_FUZZ_JOBS: targets at a
-# time (default: the number of cores).
+# GRADCOMP_FUZZ_SECONDS: seconds of one core per target (default 60); GRADCOMP_FUZZ_JOBS:
+# targets at a time (default: all of them).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -21,11 +21,25 @@ fi
 cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGRADCOMP_BUILD_FUZZERS=ON -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_EXAMPLES=OFF \
   -DGRADCOMP_BUILD_BENCHMARKS=OFF -DGRADCOMP_BUILD_TOOLS=OFF
-cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
+# One build of all the targets asked for: with Makefiles, several --target names are built one
+# after another, each on its own, so the seven become one target (gradcomp_fuzzers) when all
+# are asked for.
+if [ "$#" -eq 0 ]; then
+  cmake --build "$build" --parallel "$(nproc)" --target gradcomp_fuzzers
+else
+  cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
+fi
 
-# Targets run side by side, GRADCOMP_FUZZ_JOBS at a time (default: one per core); each
-# writes a log of its own, printed when it ends.
-jobs="${GRADCOMP_FUZZ_JOBS:-$(nproc)}"
+# Targets run side by side, GRADCOMP_FUZZ_JOBS at a time (default: all at once); each writes a
+# log of its own, printed when it ends. Each target gets GRADCOMP_FUZZ_SECONDS of one core:
+# when more run at once than there are cores, each runs for seconds x running / cores of wall
+# time (libFuzzer's -max_total_time is wall time). All seven at once on 2 cores take 210 s;
+# two at a time they took 4 rounds of 60 s, the last with one core idle.
+cores="$(nproc)"
+jobs="${GRADCOMP_FUZZ_JOBS:-${#targets[@]}}"
+if [ "$jobs" -gt "${#targets[@]}" ]; then jobs="${#targets[@]}"; fi
+wall="$seconds"
+if [ "$jobs" -gt "$cores" ]; then wall=$(( (seconds * jobs + cores - 1) / cores )); fi
 run_one() {
   local target="$1"
   # libFuzzer adds what it finds to the first corpus directory: a copy keeps the repository's
@@ -35,7 +49,7 @@ run_one() {
   mkdir -p "$corpus" "$artifacts"
   cp -r "fuzz/corpus/$target/." "$corpus/"
   "$build/fuzz/$target" "$corpus" \
-    -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+    -max_total_time="$wall" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$artifacts/" -print_final_stats=1 >"$build/$target.log" 2>&1
 }
 
@@ -46,7 +60,7 @@ finish() {  # waits for one running target, prints its log, records a failure
   local rc=0
   wait "${pids[$target]}" || rc=$?
   unset "pids[$target]"
-  echo "=== ${target}: ${seconds} s, exit ${rc} ==="
+  echo "=== ${target}: ${wall} s (${seconds} s of one core), exit ${rc} ==="
   if [ "$rc" -ne 0 ]; then
     cat "$build/$target.log"
     failed+=("$target")
@@ -73,4 +87,4 @@ if [ "${#failed[@]}" -ne 0 ]; then
   echo "=== fuzzing FAILED: ${failed[*]} (inputs in $build/artifacts/) ===" >&2
   exit 1
 fi
-echo "=== fuzzing passed: ${targets[*]} (${seconds} s each) ==="
+echo "=== fuzzing passed: ${targets[*]} (${seconds} s of one core each, ${jobs} at a time) ==="
