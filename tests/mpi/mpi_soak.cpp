@@ -23,7 +23,7 @@
 // Each rank cycles through 98 gradients of its own, made once, so that the run measures the
 // library and not a random number generator; the sum of the gradients applied so far is then
 // a count per gradient times that gradient. The ctest test mpi_soak_smoke runs 2000 steps on
-// every push; mpi_soak_np4 (label soak, left out of the presets) is the full run.
+// every push (500 in the sanitizer builds); mpi_soak_np4 (label soak, left out of the presets) is the full run.
 #include <unistd.h>
 
 #include <algorithm>
