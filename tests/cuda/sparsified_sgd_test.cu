@@ -37,10 +37,21 @@ using gradcomp_test::fault_comm;
 using gradcomp_test::fault_kind;
 
 using comm_t = fault_comm<in_process_comm>;
-using C = compressor<topk, identity, residual>;
-using host_t = sparsified_sgd<C, sparse_allgather, comm_t>;
 using staged_t = gradcomp::cuda::staged_comm<comm_t>;
-using device_t = device_sparsified_sgd<C, sparse_allgather, staged_t>;
+
+// A configuration the device step runs, with its two drivers.
+template <class Compressor, class Exchange>
+struct policies {
+  using C = Compressor;
+  using X = Exchange;
+  using host_t = sparsified_sgd<C, X, comm_t>;
+  using device_t = device_sparsified_sgd<C, X, staged_t>;
+};
+using sparse_p = policies<compressor<topk, identity, residual>, sparse_allgather>;
+using dense_p = policies<compressor<dense, identity, residual>, dense_allreduce>;
+// The top-k configuration's, for the tests that run only it.
+using C = sparse_p::C;
+using device_t = sparse_p::device_t;
 
 // Not Gaussian: kind 0 uniform in [-1, 1), 1 heavy-tailed (a ratio of uniforms, as Cauchy),
 // 2 multiples of 1/8 in [-1, 1] (many ties and zeros). Every rank and step its own values.
@@ -75,14 +86,15 @@ struct stream_t {
 
 // One rank: its communicator (rebound to a fresh world each step), both drivers, their
 // parameters and the device gradient.
+template <class Pol>
 struct rank_t {
   std::shared_ptr<in_process_world> first_world;  // what comm points at until the first step
   std::unique_ptr<in_process_comm> first;
   std::unique_ptr<comm_t> comm;
   std::unique_ptr<stream_t> stream;
   std::unique_ptr<staged_t> staged;
-  std::unique_ptr<host_t> host;
-  std::unique_ptr<device_t> dev;
+  std::unique_ptr<typename Pol::host_t> host;
+  std::unique_ptr<typename Pol::device_t> dev;
   std::vector<float> host_params;
   device_buffer<float> dev_params;
   device_buffer<float> dev_grad;
@@ -139,23 +151,28 @@ void require_none_threw(const std::vector<std::exception_ptr>& errors) {
   }
 }
 
-std::vector<rank_t> make_ranks(const setup_t& s, int P, bool with_host = true) {
+template <class Pol = sparse_p>
+std::vector<rank_t<Pol>> make_ranks(const setup_t& s, int P, bool with_host = true) {
   // The constructors need a communicator to point at; each step rebinds to a fresh world.
   const auto first = std::make_shared<in_process_world>(P);
-  std::vector<rank_t> ranks(static_cast<std::size_t>(P));
+  std::vector<rank_t<Pol>> ranks(static_cast<std::size_t>(P));
   const std::size_t n = total_of(s);
   std::vector<float> init(n);
   for (std::size_t i = 0; i < n; ++i) init[i] = 0.5f - static_cast<float>(i % 7) * 0.125f;
   for (int r = 0; r < P; ++r) {
-    rank_t& k = ranks[static_cast<std::size_t>(r)];
+    rank_t<Pol>& k = ranks[static_cast<std::size_t>(r)];
     k.first_world = first;
     k.first = std::make_unique<in_process_comm>(first->comm(r));
     k.comm = std::make_unique<comm_t>(*k.first);
     k.stream = std::make_unique<stream_t>();
     k.staged = std::make_unique<staged_t>(*k.comm, k.stream->s);
     const auto schedule = density_schedule::constant(s.density);
-    if (with_host) k.host = std::make_unique<host_t>(*k.comm, s.sizes, C{}, sparse_allgather{}, s.opt, schedule);
-    k.dev = std::make_unique<device_t>(*k.staged, s.sizes, C{}, sparse_allgather{}, s.opt, schedule);
+    if (with_host) {
+      k.host = std::make_unique<typename Pol::host_t>(*k.comm, s.sizes, typename Pol::C{},
+                                                      typename Pol::X{}, s.opt, schedule);
+    }
+    k.dev = std::make_unique<typename Pol::device_t>(*k.staged, s.sizes, typename Pol::C{},
+                                                     typename Pol::X{}, s.opt, schedule);
     k.host_params = init;
     k.dev_params = gradcomp_test::upload(init);
     k.dev_grad.resize(std::max<std::size_t>(n, 1));
@@ -164,7 +181,8 @@ std::vector<rank_t> make_ranks(const setup_t& s, int P, bool with_host = true) {
 }
 
 // The device step of rank r on gradient g (host memory), waited for.
-void device_step(rank_t& k, const std::vector<float>& g) {
+template <class Pol>
+void device_step(rank_t<Pol>& k, const std::vector<float>& g) {
   if (!g.empty()) {
     detail::cuda_check(cudaMemcpyAsync(k.dev_grad.data(), g.data(), g.size() * sizeof(float),
                                        cudaMemcpyHostToDevice, k.stream->s),
@@ -176,10 +194,11 @@ void device_step(rank_t& k, const std::vector<float>& g) {
 }
 
 // Both drivers, one step, every rank.
-void step_both(std::vector<rank_t>& ranks, const setup_t& s, int step) {
+template <class Pol>
+void step_both(std::vector<rank_t<Pol>>& ranks, const setup_t& s, int step) {
   const int P = static_cast<int>(ranks.size());
   const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world& world) {
-    rank_t& k = ranks[static_cast<std::size_t>(r)];
+    auto& k = ranks[static_cast<std::size_t>(r)];
     k.comm->rebind(comm);
     k.comm->disarm();
     k.comm->on_throw = [&world, r](std::string_view what) { world.abort(r, what); };
@@ -204,7 +223,8 @@ long long first_difference(std::span<const float> a, std::span<const float> b) {
   return -1;
 }
 
-void check_same_state(rank_t& k, int r) {
+template <class Pol>
+void check_same_state(rank_t<Pol>& k, int r) {
   CAPTURE(r);
   const std::size_t n = k.host_params.size();
   const std::vector<float> p = gradcomp_test::download(k.dev_params.data(), n);
@@ -223,7 +243,8 @@ void check_same_state(rank_t& k, int r) {
   CHECK(k.dev->last_stats().selected == k.host->last_stats().selected);
 }
 
-std::string checkpoint_of(const device_t& d) {
+template <class Device>
+std::string checkpoint_of(const Device& d) {
   std::ostringstream os;
   d.save_state(os);
   return os.str();
@@ -236,12 +257,14 @@ struct snapshot_t {
   std::uint64_t steps = 0;
 };
 
-snapshot_t snapshot(rank_t& k) {
+template <class Pol>
+snapshot_t snapshot(rank_t<Pol>& k) {
   return {gradcomp_test::download(k.dev_params.data(), k.host_params.size()),
           down(k.dev->averaged_gradient()), checkpoint_of(*k.dev), k.dev->steps_done()};
 }
 
-void check_unchanged(rank_t& k, const snapshot_t& before, int r) {
+template <class Pol>
+void check_unchanged(rank_t<Pol>& k, const snapshot_t& before, int r) {
   CAPTURE(r);
   const snapshot_t now = snapshot(k);
   CHECK(first_difference(now.params, before.params) == -1);
@@ -277,7 +300,7 @@ TEST_CASE("device_sparsified_sgd: the host step bit for bit, P = 1, 2, 4") {
       if (small && total_of(setups[c]) > 70000) continue;
       CAPTURE(P);
       CAPTURE(c);
-      std::vector<rank_t> ranks = make_ranks(setups[c], P);
+      auto ranks = make_ranks(setups[c], P);
       for (int step = 0; step < 3; ++step) {
         CAPTURE(step);
         step_both(ranks, setups[c], step);
@@ -294,13 +317,13 @@ TEST_CASE("device_sparsified_sgd: a failed step changes nothing on any rank; the
   const setup_t s{{1000, 37, 4096}, 0.05, opt, 1};
   for (const int P : {2, 3}) {
     CAPTURE(P);
-    std::vector<rank_t> ranks = make_ranks(s, P);
+    auto ranks = make_ranks(s, P);
     step_both(ranks, s, 0);
     std::vector<snapshot_t> before;
     for (auto& k : ranks) before.push_back(snapshot(k));
     const auto device_only = [&](int faulty, fault_kind kind, std::size_t at) {
       return run_world(P, [&](int r, in_process_comm& comm, in_process_world& world) {
-        rank_t& k = ranks[static_cast<std::size_t>(r)];
+        auto& k = ranks[static_cast<std::size_t>(r)];
         k.comm->rebind(comm);
         k.comm->on_throw = [&world, r](std::string_view what) { world.abort(r, what); };
         if (r == faulty) k.comm->arm(kind, at);
@@ -343,9 +366,9 @@ TEST_CASE("device_sparsified_sgd: a failed step changes nothing on any rank; the
 
 TEST_CASE("device_sparsified_sgd: a non-finite gradient is refused before any state changes") {
   const setup_t s{{100, 2000}, 0.01, {}, 0};
-  std::vector<rank_t> ranks = make_ranks(s, 1);
+  auto ranks = make_ranks(s, 1);
   step_both(ranks, s, 0);
-  rank_t& k = ranks[0];
+  auto& k = ranks[0];
   const snapshot_t before = snapshot(k);
   for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
     std::vector<float> g = gradient(total_of(s), s.kind, 0, 1);
@@ -371,13 +394,13 @@ TEST_CASE("device_sparsified_sgd: a non-finite gradient on one rank fails the st
   const setup_t s{{100, 2000}, 0.01, {}, 2};
   for (const int P : {2, 3}) {
     CAPTURE(P);
-    std::vector<rank_t> ranks = make_ranks(s, P);
+    auto ranks = make_ranks(s, P);
     step_both(ranks, s, 0);
     std::vector<snapshot_t> before;
     for (auto& k : ranks) before.push_back(snapshot(k));
     const int bad_rank = P - 1;
     const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
-      rank_t& k = ranks[static_cast<std::size_t>(r)];
+      auto& k = ranks[static_cast<std::size_t>(r)];
       k.comm->rebind(comm);
       k.comm->disarm();
       k.comm->on_throw = nullptr;
@@ -407,9 +430,9 @@ TEST_CASE("device_sparsified_sgd: checkpoints move between the host and the devi
   sgd_options opt{};
   opt.momentum = 0.5;
   const setup_t s{{300, 5000}, 0.02, opt, 2};
-  std::vector<rank_t> ranks = make_ranks(s, 1);
+  auto ranks = make_ranks(s, 1);
   step_both(ranks, s, 0);
-  rank_t& k = ranks[0];
+  auto& k = ranks[0];
   // The device driver's checkpoint is the host's, byte for byte.
   std::ostringstream host_cp;
   k.host->save_state(host_cp);
@@ -431,8 +454,8 @@ TEST_CASE("device_sparsified_sgd: checkpoints move between the host and the devi
 
 TEST_CASE("device_sparsified_sgd: bad arguments are refused, naming them") {
   const setup_t s{{10, 20}, 0.1, {}, 0};
-  std::vector<rank_t> ranks = make_ranks(s, 1, false);
-  rank_t& k = ranks[0];
+  auto ranks = make_ranks(s, 1, false);
+  auto& k = ranks[0];
   const snapshot_t before = snapshot(k);
   const device_span<float> short_params(k.dev_params.data(), 29);
   const device_span<const float> grads(k.dev_grad.data(), 30);
@@ -461,5 +484,131 @@ TEST_CASE("device_sparsified_sgd: bad arguments are refused, naming them") {
     FAIL("nonfinite_policy::propagate was accepted");
   } catch (const invalid_argument& e) {
     CHECK(std::string(e.what()).find("nonfinite") != std::string::npos);
+  }
+}
+
+// ---- the dense path: compressor<dense, identity, residual> with dense_allreduce -------------
+
+TEST_CASE("device_sparsified_sgd, dense with dense_allreduce: the host step bit for bit, P = 1, 2, 4") {
+  sgd_options plain{};
+  plain.lr = 0.1;
+  sgd_options momentum{};
+  momentum.lr = 0.05;
+  momentum.momentum = 0.9;
+  momentum.weight_decay = 1e-4;
+  sgd_options nesterov = momentum;
+  nesterov.nesterov = true;
+  // The density is not used by the dense selector: every step sends every coordinate.
+  const std::vector<setup_t> setups = {
+      {{1}, 0.01, plain, 0},
+      {{0, 5, 1000}, 0.01, momentum, 1},
+      {{4097, 3, 1}, 0.3, nesterov, 2},
+      {{(std::size_t{1} << 20) + 3}, 0.001, momentum, 1},
+      {{65536, 300000, 17}, 0.01, nesterov, 0},
+  };
+  const bool small = std::getenv("GRADCOMP_CUDA_TEST_SMALL") != nullptr;
+  for (const int P : {1, 2, 4}) {
+    for (std::size_t c = 0; c < setups.size(); ++c) {
+      if (small && total_of(setups[c]) > 70000) continue;
+      CAPTURE(P);
+      CAPTURE(c);
+      auto ranks = make_ranks<dense_p>(setups[c], P);
+      for (int step = 0; step < 3; ++step) {
+        CAPTURE(step);
+        step_both(ranks, setups[c], step);
+        for (int r = 0; r < P; ++r) {
+          check_same_state(ranks[static_cast<std::size_t>(r)], r);
+          const step_stats& st = ranks[static_cast<std::size_t>(r)].dev->last_stats();
+          CHECK(st.selected == total_of(setups[c]));
+          for (const tensor_stats& ts : st.tensors) CHECK(ts.exchange == "dense_allreduce");
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("device_sparsified_sgd, dense: a failed collective or a lying count changes nothing on any rank") {
+  sgd_options opt{};
+  opt.lr = 0.05;
+  opt.momentum = 0.9;
+  const setup_t s{{1000, 37, 4096}, 1.0, opt, 1};
+  for (const int P : {2, 3}) {
+    CAPTURE(P);
+    auto ranks = make_ranks<dense_p>(s, P);
+    step_both(ranks, s, 0);
+    std::vector<snapshot_t> before;
+    for (auto& k : ranks) before.push_back(snapshot(k));
+    const auto device_only = [&](int faulty, fault_kind kind, std::size_t at) {
+      return run_world(P, [&](int r, in_process_comm& comm, in_process_world& world) {
+        auto& k = ranks[static_cast<std::size_t>(r)];
+        k.comm->rebind(comm);
+        k.comm->on_throw = [&world, r](std::string_view what) { world.abort(r, what); };
+        if (r == faulty) k.comm->arm(kind, at);
+        else k.comm->disarm();
+        device_step(k, gradient(total_of(s), s.kind, r, 1));
+      });
+    };
+    // The dense step makes two collectives: the counts and statuses, then the allreduce.
+    for (const int faulty : {0, P - 1}) {
+      for (std::size_t at = 0; at < 2; ++at) {
+        CAPTURE(faulty);
+        CAPTURE(at);
+        const auto errors = device_only(faulty, fault_kind::throw_before, at);
+        for (int r = 0; r < P; ++r) {
+          CAPTURE(r);
+          CHECK(errors[static_cast<std::size_t>(r)] != nullptr);
+          check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
+        }
+      }
+    }
+    // A count that is not the tensor's size is refused on every rank, naming the rank, before
+    // the allreduce.
+    const auto errors = device_only(P - 1, fault_kind::corrupt, 0);
+    for (int r = 0; r < P; ++r) {
+      CAPTURE(r);
+      REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
+      const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
+      CAPTURE(what);
+      CHECK(what.find("rank " + std::to_string(P - 1)) != std::string::npos);
+      check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
+    }
+    step_both(ranks, s, 1);
+    for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
+  }
+}
+
+TEST_CASE("device_sparsified_sgd, dense: a non-finite gradient fails the step on every rank") {
+  const setup_t s{{100, 2000}, 1.0, {}, 2};
+  for (const int P : {1, 2}) {
+    CAPTURE(P);
+    auto ranks = make_ranks<dense_p>(s, P);
+    step_both(ranks, s, 0);
+    std::vector<snapshot_t> before;
+    for (auto& k : ranks) before.push_back(snapshot(k));
+    const int bad_rank = P - 1;
+    const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
+      auto& k = ranks[static_cast<std::size_t>(r)];
+      k.comm->rebind(comm);
+      k.comm->disarm();
+      k.comm->on_throw = nullptr;
+      std::vector<float> g = gradient(total_of(s), s.kind, r, 1);
+      if (r == bad_rank) g[100 + 1234] = -INFINITY;  // tensor 1, index 1234
+      device_step(k, g);
+    });
+    for (int r = 0; r < P; ++r) {
+      CAPTURE(r);
+      REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
+      const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
+      CAPTURE(what);
+      if (r == bad_rank) {
+        CHECK(what.find("tensor 1 ") != std::string::npos);
+        CHECK(what.find("index 1234") != std::string::npos);
+      } else {
+        CHECK(what.find("rank " + std::to_string(bad_rank)) != std::string::npos);
+      }
+      check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
+    }
+    step_both(ranks, s, 1);
+    for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
   }
 }

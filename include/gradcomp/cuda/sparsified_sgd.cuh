@@ -26,7 +26,15 @@
 // gradient, a peer that failed, a rejected payload) leaves parameters, velocity, residual,
 // average, statistics and step counter as they were: only staged buffers were written.
 //
-// So far it runs compressor<topk, identity, residual> (float) with sparse_allgather and
+// Dense SGD as the same transaction: compressor<dense, identity, residual> with dense_allreduce
+// sends every coordinate of e + g (the staged residual becomes e + g - (e + g) = 0, as the
+// host's), and its phase 2 is the same gather of counts and statuses (each rank must announce
+// every tensor's full size), then one allreduce of the flat buffer (the communicator's order of
+// addition: ncclAllReduce, or the host communicator's through staged_comm, which is the host
+// step's) and the division by the number of ranks.
+//
+// So far it runs compressor<topk, identity, residual> (float) with sparse_allgather, and
+// compressor<dense, identity, residual> (float) with dense_allreduce, with
 // nonfinite_policy::error; any other configuration fails to compile with a static_assert that
 // says so (the policy: invalid_argument when the driver is made). Not measured on the device
 // (seconds in step_stats are 0) and not split into phases; the contraction is NaN (the device
@@ -59,9 +67,11 @@
 #include <gradcomp/detail/sgd_checkpoint.hpp>
 #include <gradcomp/device.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/exchange/dense_allreduce.hpp>
 #include <gradcomp/exchange/sparse_allgather.hpp>
 #include <gradcomp/feedback/residual.hpp>
 #include <gradcomp/quantize/identity.hpp>
+#include <gradcomp/select/dense.hpp>
 #include <gradcomp/select/topk.hpp>
 #include <gradcomp/sgd.hpp>
 
@@ -82,20 +92,32 @@ concept device_communicator =
       c.allgatherv_known(sf, rf, n);
     };
 
+// What dense_allreduce adds: an allreduce (sum) of device memory, in place.
+template <class C>
+concept device_allreduce_communicator =
+    device_communicator<C> && requires(C& c, device_span<float> x) { c.allreduce(x, reduce_op::sum); };
+
 template <class Compressor, class Exchange, class Comm>
 class device_sparsified_sgd {
-  static_assert(std::is_same_v<typename Compressor::selector_type, topk> &&
+  // The dense path: every coordinate, added by an allreduce (else top-k over sparse_allgather).
+  static constexpr bool dense_path = std::is_same_v<typename Compressor::selector_type, dense>;
+  static_assert((std::is_same_v<typename Compressor::selector_type, topk> || dense_path) &&
                     std::is_same_v<typename Compressor::quantizer_type, identity> &&
                     std::is_same_v<typename Compressor::feedback_type, gradcomp::residual> &&
                     std::is_same_v<typename Compressor::value_type, float>,
                 "device_sparsified_sgd<C, X, Comm> runs C = compressor<topk, identity, residual> "
-                "(float) so far; other selectors, quantizers and feedback run in sparsified_sgd "
-                "on the host.");
-  static_assert(std::is_same_v<Exchange, sparse_allgather>,
-                "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather so far.");
+                "or compressor<dense, identity, residual> (float) so far; other selectors, "
+                "quantizers and feedback run in sparsified_sgd on the host.");
+  static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce>
+                           : std::is_same_v<Exchange, sparse_allgather>,
+                "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather with topk and "
+                "X = dense_allreduce with dense so far.");
   static_assert(device_communicator<Comm>,
                 "device_sparsified_sgd<C, X, Comm>: Comm is not a gradcomp::device_communicator "
                 "(nccl_comm, or cuda::staged_comm over a host communicator).");
+  static_assert(!dense_path || device_allreduce_communicator<Comm>,
+                "device_sparsified_sgd<C, dense_allreduce, Comm>: Comm has no allreduce of "
+                "device memory (nccl_comm and cuda::staged_comm have one).");
 
  public:
   using value_type = float;
@@ -121,7 +143,7 @@ class device_sparsified_sgd {
                                      "<= 2^32 (the device step's picks are 32-bit indices "
                                      "into the flat buffer)");
     }
-    compressor_.selector().check();
+    if constexpr (!dense_path) compressor_.selector().check();
     if (compressor_.nonfinite() != nonfinite_policy::error) {
       // The host's residual keeps e - v = NaN where a pick v is NaN or infinite; the device's
       // gather_and_clear leaves 0. Until they agree, only the default policy runs here.
@@ -161,8 +183,13 @@ class device_sparsified_sgd {
     staged_ready_ = false;
     check_size("grads.size()", grads.size());
     const double rho = schedule_.at(step_);
-    compress(grads, rho);
-    exchange_picks();
+    if constexpr (dense_path) {
+      compress_dense(grads, rho);
+      exchange_dense();
+    } else {
+      compress(grads, rho);
+      exchange_picks();
+    }
     staged_ready_ = true;
   }
 
@@ -380,13 +407,13 @@ class device_sparsified_sgd {
     staged_stats_.n = total_;
   }
 
-  // Phase 2: every rank's picks into the staged average.
-  void exchange_picks() {
-    const cudaStream_t s = stream();
+  // The first collective of phase 2: every rank's count for each tensor (k_) and its status
+  // (1 where it refused its gradient, else 0) into counts_ (row r: rank r's). A rank that
+  // refused fails the step on every rank: itself with its own refusal, the others naming it.
+  void gather_counts_and_status() {
     const std::size_t nt = tensors_.size();
     const auto ranks = static_cast<std::size_t>(comm_->size());
     const auto me = static_cast<std::size_t>(comm_->rank());
-    // Per rank: its count for each tensor, then 1 where it refused its gradient, else 0.
     mine_.assign(k_.begin(), k_.end());
     mine_.push_back(refusal_.empty() ? 0 : 1);
     comm_->gather_counts(std::span<const std::uint64_t>(mine_), counts_);
@@ -401,6 +428,16 @@ class device_sparsified_sgd {
                       : " sent an unknown status",
           "; the step changes nothing on any rank"));
     }
+  }
+
+  // Phase 2: every rank's picks into the staged average.
+  void exchange_picks() {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    const auto me = static_cast<std::size_t>(comm_->rank());
+    const std::size_t row = nt + 1;
+    gather_counts_and_status();
     // A count above its tensor's size is refused on every rank (each holds the same counts)
     // before anything is sized by it.
     rank_total_.assign(ranks, 0);
@@ -472,6 +509,100 @@ class device_sparsified_sgd {
         total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
   }
 
+  // Phase 1 of the dense path: values_ = e + g over the flat buffer (every tensor's coordinates
+  // in order, k_ = the tensor sizes), the staged residual e + g - (e + g) = 0, as the host's
+  // residual keeps after sending every coordinate; one check of the values for NaN and Inf.
+  void compress_dense(device_span<const T> grads, double rho) {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    k_.resize(nt);
+    k_at_.assign(nt + 1, 0);
+    for (std::size_t t = 0; t < nt; ++t) {
+      k_[t] = tensors_[t].size;
+      k_at_[t + 1] = k_at_[t] + k_[t];
+    }
+    values_.resize(std::max<std::size_t>(total_, 1));
+    detail::cuda_check(cudaMemsetAsync(errors_dev_.data(), 0xff, 2 * sizeof(cuda::error_record), s),
+                       "cudaMemsetAsync");
+    if (total_) {
+      detail::cuda_check(cudaMemcpyAsync(values_.data(), residual_[committed_].data(),
+                                         total_ * sizeof(T), cudaMemcpyDeviceToDevice, s),
+                         "cudaMemcpyAsync");
+      cuda::feedback_impl::launch_accumulate(values_.data(), grads.data(), total_, s);
+      detail::cuda_check(cudaMemsetAsync(staged_residual().data(), 0, total_ * sizeof(T), s),
+                         "cudaMemsetAsync");
+      cuda::step_impl::first_nonfinite_kernel<T>
+          <<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(values_.data(), total_,
+                                                                          errors_dev_.data());
+      cuda::check_launch("first_nonfinite_kernel");
+    }
+    detail::cuda_check(cudaMemcpyAsync(errors_host(), errors_dev_.data(), sizeof(cuda::error_record),
+                                       cudaMemcpyDeviceToHost, s),
+                       "cudaMemcpyAsync");
+    wait();
+    refusal_.clear();
+    if (errors_host()[0].first != cuda::no_error) refusal_ = nonfinite_message(errors_host()[0].first);
+    // The dense selector's statistics, as the host's: every coordinate, nothing else measured.
+    for (std::size_t t = 0; t < nt; ++t) {
+      stats_host()[t] = selection_stats{};
+      stats_host()[t].count = tensors_[t].size;
+    }
+    staged_stats_ = step_stats{};
+    staged_stats_.step = step_;
+    staged_stats_.target_density = rho;
+    staged_stats_.n = total_;
+  }
+
+  // Phase 2 of the dense path: the counts and statuses (each rank must announce every tensor's
+  // full size, refused on every rank before the allreduce otherwise), one allreduce of the
+  // values, the division by the number of ranks into the staged average.
+  void exchange_dense() {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    const std::size_t row = nt + 1;
+    gather_counts_and_status();
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (std::size_t t = 0; t < nt; ++t) {
+        const std::size_t c = counts_[r * row + t];
+        if (c != tensors_[t].size) {
+          throw communicator_error(detail::concat(
+              "gradcomp::device_sparsified_sgd: rank ", r, " announced ", c, " values of tensor ",
+              tensors_[t].id, "; dense_allreduce adds every rank's whole tensor, so allowed: "
+              "exactly its ", tensors_[t].size, " elements. Nothing was exchanged"));
+        }
+      }
+    }
+    if (total_) {
+      comm_->allreduce(device_span<T>(values_.data(), total_), reduce_op::sum);
+      const device_span<T> avg = staged_average();
+      detail::cuda_check(cudaMemcpyAsync(avg.data(), values_.data(), total_ * sizeof(T),
+                                         cudaMemcpyDeviceToDevice, s),
+                         "cudaMemcpyAsync");
+      if (ranks > 1) {
+        cuda::step_impl::divide_kernel<T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
+            avg.data(), total_, static_cast<T>(ranks));
+        cuda::check_launch("divide_kernel");
+      }
+    }
+    for (std::size_t t = 0; t < nt; ++t) {
+      tensor_stats ts;
+      ts.id = tensors_[t].id;
+      ts.n = tensors_[t].size;
+      ts.selected = ts.n;
+      ts.density = ts.n ? 1.0 : 0.0;
+      // The reduced buffer (as the host's dense_allreduce counts it) and 8 bytes a count.
+      ts.bytes_sent = sizeof(T) * ts.n + 8;
+      ts.bytes_received = sizeof(T) * ts.n + 8 * (ranks - 1);
+      ts.exchange = "dense_allreduce";
+      staged_stats_.selected += ts.selected;
+      staged_stats_.bytes_sent += ts.bytes_sent;
+      staged_stats_.bytes_received += ts.bytes_received;
+      staged_stats_.tensors.push_back(ts);
+    }
+    staged_stats_.density = total_ ? 1.0 : 0.0;
+  }
+
   // Each rank's picks of each tensor: ascending, inside the tensor's range of the flat buffer.
   void validate_received(std::size_t received) {
     if (!received) return;
@@ -541,15 +672,17 @@ class device_sparsified_sgd {
   }
 
   // What a non-finite pick at position j of the step's picks is refused with.
+  // (The dense path's values are the whole flat buffer: position j is flat index j.)
   std::string nonfinite_message(unsigned long long j) const {
     const std::size_t t = static_cast<std::size_t>(
         std::upper_bound(k_at_.begin(), k_at_.end(), static_cast<std::size_t>(j)) - k_at_.begin() - 1);
     const std::vector<T> value = download(values_.data() + j, 1);
-    const std::vector<std::uint32_t> index = download(picks_.data() + j, 1);
+    const std::size_t flat =
+        dense_path ? static_cast<std::size_t>(j) : std::size_t{download(picks_.data() + j, 1)[0]};
     return detail::concat(
         "gradcomp::device_sparsified_sgd::step: the gradient or the accumulated gradient "
         "(feedback state + gradient) of tensor ", tensors_[t].id, " holds ", value[0],
-        " at index ", index[0] - offsets_[t],
+        " at index ", flat - offsets_[t],
         "; nonfinite_policy::error (the default) rejects it before any state changes, on "
         "every rank");
   }

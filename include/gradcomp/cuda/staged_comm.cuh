@@ -1,5 +1,6 @@
 // gradcomp/cuda/staged_comm.cuh: the device API the device-resident step needs
-// (device_communicator, cuda/sparsified_sgd.cuh), over any host gradcomp::communicator: device
+// (device_communicator and, for dense_allreduce, device_allreduce_communicator,
+// cuda/sparsified_sgd.cuh), over any host gradcomp::communicator: device
 // payloads are copied to host memory, moved by the host communicator, and copied back. For
 // ranks that share one GPU (NCCL refuses two ranks on one device), for threads of one process
 // (in_process_comm) and for MPI ranks without NCCL; nccl_comm offers the same calls on device
@@ -105,6 +106,28 @@ class staged_comm {
                          "cudaMemcpyAsync (staged_comm, host to device)");
     }
     // recv_ is reused by the next call: the copy out of it has to be done.
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  // data = the elementwise op (sum) of every rank's data, in place: the host communicator's
+  // allreduce, so its order of addition (the host step's bits). data.size() must be the same on
+  // every rank (the caller agrees on it first: device_sparsified_sgd's counts).
+  template <class T>
+  void allreduce(device_span<T> data, reduce_op op = reduce_op::sum) {
+    std::vector<T> host(data.size());
+    if (!host.empty()) {
+      detail::cuda_check(cudaMemcpyAsync(host.data(), data.data(), data.size_bytes(),
+                                         cudaMemcpyDeviceToHost, stream_),
+                         "cudaMemcpyAsync (staged_comm, device to host)");
+    }
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    host_->allreduce(std::span<T>(host), op);
+    if (!host.empty()) {
+      detail::cuda_check(cudaMemcpyAsync(data.data(), host.data(), data.size_bytes(),
+                                         cudaMemcpyHostToDevice, stream_),
+                         "cudaMemcpyAsync (staged_comm, host to device)");
+    }
+    // host is freed on return: the copy out of it has to be done.
     detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
 
