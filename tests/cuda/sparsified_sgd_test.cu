@@ -16,6 +16,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 #include <gradcomp/cuda.cuh>
 #include <gradcomp/cuda/sparsified_sgd.cuh>
 #include <gradcomp/cuda/staged_comm.cuh>
+#include <gradcomp/detail/sgd_checkpoint.hpp>
 #include <gradcomp/sparsified_sgd.hpp>
 
 #include "../support/cuda_buffers.hpp"
@@ -488,6 +490,48 @@ TEST_CASE("device_sparsified_sgd: bad arguments are refused, naming them") {
 }
 
 // ---- the dense path: compressor<dense, identity, residual> with dense_allreduce -------------
+// A dense step leaves the residual 0, so each test first loads a checkpoint whose residual is
+// not (the format both drivers load, detail/sgd_checkpoint.hpp): the step then adds e + g
+// with e != 0, and a step that wrongly wrote the committed residual would show.
+
+namespace {
+
+// Rank r's checkpoint at `step`: a heavy-tailed residual of its own, the velocity zero; with
+// `big`, e = 3e38 at flat index `at` (e + g overflows where g is as large).
+std::string residual_checkpoint(const setup_t& s, int r, std::uint64_t step, bool big = false,
+                                std::size_t at = 0) {
+  const std::vector<tensor_spec> tensors = detail::tensor_specs(s.sizes);
+  const std::size_t n = total_of(s);
+  std::vector<float> e(n);
+  for (std::size_t i = 0; i < n; ++i) e[i] = 0.5f * gradient_value(1, r + 8, 99, i);
+  if (big) e[at] = 3e38f;
+  const std::vector<float> v(s.opt.momentum > 0.0 ? n : 0, 0.0f);
+  std::vector<std::size_t> offsets(tensors.size(), 0);
+  for (std::size_t t = 1; t < tensors.size(); ++t) offsets[t] = offsets[t - 1] + tensors[t - 1].size;
+  std::ostringstream os;
+  detail::save_sgd_checkpoint<float>(
+      os, "test", step, std::span<const tensor_spec>(tensors),
+      [&](std::size_t t) {
+        return std::vector<std::span<const float>>{{e.data() + offsets[t], tensors[t].size}};
+      },
+      std::span<const float>(v));
+  return os.str();
+}
+
+// Both drivers of every rank load rank r's residual_checkpoint (with `big` on rank big_rank).
+template <class Pol>
+void load_both(std::vector<rank_t<Pol>>& ranks, const setup_t& s, std::uint64_t step,
+               int big_rank = -1, std::size_t at = 0) {
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const std::string cp =
+        residual_checkpoint(s, static_cast<int>(r), step, static_cast<int>(r) == big_rank, at);
+    std::istringstream a(cp), b(cp);
+    ranks[r].host->load_state(a);
+    ranks[r].dev->load_state(b);
+  }
+}
+
+}  // namespace
 
 TEST_CASE("device_sparsified_sgd, dense with dense_allreduce: the host step bit for bit, P = 1, 2, 4") {
   sgd_options plain{};
@@ -513,14 +557,20 @@ TEST_CASE("device_sparsified_sgd, dense with dense_allreduce: the host step bit 
       CAPTURE(P);
       CAPTURE(c);
       auto ranks = make_ranks<dense_p>(setups[c], P);
+      load_both(ranks, setups[c], 0);
       for (int step = 0; step < 3; ++step) {
         CAPTURE(step);
         step_both(ranks, setups[c], step);
         for (int r = 0; r < P; ++r) {
-          check_same_state(ranks[static_cast<std::size_t>(r)], r);
-          const step_stats& st = ranks[static_cast<std::size_t>(r)].dev->last_stats();
+          auto& k = ranks[static_cast<std::size_t>(r)];
+          check_same_state(k, r);
+          const step_stats& st = k.dev->last_stats();
           CHECK(st.selected == total_of(setups[c]));
-          for (const tensor_stats& ts : st.tensors) CHECK(ts.exchange == "dense_allreduce");
+          for (std::size_t t = 0; t < st.tensors.size(); ++t) {
+            CAPTURE(t);
+            CHECK(st.tensors[t].exchange == "dense_allreduce");
+            CHECK(st.tensors[t].contraction == k.host->last_stats().tensors[t].contraction);
+          }
         }
       }
     }
@@ -536,6 +586,7 @@ TEST_CASE("device_sparsified_sgd, dense: a failed collective or a lying count ch
     CAPTURE(P);
     auto ranks = make_ranks<dense_p>(s, P);
     step_both(ranks, s, 0);
+    load_both(ranks, s, 1);  // a residual that is not 0
     std::vector<snapshot_t> before;
     for (auto& k : ranks) before.push_back(snapshot(k));
     const auto device_only = [&](int faulty, fault_kind kind, std::size_t at) {
@@ -577,38 +628,45 @@ TEST_CASE("device_sparsified_sgd, dense: a failed collective or a lying count ch
   }
 }
 
-TEST_CASE("device_sparsified_sgd, dense: a non-finite gradient fails the step on every rank") {
+TEST_CASE("device_sparsified_sgd, dense: a non-finite gradient or e + g fails the step on every rank") {
   const setup_t s{{100, 2000}, 1.0, {}, 2};
-  for (const int P : {1, 2}) {
-    CAPTURE(P);
-    auto ranks = make_ranks<dense_p>(s, P);
-    step_both(ranks, s, 0);
-    std::vector<snapshot_t> before;
-    for (auto& k : ranks) before.push_back(snapshot(k));
-    const int bad_rank = P - 1;
-    const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
-      auto& k = ranks[static_cast<std::size_t>(r)];
-      k.comm->rebind(comm);
-      k.comm->disarm();
-      k.comm->on_throw = nullptr;
-      std::vector<float> g = gradient(total_of(s), s.kind, r, 1);
-      if (r == bad_rank) g[100 + 1234] = -INFINITY;  // tensor 1, index 1234
-      device_step(k, g);
-    });
-    for (int r = 0; r < P; ++r) {
-      CAPTURE(r);
-      REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
-      const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
-      CAPTURE(what);
-      if (r == bad_rank) {
-        CHECK(what.find("tensor 1 ") != std::string::npos);
-        CHECK(what.find("index 1234") != std::string::npos);
-      } else {
-        CHECK(what.find("rank " + std::to_string(bad_rank)) != std::string::npos);
+  const std::size_t at = 100 + 1234;  // tensor 1, index 1234
+  // An infinite gradient; then e = 3e38 and g = 3e38, whose sum overflows.
+  for (const bool overflow : {false, true}) {
+    for (const int P : {1, 2}) {
+      CAPTURE(overflow);
+      CAPTURE(P);
+      auto ranks = make_ranks<dense_p>(s, P);
+      step_both(ranks, s, 0);
+      const int bad_rank = P - 1;
+      load_both(ranks, s, 1, overflow ? bad_rank : -1, at);
+      std::vector<snapshot_t> before;
+      for (auto& k : ranks) before.push_back(snapshot(k));
+      const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
+        auto& k = ranks[static_cast<std::size_t>(r)];
+        k.comm->rebind(comm);
+        k.comm->disarm();
+        k.comm->on_throw = nullptr;
+        std::vector<float> g = gradient(total_of(s), s.kind, r, 1);
+        if (r == bad_rank) g[at] = overflow ? 3e38f : -INFINITY;
+        device_step(k, g);
+      });
+      for (int r = 0; r < P; ++r) {
+        CAPTURE(r);
+        REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
+        const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
+        CAPTURE(what);
+        if (r == bad_rank) {
+          CHECK(what.find("tensor 1 ") != std::string::npos);
+          CHECK(what.find("index 1234") != std::string::npos);
+        } else {
+          CHECK(what.find("rank " + std::to_string(bad_rank)) != std::string::npos);
+        }
+        check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
       }
-      check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
+      // The same step with finite values (e = 3e38 stays, g from the generator): the host's.
+      step_both(ranks, s, 1);
+      for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
     }
-    step_both(ranks, s, 1);
-    for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
   }
 }

@@ -37,8 +37,9 @@
 // compressor<dense, identity, residual> (float) with dense_allreduce, with
 // nonfinite_policy::error; any other configuration fails to compile with a static_assert that
 // says so (the policy: invalid_argument when the driver is made). Not measured on the device
-// (seconds in step_stats are 0) and not split into phases; the contraction is NaN (the device
-// selection does not add up ||e + g||^2). bytes_sent counts 8 bytes a pick and 8 a count.
+// (seconds in step_stats are 0) and not split into phases; top-k's contraction is NaN (the
+// device selection does not add up ||e + g||^2; dense's is 1, as the host's). bytes_sent
+// counts 8 bytes a pick (dense: 4 a value) and 8 a count.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -136,9 +137,9 @@ class device_sparsified_sgd {
         exchange_(std::move(x)), opt_(opt), schedule_(schedule) {
     detail::check_sgd_options(driver_name, opt_);
     offsets_ = detail::tensor_offsets(driver_name, tensors_);
-    for (const tensor_spec& t : tensors_) detail::check_tensor_size(driver_name, t, false);
+    for (const tensor_spec& t : tensors_) detail::check_tensor_size(driver_name, t, dense_path);
     total_ = detail::total_size(tensors_);
-    if (static_cast<std::uint64_t>(total_) > (std::uint64_t{1} << 32)) {
+    if (!dense_path && static_cast<std::uint64_t>(total_) > (std::uint64_t{1} << 32)) {
       detail::throw_invalid_argument(driver_name, "the total of the tensor sizes", total_,
                                      "<= 2^32 (the device step's picks are 32-bit indices "
                                      "into the flat buffer)");
@@ -542,11 +543,6 @@ class device_sparsified_sgd {
     wait();
     refusal_.clear();
     if (errors_host()[0].first != cuda::no_error) refusal_ = nonfinite_message(errors_host()[0].first);
-    // The dense selector's statistics, as the host's: every coordinate, nothing else measured.
-    for (std::size_t t = 0; t < nt; ++t) {
-      stats_host()[t] = selection_stats{};
-      stats_host()[t].count = tensors_[t].size;
-    }
     staged_stats_ = step_stats{};
     staged_stats_.step = step_;
     staged_stats_.target_density = rho;
@@ -569,7 +565,7 @@ class device_sparsified_sgd {
           throw communicator_error(detail::concat(
               "gradcomp::device_sparsified_sgd: rank ", r, " announced ", c, " values of tensor ",
               tensors_[t].id, "; dense_allreduce adds every rank's whole tensor, so allowed: "
-              "exactly its ", tensors_[t].size, " elements. Nothing was exchanged"));
+              "exactly its ", tensors_[t].size, " elements. Nothing was reduced"));
         }
       }
     }
@@ -589,8 +585,11 @@ class device_sparsified_sgd {
       tensor_stats ts;
       ts.id = tensors_[t].id;
       ts.n = tensors_[t].size;
+      // The dense selector's statistics, as the host's: every coordinate (threshold 0, no
+      // fallback, no iterations), and the contraction 1 (a dense payload keeps all of e + g).
       ts.selected = ts.n;
       ts.density = ts.n ? 1.0 : 0.0;
+      ts.contraction = 1.0;
       // The reduced buffer (as the host's dense_allreduce counts it) and 8 bytes a count.
       ts.bytes_sent = sizeof(T) * ts.n + 8;
       ts.bytes_received = sizeof(T) * ts.n + 8 * (ranks - 1);
