@@ -312,6 +312,59 @@ TEST_CASE("device_sparsified_sgd: the host step bit for bit, P = 1, 2, 4") {
   }
 }
 
+namespace {
+
+// The transaction under faults, from the ranks' current state (step 0 done): a fault before
+// each of the device step's `collectives` calls on the first or the last rank, then the last
+// rank corrupting each of its first `corrupted` calls (refused on every rank, naming that
+// rank), leave every rank's parameters, average, checkpoint and step counter as they were;
+// then the retried step, on both drivers, is still the host's.
+template <class Pol>
+void check_faults_change_nothing(std::vector<rank_t<Pol>>& ranks, const setup_t& s,
+                                 std::size_t collectives, std::size_t corrupted) {
+  const int P = static_cast<int>(ranks.size());
+  std::vector<snapshot_t> before;
+  for (auto& k : ranks) before.push_back(snapshot(k));
+  const auto device_only = [&](int faulty, fault_kind kind, std::size_t at) {
+    return run_world(P, [&](int r, in_process_comm& comm, in_process_world& world) {
+      auto& k = ranks[static_cast<std::size_t>(r)];
+      k.comm->rebind(comm);
+      k.comm->on_throw = [&world, r](std::string_view what) { world.abort(r, what); };
+      if (r == faulty) k.comm->arm(kind, at);
+      else k.comm->disarm();
+      device_step(k, gradient(total_of(s), s.kind, r, 1));
+    });
+  };
+  for (const int faulty : {0, P - 1}) {
+    for (std::size_t at = 0; at < collectives; ++at) {
+      CAPTURE(faulty);
+      CAPTURE(at);
+      const auto errors = device_only(faulty, fault_kind::throw_before, at);
+      for (int r = 0; r < P; ++r) {
+        CAPTURE(r);
+        CHECK(errors[static_cast<std::size_t>(r)] != nullptr);
+        check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
+      }
+    }
+  }
+  for (std::size_t at = 0; at < corrupted; ++at) {
+    CAPTURE(at);
+    const auto errors = device_only(P - 1, fault_kind::corrupt, at);
+    for (int r = 0; r < P; ++r) {
+      CAPTURE(r);
+      REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
+      const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
+      CAPTURE(what);
+      CHECK(what.find("rank " + std::to_string(P - 1)) != std::string::npos);
+      check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
+    }
+  }
+  step_both(ranks, s, 1);
+  for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
+}
+
+}  // namespace
+
 TEST_CASE("device_sparsified_sgd: a failed step changes nothing on any rank; the retry is the unfaulted step") {
   sgd_options opt{};
   opt.lr = 0.05;
@@ -321,49 +374,10 @@ TEST_CASE("device_sparsified_sgd: a failed step changes nothing on any rank; the
     CAPTURE(P);
     auto ranks = make_ranks(s, P);
     step_both(ranks, s, 0);
-    std::vector<snapshot_t> before;
-    for (auto& k : ranks) before.push_back(snapshot(k));
-    const auto device_only = [&](int faulty, fault_kind kind, std::size_t at) {
-      return run_world(P, [&](int r, in_process_comm& comm, in_process_world& world) {
-        auto& k = ranks[static_cast<std::size_t>(r)];
-        k.comm->rebind(comm);
-        k.comm->on_throw = [&world, r](std::string_view what) { world.abort(r, what); };
-        if (r == faulty) k.comm->arm(kind, at);
-        else k.comm->disarm();
-        device_step(k, gradient(total_of(s), s.kind, r, 1));
-      });
-    };
-    // The device step makes three collectives: the counts, the picks' indices, their values.
-    for (const int faulty : {0, P - 1}) {
-      for (std::size_t at = 0; at < 3; ++at) {
-        CAPTURE(faulty);
-        CAPTURE(at);
-        const auto errors = device_only(faulty, fault_kind::throw_before, at);
-        for (int r = 0; r < P; ++r) {
-          CAPTURE(r);
-          CHECK(errors[static_cast<std::size_t>(r)] != nullptr);
-          check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
-        }
-      }
-    }
-    // A lying peer: a corrupted count (call 0) or corrupted indices (call 1) are refused on
-    // every rank, by the same check, before anything is written.
-    for (std::size_t at = 0; at < 2; ++at) {
-      CAPTURE(at);
-      const auto errors = device_only(P - 1, fault_kind::corrupt, at);
-      for (int r = 0; r < P; ++r) {
-        CAPTURE(r);
-        REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
-        const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
-        CAPTURE(what);
-        CHECK(what.find("rank " + std::to_string(P - 1)) != std::string::npos);
-        check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
-      }
-    }
-    // The retry, on both drivers: still the host's step.
-    step_both(ranks, s, 1);
-    for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
-    }
+    // Three collectives: the counts, the picks' indices, their values. A lying peer: a
+    // corrupted count (call 0) or corrupted indices (call 1), refused by the same check.
+    check_faults_change_nothing(ranks, s, 3, 2);
+  }
 }
 
 TEST_CASE("device_sparsified_sgd: a non-finite gradient is refused before any state changes") {
@@ -587,44 +601,9 @@ TEST_CASE("device_sparsified_sgd, dense: a failed collective or a lying count ch
     auto ranks = make_ranks<dense_p>(s, P);
     step_both(ranks, s, 0);
     load_both(ranks, s, 1);  // a residual that is not 0
-    std::vector<snapshot_t> before;
-    for (auto& k : ranks) before.push_back(snapshot(k));
-    const auto device_only = [&](int faulty, fault_kind kind, std::size_t at) {
-      return run_world(P, [&](int r, in_process_comm& comm, in_process_world& world) {
-        auto& k = ranks[static_cast<std::size_t>(r)];
-        k.comm->rebind(comm);
-        k.comm->on_throw = [&world, r](std::string_view what) { world.abort(r, what); };
-        if (r == faulty) k.comm->arm(kind, at);
-        else k.comm->disarm();
-        device_step(k, gradient(total_of(s), s.kind, r, 1));
-      });
-    };
-    // The dense step makes two collectives: the counts and statuses, then the allreduce.
-    for (const int faulty : {0, P - 1}) {
-      for (std::size_t at = 0; at < 2; ++at) {
-        CAPTURE(faulty);
-        CAPTURE(at);
-        const auto errors = device_only(faulty, fault_kind::throw_before, at);
-        for (int r = 0; r < P; ++r) {
-          CAPTURE(r);
-          CHECK(errors[static_cast<std::size_t>(r)] != nullptr);
-          check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
-        }
-      }
-    }
-    // A count that is not the tensor's size is refused on every rank, naming the rank, before
-    // the allreduce.
-    const auto errors = device_only(P - 1, fault_kind::corrupt, 0);
-    for (int r = 0; r < P; ++r) {
-      CAPTURE(r);
-      REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
-      const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
-      CAPTURE(what);
-      CHECK(what.find("rank " + std::to_string(P - 1)) != std::string::npos);
-      check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
-    }
-    step_both(ranks, s, 1);
-    for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
+    // Two collectives: the counts and statuses, then the allreduce; a count that is not the
+    // tensor's size (call 0) is refused before the allreduce.
+    check_faults_change_nothing(ranks, s, 2, 1);
   }
 }
 

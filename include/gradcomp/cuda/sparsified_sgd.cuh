@@ -329,16 +329,23 @@ class device_sparsified_sgd {
   }
   temp_storage scratch() const { return temp_storage{scratch_.data(), scratch_.size()}; }
 
-  // Phase 1: the picks of every tensor into picks_ / values_, the residual staged.
-  void compress(device_span<const T> grads, double rho) {
-    const cudaStream_t s = stream();
+  // The step's count of each tensor (top-k's k at density rho, or every coordinate) into k_,
+  // their running sums into k_at_.
+  void set_counts(double rho) {
     const std::size_t nt = tensors_.size();
     k_.resize(nt);
     k_at_.assign(nt + 1, 0);
     for (std::size_t t = 0; t < nt; ++t) {
-      k_[t] = k_for_density(tensors_[t].size, rho);
+      k_[t] = dense_path ? tensors_[t].size : k_for_density(tensors_[t].size, rho);
       k_at_[t + 1] = k_at_[t] + k_[t];
     }
+  }
+
+  // Phase 1: the picks of every tensor into picks_ / values_, the residual staged.
+  void compress(device_span<const T> grads, double rho) {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    set_counts(rho);
     const std::size_t picks = k_at_[nt];
     picks_.resize(std::max<std::size_t>(picks, 1));
     values_.resize(std::max<std::size_t>(picks, 1));
@@ -515,13 +522,7 @@ class device_sparsified_sgd {
   // residual keeps after sending every coordinate; one check of the values for NaN and Inf.
   void compress_dense(device_span<const T> grads, double rho) {
     const cudaStream_t s = stream();
-    const std::size_t nt = tensors_.size();
-    k_.resize(nt);
-    k_at_.assign(nt + 1, 0);
-    for (std::size_t t = 0; t < nt; ++t) {
-      k_[t] = tensors_[t].size;
-      k_at_[t + 1] = k_at_[t] + k_[t];
-    }
+    set_counts(rho);
     values_.resize(std::max<std::size_t>(total_, 1));
     detail::cuda_check(cudaMemsetAsync(errors_dev_.data(), 0xff, 2 * sizeof(cuda::error_record), s),
                        "cudaMemsetAsync");
