@@ -363,6 +363,42 @@ void check_faults_change_nothing(std::vector<rank_t<Pol>>& ranks, const setup_t&
   for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
 }
 
+// Rank bad_rank's gradient holds `bad` at flat index `at` (index `index` of tensor `tensor`):
+// the device step fails on every rank, that rank's error naming the tensor and index, the
+// others' naming the rank, and changes nothing; then the step with finite values is the host's.
+template <class Pol>
+void check_nonfinite_fails_everywhere(std::vector<rank_t<Pol>>& ranks, const setup_t& s,
+                                      int bad_rank, std::size_t at, float bad, int tensor,
+                                      std::size_t index) {
+  const int P = static_cast<int>(ranks.size());
+  std::vector<snapshot_t> before;
+  for (auto& k : ranks) before.push_back(snapshot(k));
+  const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
+    auto& k = ranks[static_cast<std::size_t>(r)];
+    k.comm->rebind(comm);
+    k.comm->disarm();
+    k.comm->on_throw = nullptr;
+    std::vector<float> g = gradient(total_of(s), s.kind, r, 1);
+    if (r == bad_rank) g[at] = bad;
+    device_step(k, g);
+  });
+  for (int r = 0; r < P; ++r) {
+    CAPTURE(r);
+    REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
+    const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
+    CAPTURE(what);
+    if (r == bad_rank) {
+      CHECK(what.find("tensor " + std::to_string(tensor) + " ") != std::string::npos);
+      CHECK(what.find("index " + std::to_string(index)) != std::string::npos);
+    } else {
+      CHECK(what.find("rank " + std::to_string(bad_rank)) != std::string::npos);
+    }
+    check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
+  }
+  step_both(ranks, s, 1);
+  for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
+}
+
 }  // namespace
 
 TEST_CASE("device_sparsified_sgd: a failed step changes nothing on any rank; the retry is the unfaulted step") {
@@ -412,33 +448,7 @@ TEST_CASE("device_sparsified_sgd: a non-finite gradient on one rank fails the st
     CAPTURE(P);
     auto ranks = make_ranks(s, P);
     step_both(ranks, s, 0);
-    std::vector<snapshot_t> before;
-    for (auto& k : ranks) before.push_back(snapshot(k));
-    const int bad_rank = P - 1;
-    const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
-      auto& k = ranks[static_cast<std::size_t>(r)];
-      k.comm->rebind(comm);
-      k.comm->disarm();
-      k.comm->on_throw = nullptr;
-      std::vector<float> g = gradient(total_of(s), s.kind, r, 1);
-      if (r == bad_rank) g[7] = std::nanf("");  // tensor 0, index 7
-      device_step(k, g);
-    });
-    for (int r = 0; r < P; ++r) {
-      CAPTURE(r);
-      REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
-      const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
-      CAPTURE(what);
-      if (r == bad_rank) {
-        CHECK(what.find("tensor 0 ") != std::string::npos);
-        CHECK(what.find("index 7") != std::string::npos);
-      } else {
-        CHECK(what.find("rank " + std::to_string(bad_rank)) != std::string::npos);
-      }
-      check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
-    }
-    step_both(ranks, s, 1);
-    for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
+    check_nonfinite_fails_everywhere(ranks, s, P - 1, 7, std::nanf(""), 0, 7);  // tensor 0, index 7
   }
 }
 
@@ -610,42 +620,16 @@ TEST_CASE("device_sparsified_sgd, dense: a failed collective or a lying count ch
 TEST_CASE("device_sparsified_sgd, dense: a non-finite gradient or e + g fails the step on every rank") {
   const setup_t s{{100, 2000}, 1.0, {}, 2};
   const std::size_t at = 100 + 1234;  // tensor 1, index 1234
-  // An infinite gradient; then e = 3e38 and g = 3e38, whose sum overflows.
+  // An infinite gradient; then e = 3e38 and g = 3e38, whose sum overflows (the retried step's
+  // g is finite and small: e + g = 3e38 is sent).
   for (const bool overflow : {false, true}) {
     for (const int P : {1, 2}) {
       CAPTURE(overflow);
       CAPTURE(P);
       auto ranks = make_ranks<dense_p>(s, P);
       step_both(ranks, s, 0);
-      const int bad_rank = P - 1;
-      load_both(ranks, s, 1, overflow ? bad_rank : -1, at);
-      std::vector<snapshot_t> before;
-      for (auto& k : ranks) before.push_back(snapshot(k));
-      const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
-        auto& k = ranks[static_cast<std::size_t>(r)];
-        k.comm->rebind(comm);
-        k.comm->disarm();
-        k.comm->on_throw = nullptr;
-        std::vector<float> g = gradient(total_of(s), s.kind, r, 1);
-        if (r == bad_rank) g[at] = overflow ? 3e38f : -INFINITY;
-        device_step(k, g);
-      });
-      for (int r = 0; r < P; ++r) {
-        CAPTURE(r);
-        REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
-        const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
-        CAPTURE(what);
-        if (r == bad_rank) {
-          CHECK(what.find("tensor 1 ") != std::string::npos);
-          CHECK(what.find("index 1234") != std::string::npos);
-        } else {
-          CHECK(what.find("rank " + std::to_string(bad_rank)) != std::string::npos);
-        }
-        check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
-      }
-      // The same step with finite values (e = 3e38 stays, g from the generator): the host's.
-      step_both(ranks, s, 1);
-      for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
+      load_both(ranks, s, 1, overflow ? P - 1 : -1, at);
+      check_nonfinite_fails_everywhere(ranks, s, P - 1, at, overflow ? 3e38f : -INFINITY, 1, 1234);
     }
   }
 }

@@ -329,6 +329,18 @@ class device_sparsified_sgd {
   }
   temp_storage scratch() const { return temp_storage{scratch_.data(), scratch_.size()}; }
 
+  // The end of phase 1: the check's first non-finite value comes back (with what the stream
+  // queued before it), the one wait; a non-finite gradient is refused in the exchange's first
+  // collective, so that every rank learns of it and none waits for this one.
+  void take_refusal() {
+    detail::cuda_check(cudaMemcpyAsync(errors_host(), errors_dev_.data(), sizeof(cuda::error_record),
+                                       cudaMemcpyDeviceToHost, stream()),
+                       "cudaMemcpyAsync");
+    wait();
+    refusal_.clear();
+    if (errors_host()[0].first != cuda::no_error) refusal_ = nonfinite_message(errors_host()[0].first);
+  }
+
   // The step's count of each tensor (top-k's k at density rho, or every coordinate) into k_,
   // their running sums into k_at_.
   void set_counts(double rho) {
@@ -397,14 +409,7 @@ class device_sparsified_sgd {
     detail::cuda_check(cudaMemcpyAsync(stats_host(), stats_dev_.data(), nt * sizeof(selection_stats),
                                        cudaMemcpyDeviceToHost, s),
                        "cudaMemcpyAsync");
-    detail::cuda_check(cudaMemcpyAsync(errors_host(), errors_dev_.data(), sizeof(cuda::error_record),
-                                       cudaMemcpyDeviceToHost, s),
-                       "cudaMemcpyAsync");
-    wait();
-    // A non-finite gradient is refused in the exchange's first collective, so that every rank
-    // learns of it and none waits for this one.
-    refusal_.clear();
-    if (errors_host()[0].first != cuda::no_error) refusal_ = nonfinite_message(errors_host()[0].first);
+    take_refusal();
     for (std::size_t t = 0; t < nt; ++t) {
       detail::check_invariant(stats_host()[t].count == k_[t],
                               "device_sparsified_sgd: top-k picked k coordinates");
@@ -538,12 +543,7 @@ class device_sparsified_sgd {
                                                                           errors_dev_.data());
       cuda::check_launch("first_nonfinite_kernel");
     }
-    detail::cuda_check(cudaMemcpyAsync(errors_host(), errors_dev_.data(), sizeof(cuda::error_record),
-                                       cudaMemcpyDeviceToHost, s),
-                       "cudaMemcpyAsync");
-    wait();
-    refusal_.clear();
-    if (errors_host()[0].first != cuda::no_error) refusal_ = nonfinite_message(errors_host()[0].first);
+    take_refusal();
     staged_stats_ = step_stats{};
     staged_stats_.step = step_;
     staged_stats_.target_density = rho;
