@@ -275,9 +275,9 @@ void check_unchanged(rank_t<Pol>& k, const snapshot_t& before, int r) {
   CHECK(now.steps == before.steps);
 }
 
-}  // namespace
-
-TEST_CASE("device_sparsified_sgd: the host step bit for bit, P = 1, 2, 4") {
+// The layouts, densities, options and gradient kinds the bit-for-bit tests run: one element to
+// 2^20 + 3, an empty tensor, plain SGD, momentum with weight decay, Nesterov.
+std::vector<setup_t> bit_for_bit_setups() {
   sgd_options plain{};
   plain.lr = 0.1;
   sgd_options momentum{};
@@ -286,7 +286,7 @@ TEST_CASE("device_sparsified_sgd: the host step bit for bit, P = 1, 2, 4") {
   momentum.weight_decay = 1e-4;
   sgd_options nesterov = momentum;
   nesterov.nesterov = true;
-  const std::vector<setup_t> setups = {
+  return {
       {{1}, 0.01, plain, 0},
       {{0, 5, 1000}, 0.01, momentum, 1},
       {{4097, 3, 1}, 0.3, nesterov, 2},
@@ -294,6 +294,12 @@ TEST_CASE("device_sparsified_sgd: the host step bit for bit, P = 1, 2, 4") {
       {{(std::size_t{1} << 20) + 3}, 0.001, momentum, 1},
       {{65536, 300000, 17}, 0.01, nesterov, 0},
   };
+}
+
+}  // namespace
+
+TEST_CASE("device_sparsified_sgd: the host step bit for bit, P = 1, 2, 4") {
+  const std::vector<setup_t> setups = bit_for_bit_setups();
   // Under compute-sanitizer (scripts/gpu_check.sh sets GRADCOMP_CUDA_TEST_SMALL) the large
   // layouts are left out: the kernels they run are the small ones' on more elements.
   const bool small = std::getenv("GRADCOMP_CUDA_TEST_SMALL") != nullptr;
@@ -558,22 +564,8 @@ void load_both(std::vector<rank_t<Pol>>& ranks, const setup_t& s, std::uint64_t 
 }  // namespace
 
 TEST_CASE("device_sparsified_sgd, dense with dense_allreduce: the host step bit for bit, P = 1, 2, 4") {
-  sgd_options plain{};
-  plain.lr = 0.1;
-  sgd_options momentum{};
-  momentum.lr = 0.05;
-  momentum.momentum = 0.9;
-  momentum.weight_decay = 1e-4;
-  sgd_options nesterov = momentum;
-  nesterov.nesterov = true;
   // The density is not used by the dense selector: every step sends every coordinate.
-  const std::vector<setup_t> setups = {
-      {{1}, 0.01, plain, 0},
-      {{0, 5, 1000}, 0.01, momentum, 1},
-      {{4097, 3, 1}, 0.3, nesterov, 2},
-      {{(std::size_t{1} << 20) + 3}, 0.001, momentum, 1},
-      {{65536, 300000, 17}, 0.01, nesterov, 0},
-  };
+  const std::vector<setup_t> setups = bit_for_bit_setups();
   const bool small = std::getenv("GRADCOMP_CUDA_TEST_SMALL") != nullptr;
   for (const int P : {1, 2, 4}) {
     for (std::size_t c = 0; c < setups.size(); ++c) {
