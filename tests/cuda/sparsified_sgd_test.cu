@@ -296,26 +296,38 @@ std::vector<setup_t> bit_for_bit_setups() {
   };
 }
 
-}  // namespace
-
-TEST_CASE("device_sparsified_sgd: the host step bit for bit, P = 1, 2, 4") {
+// Every bit_for_bit_setups() layout at P = 1, 2 and 4: fresh ranks, start(ranks, setup), then
+// 3 steps on both drivers, after each of which every rank's state is the host's
+// (check_same_state) and more(rank, setup) checks what else it will. Under compute-sanitizer
+// (scripts/gpu_check.sh sets GRADCOMP_CUDA_TEST_SMALL) the large layouts are left out: the
+// kernels they run are the small ones' on more elements.
+template <class Pol, class Start, class More>
+void check_bit_for_bit(Start&& start, More&& more) {
   const std::vector<setup_t> setups = bit_for_bit_setups();
-  // Under compute-sanitizer (scripts/gpu_check.sh sets GRADCOMP_CUDA_TEST_SMALL) the large
-  // layouts are left out: the kernels they run are the small ones' on more elements.
   const bool small = std::getenv("GRADCOMP_CUDA_TEST_SMALL") != nullptr;
   for (const int P : {1, 2, 4}) {
     for (std::size_t c = 0; c < setups.size(); ++c) {
       if (small && total_of(setups[c]) > 70000) continue;
       CAPTURE(P);
       CAPTURE(c);
-      auto ranks = make_ranks(setups[c], P);
+      auto ranks = make_ranks<Pol>(setups[c], P);
+      start(ranks, setups[c]);
       for (int step = 0; step < 3; ++step) {
         CAPTURE(step);
         step_both(ranks, setups[c], step);
-        for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
+        for (int r = 0; r < P; ++r) {
+          check_same_state(ranks[static_cast<std::size_t>(r)], r);
+          more(ranks[static_cast<std::size_t>(r)], setups[c]);
+        }
       }
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("device_sparsified_sgd: the host step bit for bit, P = 1, 2, 4") {
+  check_bit_for_bit<sparse_p>([](auto&, const setup_t&) {}, [](auto&, const setup_t&) {});
 }
 
 namespace {
@@ -564,33 +576,19 @@ void load_both(std::vector<rank_t<Pol>>& ranks, const setup_t& s, std::uint64_t 
 }  // namespace
 
 TEST_CASE("device_sparsified_sgd, dense with dense_allreduce: the host step bit for bit, P = 1, 2, 4") {
-  // The density is not used by the dense selector: every step sends every coordinate.
-  const std::vector<setup_t> setups = bit_for_bit_setups();
-  const bool small = std::getenv("GRADCOMP_CUDA_TEST_SMALL") != nullptr;
-  for (const int P : {1, 2, 4}) {
-    for (std::size_t c = 0; c < setups.size(); ++c) {
-      if (small && total_of(setups[c]) > 70000) continue;
-      CAPTURE(P);
-      CAPTURE(c);
-      auto ranks = make_ranks<dense_p>(setups[c], P);
-      load_both(ranks, setups[c], 0);
-      for (int step = 0; step < 3; ++step) {
-        CAPTURE(step);
-        step_both(ranks, setups[c], step);
-        for (int r = 0; r < P; ++r) {
-          auto& k = ranks[static_cast<std::size_t>(r)];
-          check_same_state(k, r);
-          const step_stats& st = k.dev->last_stats();
-          CHECK(st.selected == total_of(setups[c]));
-          for (std::size_t t = 0; t < st.tensors.size(); ++t) {
-            CAPTURE(t);
-            CHECK(st.tensors[t].exchange == "dense_allreduce");
-            CHECK(st.tensors[t].contraction == k.host->last_stats().tensors[t].contraction);
-          }
+  // The density is not used by the dense selector: every step sends every coordinate. Each
+  // layout starts from a residual that is not 0.
+  check_bit_for_bit<dense_p>(
+      [](auto& ranks, const setup_t& s) { load_both(ranks, s, 0); },
+      [](auto& k, const setup_t& s) {
+        const step_stats& st = k.dev->last_stats();
+        CHECK(st.selected == total_of(s));
+        for (std::size_t t = 0; t < st.tensors.size(); ++t) {
+          CAPTURE(t);
+          CHECK(st.tensors[t].exchange == "dense_allreduce");
+          CHECK(st.tensors[t].contraction == k.host->last_stats().tensors[t].contraction);
         }
-      }
-    }
-  }
+      });
 }
 
 TEST_CASE("device_sparsified_sgd, dense: a failed collective or a lying count changes nothing on any rank") {
