@@ -204,4 +204,17 @@ inline std::string joined(const std::vector<std::string>& names) {
   return j;
 }
 
+// The registry's name of the one exchange every step in `ran` reports it ran; refused
+// (std::invalid_argument, naming them) where the steps ran different exchanges or none.
+inline std::string registry_exchange_name(const std::vector<std::string>& ran) {
+  for (const auto& x : ran) {
+    if (x != ran.front()) {
+      throw std::invalid_argument("registry_exchange_name: the steps ran different exchanges: " +
+                                  joined(ran));
+    }
+  }
+  if (ran.empty()) throw std::invalid_argument("registry_exchange_name: no step ran");
+  return registry_exchange_name(ran.front());
+}
+
 }  // namespace gradcomp_test

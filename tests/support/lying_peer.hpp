@@ -10,7 +10,6 @@
 
 #include <doctest/doctest.h>
 
-#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -155,9 +154,8 @@ void every_counts_message_refused(Comm& comm, Tamperer& t, std::uint64_t lie,
     CAPTURE(ran_s);
     // A clean engine runs the same steps unfaulted, with the exchange engine ran, by name
     // (registry_exchange_name: 'auto' would measure its link again and might choose another).
-    REQUIRE(std::all_of(ran.begin(), ran.end(), [&](const std::string& x) { return x == ran.front(); }));
     rt::engine_config reference = c;
-    reference.exchange = registry_exchange_name(ran.front());
+    reference.exchange = registry_exchange_name(ran);
     rt::bucket_engine<Comm> clean(comm, reference);
     (void)step(clean, 0);
     (void)step(clean, 1);

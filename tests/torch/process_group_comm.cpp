@@ -214,9 +214,8 @@ TEST_CASE("bucket_engine over gloo equals bucket_engine in process, every exchan
       // 'auto' measures its link once per engine, and gloo's link is not the in-process one,
       // so the two would choose for links of their own. The reference runs the exchange the
       // gloo engine chose, by name: auto's bits must be that exchange's.
-      REQUIRE(std::all_of(ran.begin(), ran.end(), [&](const std::string& x) { return x == ran.front(); }));
       rt::engine_config reference = c;
-      reference.exchange = gradcomp_test::registry_exchange_name(ran.front());
+      reference.exchange = gradcomp_test::registry_exchange_name(ran);
       std::vector<std::vector<std::vector<float>>> want(static_cast<std::size_t>(comm().size()));
       run_in_process(comm().size(), [&](in_process_comm& ic) {
         rt::bucket_engine<in_process_comm> e(ic, reference);
