@@ -59,8 +59,8 @@ void bad_arguments(const ncclUniqueId& id) {
   }
 }
 
-// The device-resident step over NCCL (top-k: its picks through allgatherv_known, its counts
-// through gather_counts; dense: one ncclAllReduce of the flat buffer) against the host step over
+// The device-resident step over NCCL (top-k, unquantized and with QSGD: its picks, codes and
+// side values through allgatherv_known, its counts through gather_counts; dense: one ncclAllReduce of the flat buffer) against the host step over
 // the same communicator's host API: the parameters bit for bit after every step. The host's
 // dense_allreduce reduces tensor by tensor, the device step the whole buffer at once: NCCL may
 // add more than two ranks' values in another order for another length, so from 3 ranks on the
@@ -75,8 +75,10 @@ void device_step(nccl_comm& comm) {
   sparsified_sgd<C, X, nccl_comm> host(comm, sizes, C{}, X{}, opt, schedule);
   device_sparsified_sgd<C, X, nccl_comm> dev(comm, sizes, C{}, X{}, opt, schedule);
   constexpr bool dense_step = std::is_same_v<X, dense_allreduce>;
-  const std::string name = dense_step ? "device_sparsified_sgd (dense) over NCCL"
-                                      : "device_sparsified_sgd over NCCL";
+  constexpr bool quantized = !std::is_same_v<typename C::quantizer_type, identity>;
+  const std::string name = dense_step  ? "device_sparsified_sgd (dense) over NCCL"
+                           : quantized ? "device_sparsified_sgd (top-k, qsgd) over NCCL"
+                                       : "device_sparsified_sgd over NCCL";
   const std::size_t n = dev.size();
   const int me = comm.rank();
   std::vector<float> params(n, 0.25f), g(n), from_device(n);
@@ -124,6 +126,7 @@ void run_rank(const ncclUniqueId& id, int size, int rank) {
       gradcomp_test::nccl_checks::exchanges(comm);
       device_step<compressor<topk, identity, residual>, sparse_allgather>(comm);
       device_step<compressor<dense, identity, residual>, dense_allreduce>(comm);
+      device_step<compressor<topk, qsgd, residual>, sparse_allgather>(comm);
     }
     detail::cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   } catch (const std::exception& e) {

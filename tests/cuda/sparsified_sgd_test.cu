@@ -51,6 +51,9 @@ struct policies {
 };
 using sparse_p = policies<compressor<topk, identity, residual>, sparse_allgather>;
 using dense_p = policies<compressor<dense, identity, residual>, dense_allreduce>;
+// Top-k with each quantizer that has a device form.
+template <class Q>
+using quantized_p = policies<compressor<topk, Q, residual>, sparse_allgather>;
 // The top-k configuration's, for the tests that run only it.
 using C = sparse_p::C;
 using device_t = sparse_p::device_t;
@@ -334,12 +337,13 @@ namespace {
 
 // The transaction under faults, from the ranks' current state (step 0 done): a fault before
 // each of the device step's `collectives` calls on the first or the last rank, then the last
-// rank corrupting each of its first `corrupted` calls (refused on every rank, naming that
-// rank), leave every rank's parameters, average, checkpoint and step counter as they were;
-// then the retried step, on both drivers, is still the host's.
+// rank corrupting each of the calls `corrupted` (refused on every rank, naming that rank),
+// leave every rank's parameters, average, checkpoint and step counter as they were; then the
+// retried step, on both drivers, is still the host's.
 template <class Pol>
 void check_faults_change_nothing(std::vector<rank_t<Pol>>& ranks, const setup_t& s,
-                                 std::size_t collectives, std::size_t corrupted) {
+                                 std::size_t collectives,
+                                 const std::vector<std::size_t>& corrupted) {
   const int P = static_cast<int>(ranks.size());
   std::vector<snapshot_t> before;
   for (auto& k : ranks) before.push_back(snapshot(k));
@@ -365,7 +369,7 @@ void check_faults_change_nothing(std::vector<rank_t<Pol>>& ranks, const setup_t&
       }
     }
   }
-  for (std::size_t at = 0; at < corrupted; ++at) {
+  for (const std::size_t at : corrupted) {
     CAPTURE(at);
     const auto errors = device_only(P - 1, fault_kind::corrupt, at);
     for (int r = 0; r < P; ++r) {
@@ -430,7 +434,7 @@ TEST_CASE("device_sparsified_sgd: a failed step changes nothing on any rank; the
     step_both(ranks, s, 0);
     // Three collectives: the counts, the picks' indices, their values. A lying peer: a
     // corrupted count (call 0) or corrupted indices (call 1), refused by the same check.
-    check_faults_change_nothing(ranks, s, 3, 2);
+    check_faults_change_nothing(ranks, s, 3, {0, 1});
   }
 }
 
@@ -603,7 +607,7 @@ TEST_CASE("device_sparsified_sgd, dense: a failed collective or a lying count ch
     load_both(ranks, s, 1);  // a residual that is not 0
     // Two collectives: the counts and statuses, then the allreduce; a count that is not the
     // tensor's size (call 0) is refused before the allreduce.
-    check_faults_change_nothing(ranks, s, 2, 1);
+    check_faults_change_nothing(ranks, s, 2, {0});
   }
 }
 
@@ -621,5 +625,57 @@ TEST_CASE("device_sparsified_sgd, dense: a non-finite gradient or e + g fails th
       load_both(ranks, s, 1, overflow ? P - 1 : -1, at);
       check_nonfinite_fails_everywhere(ranks, s, P - 1, at, overflow ? 3e38f : -INFINITY, 1, 1234);
     }
+  }
+}
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, quantized top-k: the host step bit for bit, P = 1, 2, 4",
+                   Q, fp16, bf16, qsgd, terngrad, scaled_sign) {
+  // The codes and side values are the host encoder's (the same call_id per rank, step and
+  // tensor), the residual keeps (e + g) - decoded, every rank's payloads are decoded and added
+  // in rank order; each layout starts from a residual that is not 0.
+  check_bit_for_bit<quantized_p<Q>>(
+      [](auto& ranks, const setup_t& s) { load_both(ranks, s, 0); },
+      [](auto& k, const setup_t&) {
+        const step_stats& st = k.dev->last_stats();
+        for (std::size_t t = 0; t < st.tensors.size(); ++t) {
+          CAPTURE(t);
+          const tensor_stats& ts = st.tensors[t];
+          CHECK(ts.exchange == "sparse_allgather");
+          // An index each, the packed codes, the side values and the count.
+          const encoded_size z = device_encoded_size(Q{}, ts.selected);
+          CHECK(ts.bytes_sent == 4 * ts.selected + z.packed_bytes + 4 * z.side_count + 8);
+        }
+      });
+}
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, quantized top-k: a failed step or a lying peer changes nothing on any rank",
+                   Q, fp16, qsgd, terngrad, scaled_sign) {
+  sgd_options opt{};
+  opt.lr = 0.05;
+  opt.momentum = 0.9;
+  const setup_t s{{1000, 37, 4096}, 0.05, opt, 1};
+  for (const int P : {2, 3}) {
+    CAPTURE(P);
+    auto ranks = make_ranks<quantized_p<Q>>(s, P);
+    step_both(ranks, s, 0);
+    // Four collectives: the counts, the picks' indices, the packed codes, the side values. A
+    // lying peer: a corrupted count (call 0), corrupted indices (call 1), or (for the
+    // quantizers with side values) a first side value with its bits inverted, negative or not
+    // finite (call 3), refused by the decoder's checks on every rank. Corrupted codes can be
+    // valid codes, so call 2 is not among them.
+    const bool has_side = device_encoded_size(Q{}, 100).side_count > 0;
+    check_faults_change_nothing(ranks, s, 4,
+                                has_side ? std::vector<std::size_t>{0, 1, 3}
+                                         : std::vector<std::size_t>{0, 1});
+  }
+}
+
+TEST_CASE("device_sparsified_sgd, quantized top-k: a non-finite gradient fails the step on every rank") {
+  const setup_t s{{100, 2000}, 0.01, {}, 2};
+  for (const int P : {1, 2}) {
+    CAPTURE(P);
+    auto ranks = make_ranks<quantized_p<qsgd>>(s, P);
+    step_both(ranks, s, 0);
+    check_nonfinite_fails_everywhere(ranks, s, P - 1, 100 + 1234, INFINITY, 1, 1234);
   }
 }

@@ -33,13 +33,23 @@
 // addition: ncclAllReduce, or the host communicator's through staged_comm, which is the host
 // step's) and the division by the number of ranks.
 //
-// So far it runs compressor<topk, identity, residual> (float) with sparse_allgather, and
-// compressor<dense, identity, residual> (float) with dense_allreduce, with
-// nonfinite_policy::error; any other configuration fails to compile with a static_assert that
-// says so (the policy: invalid_argument when the driver is made). Not measured on the device
+// Quantized top-k: with compressor<topk, Q, residual>, Q one of fp16, bf16, qsgd, terngrad and
+// scaled_sign, phase 1 also encodes each tensor's picks on the device (on_device(q).encode,
+// with the host step's call_id: seed, step, tensor id, rank), decodes its own payload, and
+// keeps e = (e + g) - decoded at the picks, as the host's residual does. Phase 2 gathers the
+// packed codes and the side values (their sizes follow from the counts on every rank) in place
+// of the float values, and decodes every rank's tensor with the device decoder's checks
+// (a malformed payload is refused on every rank, naming the sender and the tensor, before the
+// average is written; one wait per rank and tensor) into the values the scatter-add sums.
+//
+// So far it runs compressor<topk, Q, residual> (float, Q any of the six quantizers) with
+// sparse_allgather, and compressor<dense, identity, residual> (float) with dense_allreduce,
+// with nonfinite_policy::error; any other configuration fails to compile with a static_assert
+// that says so (the policy: invalid_argument when the driver is made). Not measured on the device
 // (seconds in step_stats are 0) and not split into phases; top-k's contraction is NaN (the
 // device selection does not add up ||e + g||^2; dense's is 1, as the host's). bytes_sent
-// counts 8 bytes a pick (dense: 4 a value) and 8 a count.
+// counts 8 bytes a pick (quantized: 4 for its index, then the packed codes and 4 bytes a side
+// value; dense: 4 a value) and 8 a count.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -63,6 +73,7 @@
 #include <gradcomp/cuda/feedback.cuh>
 #include <gradcomp/cuda/kernels/step_kernels.cuh>
 #include <gradcomp/cuda/memory.cuh>
+#include <gradcomp/cuda/quantize.cuh>
 #include <gradcomp/cuda/select.cuh>
 #include <gradcomp/cuda/sparse.cuh>
 #include <gradcomp/detail/sgd_checkpoint.hpp>
@@ -71,7 +82,7 @@
 #include <gradcomp/exchange/dense_allreduce.hpp>
 #include <gradcomp/exchange/sparse_allgather.hpp>
 #include <gradcomp/feedback/residual.hpp>
-#include <gradcomp/quantize/identity.hpp>
+#include <gradcomp/quantize.hpp>
 #include <gradcomp/select/dense.hpp>
 #include <gradcomp/select/topk.hpp>
 #include <gradcomp/sgd.hpp>
@@ -79,18 +90,22 @@
 namespace gradcomp {
 
 // What the device step needs of a communicator: the host-visible gather of small counts, and
-// an allgatherv of device memory whose counts every rank already holds.
+// an allgatherv of device memory (indices, values, a quantizer's packed bytes) whose counts
+// every rank already holds.
 template <class C>
 concept device_communicator =
     requires(C& c, const C& cc, std::span<const std::uint64_t> mine, std::vector<std::size_t>& out,
              device_span<const std::uint32_t> si, device_span<std::uint32_t> ri,
-             device_span<const float> sf, device_span<float> rf, std::span<const std::size_t> n) {
+             device_span<const float> sf, device_span<float> rf,
+             device_span<const std::byte> sb, device_span<std::byte> rb,
+             std::span<const std::size_t> n) {
       { cc.rank() } -> std::convertible_to<int>;
       { cc.size() } -> std::convertible_to<int>;
       { cc.stream() } -> std::same_as<cudaStream_t>;
       c.gather_counts(mine, out);
       c.allgatherv_known(si, ri, n);
       c.allgatherv_known(sf, rf, n);
+      c.allgatherv_known(sb, rb, n);
     };
 
 // What dense_allreduce adds: an allreduce (sum) of device memory, in place.
@@ -102,13 +117,24 @@ template <class Compressor, class Exchange, class Comm>
 class device_sparsified_sgd {
   // The dense path: every coordinate, added by an allreduce (else top-k over sparse_allgather).
   static constexpr bool dense_path = std::is_same_v<typename Compressor::selector_type, dense>;
+  using quantizer_t = typename Compressor::quantizer_type;
+  // Top-k's picks encoded by a quantizer on the device (else sent as floats).
+  static constexpr bool quantized = !std::is_same_v<quantizer_t, identity>;
   static_assert((std::is_same_v<typename Compressor::selector_type, topk> || dense_path) &&
-                    std::is_same_v<typename Compressor::quantizer_type, identity> &&
                     std::is_same_v<typename Compressor::feedback_type, gradcomp::residual> &&
                     std::is_same_v<typename Compressor::value_type, float>,
-                "device_sparsified_sgd<C, X, Comm> runs C = compressor<topk, identity, residual> "
-                "or compressor<dense, identity, residual> (float) so far; other selectors, "
-                "quantizers and feedback run in sparsified_sgd on the host.");
+                "device_sparsified_sgd<C, X, Comm> runs C = compressor<topk, Q, residual> "
+                "or compressor<dense, identity, residual> (float) so far; other selectors "
+                "and feedback run in sparsified_sgd on the host.");
+  static_assert(std::is_same_v<quantizer_t, identity> || std::is_same_v<quantizer_t, fp16> ||
+                    std::is_same_v<quantizer_t, bf16> || std::is_same_v<quantizer_t, qsgd> ||
+                    std::is_same_v<quantizer_t, terngrad> ||
+                    std::is_same_v<quantizer_t, scaled_sign>,
+                "device_sparsified_sgd<C, X, Comm>: C's quantizer has no device form (identity, "
+                "fp16, bf16, qsgd, terngrad and scaled_sign have).");
+  static_assert(!(dense_path && quantized),
+                "device_sparsified_sgd<compressor<dense, Q, residual>, ...> runs Q = identity so "
+                "far; quantized dense SGD runs in sparsified_sgd on the host.");
   static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce>
                            : std::is_same_v<Exchange, sparse_allgather>,
                 "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather with topk and "
@@ -351,6 +377,15 @@ class device_sparsified_sgd {
       k_[t] = dense_path ? tensors_[t].size : k_for_density(tensors_[t].size, rho);
       k_at_[t + 1] = k_at_[t] + k_[t];
     }
+    if constexpr (quantized) {
+      bytes_at_.assign(nt + 1, 0);
+      side_at_.assign(nt + 1, 0);
+      for (std::size_t t = 0; t < nt; ++t) {
+        const encoded_size z = device_encoded_size(compressor_.quantizer(), k_[t]);
+        bytes_at_[t + 1] = bytes_at_[t] + z.packed_bytes;
+        side_at_[t + 1] = side_at_[t] + z.side_count;
+      }
+    }
   }
 
   // Phase 1: the picks of every tensor into picks_ / values_, the residual staged.
@@ -364,6 +399,11 @@ class device_sparsified_sgd {
     const topk& sel = compressor_.selector();
     const gradcomp::residual& fb = compressor_.feedback();
     const device_span<T> e = staged_residual();
+    if constexpr (quantized) {
+      packed_.resize(std::max<std::size_t>(bytes_at_[nt], 1));
+      side_.resize(std::max<std::size_t>(side_at_[nt], 1));
+      decoded_.resize(std::max<std::size_t>(picks, 1));
+    }
     // The scratch every call needs (the size queries depend on n and k only).
     for (std::size_t t = 0; t < nt; ++t) {
       if (tensors_[t].size == 0) continue;
@@ -375,6 +415,7 @@ class device_sparsified_sgd {
       on_device(fb).gather_and_clear(q, tensor(e, t), picks_of(t), stats_dev_.data() + t,
                                      values_of(t), s, device_validation::trusted);
       grow_scratch(q.bytes);
+      if constexpr (quantized) encode_own(t, rho, /*size_query=*/true);
     }
     if (total_) {
       detail::cuda_check(cudaMemcpyAsync(e.data(), residual_[committed_].data(), total_ * sizeof(T),
@@ -393,11 +434,21 @@ class device_sparsified_sgd {
       tmp = scratch();
       on_device(fb).gather_and_clear(tmp, tensor(e, t), picks_of(t), stats_dev_.data() + t,
                                      values_of(t), s, device_validation::trusted);
+      if constexpr (quantized) encode_own(t, rho, /*size_query=*/false);
       if (offsets_[t] != 0 && k_[t] != 0) {
         cuda::step_impl::add_offset_kernel<std::uint32_t>
             <<<cuda::grid_for(k_[t], threads, max_blocks), threads, 0, s>>>(
                 picks_of(t).data(), k_[t], static_cast<std::uint32_t>(offsets_[t]));
         cuda::check_launch("add_offset_kernel");
+      }
+    }
+    if constexpr (quantized) {
+      // e = (e + g) - decoded at the picks (now flat indices), where gather_and_clear left 0.
+      if (picks) {
+        cuda::step_impl::keep_error_kernel<T, std::uint32_t>
+            <<<cuda::grid_for(picks, threads, max_blocks), threads, 0, s>>>(
+                e.data(), picks_.data(), values_.data(), decoded_.data(), picks);
+        cuda::check_launch("keep_error_kernel");
       }
     }
     if (picks) {
@@ -418,6 +469,31 @@ class device_sparsified_sgd {
     staged_stats_.step = step_;
     staged_stats_.target_density = rho;
     staged_stats_.n = total_;
+  }
+
+  // Tensor t's picks (values_of(t)) encoded into its part of packed_ / side_ with the host
+  // step's call_id, and decoded again into decoded_ (what every receiver will add, and what
+  // the residual loses). With size_query, only the scratch both calls need.
+  void encode_own(std::size_t t, double rho, bool size_query) {
+    if (k_[t] == 0) return;
+    const cudaStream_t s = stream();
+    const auto q = on_device(compressor_.quantizer());
+    const device_encoded enc = encoded_of(t);
+    const device_span<const T> values = values_of(t);
+    const device_span<float> decoded(decoded_.data() + k_at_[t], k_[t]);
+    temp_storage tmp;
+    if (size_query) {
+      q.encode(tmp, values, context(t, rho).id, enc, s);
+      grow_scratch(tmp.bytes);
+      tmp = temp_storage{};
+      q.decode(tmp, enc, decoded, s, device_validation::trusted);
+      grow_scratch(tmp.bytes);
+      return;
+    }
+    tmp = scratch();
+    q.encode(tmp, values, context(t, rho).id, enc, s);
+    tmp = scratch();
+    q.decode(tmp, enc, decoded, s, device_validation::trusted);
   }
 
   // The first collective of phase 2: every rank's count for each tensor (k_) and its status
@@ -474,10 +550,15 @@ class device_sparsified_sgd {
     comm_->allgatherv_known(device_span<const std::uint32_t>(picks_.data(), picks),
                             device_span<std::uint32_t>(recv_picks_.data(), received),
                             std::span<const std::size_t>(rank_total_));
-    comm_->allgatherv_known(device_span<const T>(values_.data(), picks),
-                            device_span<T>(recv_values_.data(), received),
-                            std::span<const std::size_t>(rank_total_));
+    if constexpr (quantized) {
+      gather_encoded();
+    } else {
+      comm_->allgatherv_known(device_span<const T>(values_.data(), picks),
+                              device_span<T>(recv_values_.data(), received),
+                              std::span<const std::size_t>(rank_total_));
+    }
     validate_received(received);
+    if constexpr (quantized) decode_received();
 
     const device_span<T> avg = staged_average();
     if (total_) {
@@ -508,9 +589,9 @@ class device_sparsified_sgd {
       ts.threshold = sel.threshold;
       ts.iterations = sel.iterations;
       ts.fallback = sel.fallback;
-      ts.bytes_sent = 8 * k_[t] + 8;
+      ts.bytes_sent = wire_bytes(k_[t]);
       for (std::size_t r = 0; r < ranks; ++r) {
-        if (r != me) ts.bytes_received += 8 * counts_[r * (nt + 1) + t] + 8;
+        if (r != me) ts.bytes_received += wire_bytes(counts_[r * (nt + 1) + t]);
       }
       ts.exchange = "sparse_allgather";
       staged_stats_.selected += ts.selected;
@@ -520,6 +601,94 @@ class device_sparsified_sgd {
     }
     staged_stats_.density =
         total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
+  }
+
+  // What a tensor's c picks cost on the wire: an index and a value each (quantized: an index
+  // each, the packed codes and the side values), and the count.
+  std::size_t wire_bytes(std::size_t c) const {
+    if constexpr (quantized) {
+      const encoded_size z = device_encoded_size(compressor_.quantizer(), c);
+      return 4 * c + z.packed_bytes + sizeof(float) * z.side_count + 8;
+    } else {
+      return 8 * c + 8;
+    }
+  }
+
+  // Every rank's packed codes and side values, their sizes computed from the gathered counts
+  // (already checked against the tensor sizes) on every rank alike.
+  void gather_encoded() {
+    const std::size_t nt = tensors_.size();
+    const std::size_t ranks = rank_total_.size();
+    rank_bytes_.assign(ranks, 0);
+    rank_side_.assign(ranks, 0);
+    std::size_t bytes = 0, sides = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (std::size_t t = 0; t < nt; ++t) {
+        const encoded_size z =
+            device_encoded_size(compressor_.quantizer(), counts_[r * (nt + 1) + t]);
+        rank_bytes_[r] += z.packed_bytes;
+        rank_side_[r] += z.side_count;
+      }
+      bytes += rank_bytes_[r];
+      sides += rank_side_[r];
+    }
+    recv_packed_.resize(std::max<std::size_t>(bytes, 1));
+    recv_side_.resize(std::max<std::size_t>(sides, 1));
+    comm_->allgatherv_known(device_span<const std::byte>(packed_.data(), bytes_at_[nt]),
+                            device_span<std::byte>(recv_packed_.data(), bytes),
+                            std::span<const std::size_t>(rank_bytes_));
+    comm_->allgatherv_known(device_span<const float>(side_.data(), side_at_[nt]),
+                            device_span<float>(recv_side_.data(), sides),
+                            std::span<const std::size_t>(rank_side_));
+  }
+
+  // Every rank's tensors decoded, in the order of the received picks, into recv_values_, each
+  // with the device decoder's checks (side values, padding, codes): a malformed one is refused
+  // on every rank alike (each holds the same bytes, its own included), naming the rank and the
+  // tensor, before the average is written.
+  void decode_received() {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    const std::size_t ranks = rank_total_.size();
+    const auto q = on_device(compressor_.quantizer());
+    // The views of rank r's tensor t, from its running offsets.
+    std::size_t at = 0, byte_at = 0, side_at = 0;
+    const auto segment = [&](std::size_t c) {
+      const encoded_size z = device_encoded_size(compressor_.quantizer(), c);
+      const device_encoded_view in(
+          device_span<const std::byte>(recv_packed_.data() + byte_at, z.packed_bytes),
+          device_span<const float>(recv_side_.data() + side_at, z.side_count));
+      const device_span<float> out(recv_values_.data() + at, c);
+      at += c;
+      byte_at += z.packed_bytes;
+      side_at += z.side_count;
+      return std::pair{in, out};
+    };
+    for (const bool size_query : {true, false}) {
+      at = byte_at = side_at = 0;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        for (std::size_t t = 0; t < nt; ++t) {
+          const std::size_t c = counts_[r * (nt + 1) + t];
+          const auto [in, out] = segment(c);
+          if (c == 0) continue;
+          if (size_query) {
+            temp_storage tmp;
+            q.decode(tmp, in, out, s, device_validation::check);
+            grow_scratch(tmp.bytes);
+            continue;
+          }
+          temp_storage tmp = scratch();
+          try {
+            q.decode(tmp, in, out, s, device_validation::check);
+          } catch (const payload_error& e) {
+            throw payload_error(detail::concat(
+                "gradcomp::device_sparsified_sgd: the quantized values of rank ", r,
+                " for tensor ", tensors_[t].id, " are not a payload of this quantizer (",
+                e.what(), "). Nothing was written"));
+          }
+        }
+      }
+    }
   }
 
   // Phase 1 of the dense path: values_ = e + g over the flat buffer (every tensor's coordinates
@@ -699,6 +868,10 @@ class device_sparsified_sgd {
     return {picks_.data() + k_at_[t], k_[t]};
   }
   device_span<T> values_of(std::size_t t) const { return {values_.data() + k_at_[t], k_[t]}; }
+  device_encoded encoded_of(std::size_t t) const {
+    return {device_span<std::byte>(packed_.data() + bytes_at_[t], bytes_at_[t + 1] - bytes_at_[t]),
+            device_span<float>(side_.data() + side_at_[t], side_at_[t + 1] - side_at_[t])};
+  }
   select_context context(std::size_t t, double rho) const {
     return select_context{k_[t], rho,
                           call_id{opt_.seed, step_, tensors_[t].id,
@@ -730,6 +903,11 @@ class device_sparsified_sgd {
   std::vector<std::size_t> counts_, rank_total_;
   device_buffer<std::uint32_t> recv_picks_;
   device_buffer<T> recv_values_;
+  // Quantized top-k: this rank's codes and side values (tensor t's at bytes_at_[t] and
+  // side_at_[t]), its own decoded picks, and every rank's codes and side values received.
+  std::vector<std::size_t> bytes_at_, side_at_, rank_bytes_, rank_side_;
+  device_buffer<std::byte> packed_, recv_packed_;
+  device_buffer<float> side_, recv_side_, decoded_;
   std::vector<std::uint64_t> seg_host_;
   device_buffer<std::uint64_t> seg_dev_;
   struct free_pinned {

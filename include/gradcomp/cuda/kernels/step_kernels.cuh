@@ -1,7 +1,7 @@
 // gradcomp/cuda/kernels/step_kernels.cuh: the kernels of the device-resident SGD step
 // (cuda/sparsified_sgd.cuh) around the selection, feedback and scatter kernels it reuses: the
-// picks' indices into the flat parameter buffer, the non-finite check of the picks, the check
-// of the received payloads, the division of the rank-order sum, and the SGD update. Every
+// picks' indices into the flat parameter buffer, the non-finite check of the picks, the
+// quantization error kept in the residual, the check of the received payloads, the division of the rank-order sum, and the SGD update. Every
 // arithmetic step is one correctly rounded operation (__fmul_rn, __fadd_rn, ...), never
 // contracted into a fused multiply-add, so that the results are the host's bit for bit. (The
 // kernels are templates, used with float and std::uint32_t, so that the header can be part of
@@ -33,6 +33,18 @@ __global__ void first_nonfinite_kernel(const T* values, std::size_t m, error_rec
   for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < m;
        j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     if (!isfinite(values[j])) report_error(errors, j);
+  }
+}
+
+// e[idx[j]] = values[j] - decoded[j] for j < k: the residual keeps what the quantizer lost
+// of each sent value (the host's residual::update, e[i] -= decoded, on e[i] = the value sent;
+// gather_and_clear has left 0 there). The picks are distinct: no two threads write one e[i].
+template <class T, class Index>
+__global__ void keep_error_kernel(T* e, const Index* idx, const T* values, const float* decoded,
+                                  std::size_t k) {
+  for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < k;
+       j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    e[idx[j]] = __fsub_rn(values[j], decoded[j]);
   }
 }
 
