@@ -3,6 +3,8 @@
 // around each whole step (the step's host waits included):
 //   cuda/step/device_sgd/n:N/ppm:R/tensors:T   top-k at density R ppm with the residual, the
 //                                               exchange, the mean and the update (momentum 0.9)
+//   cuda/step/device_sgd_qsgd/...               the same with the picks quantized by qsgd
+//                                               (4 bits, buckets of 512) and decoded
 //   cuda/baseline/dense_step/n:N/tensors:T      the gradient copied into a bucket, one
 //                                               ncclAllReduce, the same update kernel
 //   cuda/baseline/copy/n:N                      a device-to-device copy of the gradient
@@ -30,8 +32,6 @@ namespace {
 
 using namespace gradcomp;
 using gradcomp::detail::cuda_check;
-using C = compressor<topk, identity, residual>;
-using step_t = device_sparsified_sgd<C, sparse_allgather, nccl_comm>;
 
 // One NCCL communicator of one rank on device 0, on a stream of its own, for the whole run.
 nccl_comm& communicator() {
@@ -62,7 +62,10 @@ sgd_options options() {
   return opt;
 }
 
+template <class Q>
 void bm_device_sgd(benchmark::State& state) {
+  using C = compressor<topk, Q, residual>;
+  using step_t = device_sparsified_sgd<C, sparse_allgather, nccl_comm>;
   const auto n = static_cast<std::size_t>(state.range(0));
   const double rho = static_cast<double>(state.range(1)) * 1e-6;
   const auto tensors = static_cast<std::size_t>(state.range(2));
@@ -144,6 +147,7 @@ void copy_args(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK(bm_device_sgd)->Name("cuda/step/device_sgd")->Apply(step_args);
+BENCHMARK(bm_device_sgd<identity>)->Name("cuda/step/device_sgd")->Apply(step_args);
+BENCHMARK(bm_device_sgd<qsgd>)->Name("cuda/step/device_sgd_qsgd")->Apply(step_args);
 BENCHMARK(bm_dense_step)->Name("cuda/baseline/dense_step")->Apply(dense_args);
 BENCHMARK(bm_copy)->Name("cuda/baseline/copy")->Apply(copy_args);
