@@ -302,12 +302,12 @@ std::vector<setup_t> bit_for_bit_setups() {
 // Every bit_for_bit_setups() layout at P = 1, 2 and 4: fresh ranks, start(ranks, setup), then
 // 3 steps on both drivers, after each of which every rank's state is the host's
 // (check_same_state) and more(rank, setup) checks what else it will. Under compute-sanitizer
-// (scripts/gpu_check.sh sets GRADCOMP_CUDA_TEST_SMALL) the large layouts are left out: the
-// kernels they run are the small ones' on more elements.
+// (scripts/gpu_check.sh sets GRADCOMP_CUDA_TEST_SMALL), or with small_only, the large layouts
+// are left out: the kernels they run are the small ones' on more elements.
 template <class Pol, class Start, class More>
-void check_bit_for_bit(Start&& start, More&& more) {
+void check_bit_for_bit(Start&& start, More&& more, bool small_only = false) {
   const std::vector<setup_t> setups = bit_for_bit_setups();
-  const bool small = std::getenv("GRADCOMP_CUDA_TEST_SMALL") != nullptr;
+  const bool small = small_only || std::getenv("GRADCOMP_CUDA_TEST_SMALL") != nullptr;
   for (const int P : {1, 2, 4}) {
     for (std::size_t c = 0; c < setups.size(); ++c) {
       if (small && total_of(setups[c]) > 70000) continue;
@@ -632,24 +632,30 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, quantized top-k: the host step bit fo
                    Q, fp16, bf16, qsgd, terngrad, scaled_sign) {
   // The codes and side values are the host encoder's (the same call_id per rank, step and
   // tensor), the residual keeps (e + g) - decoded, every rank's payloads are decoded and added
-  // in rank order; each layout starts from a residual that is not 0.
+  // in rank order; each layout starts from a residual that is not 0. qsgd (buckets of 512,
+  // many per tensor) runs every layout; the others the small ones, to keep the test short.
   check_bit_for_bit<quantized_p<Q>>(
       [](auto& ranks, const setup_t& s) { load_both(ranks, s, 0); },
       [](auto& k, const setup_t&) {
         const step_stats& st = k.dev->last_stats();
+        const auto others = static_cast<std::size_t>(k.staged->size() - 1);
         for (std::size_t t = 0; t < st.tensors.size(); ++t) {
           CAPTURE(t);
           const tensor_stats& ts = st.tensors[t];
           CHECK(ts.exchange == "sparse_allgather");
-          // An index each, the packed codes, the side values and the count.
-          const encoded_size z = device_encoded_size(Q{}, ts.selected);
-          CHECK(ts.bytes_sent == 4 * ts.selected + z.packed_bytes + 4 * z.side_count + 8);
+          // An index each, the host encoder's codes and side values for as many values, and
+          // the count; every rank sends as many picks of each tensor.
+          payload p;
+          Q{}.encode(std::vector<float>(ts.selected, 0.5f), call_id{}, p);
+          CHECK(ts.bytes_sent == 4 * ts.selected + p.values.size() + 4 * p.side.size() + 8);
+          CHECK(ts.bytes_received == others * ts.bytes_sent);
         }
-      });
+      },
+      /*small_only=*/!std::is_same_v<Q, qsgd>);
 }
 
 TEST_CASE_TEMPLATE("device_sparsified_sgd, quantized top-k: a failed step or a lying peer changes nothing on any rank",
-                   Q, fp16, qsgd, terngrad, scaled_sign) {
+                   Q, fp16, bf16, qsgd, terngrad, scaled_sign) {
   sgd_options opt{};
   opt.lr = 0.05;
   opt.momentum = 0.9;

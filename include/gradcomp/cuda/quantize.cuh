@@ -28,7 +28,10 @@
 // Encode is asynchronous. Decode with device_validation::check (the default) validates side
 // values, padding and codes on the device, writes nothing if they are bad, and waits for the
 // stream once to throw the host decoder's payload_error; device_validation::trusted skips
-// the check and the wait (for bytes from the device encoder or a validated payload).
+// the check and the wait (for bytes from the device encoder or a validated payload). To check
+// many payloads with one wait: on_device(q).rule(count) names what the decoder accepts, and
+// cuda::quantize_impl::launch_decode_check / throw_decode_error run its check without the
+// wait and read its verdict afterwards (then decode with device_validation::trusted).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -92,12 +95,15 @@ class device_policy<identity> {
   }
 
   // Every 32-bit pattern is a valid value: nothing to validate.
+  static cuda::quantize_impl::decode_rule rule(std::size_t count) noexcept {
+    return {"identity::decode (device)", count, 32, 0, 0xffffffffu, ""};
+  }
   void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
               cudaStream_t stream = nullptr, device_validation = device_validation::check) const {
-    constexpr std::string_view where = "identity::decode (device)";
-    cuda::quantize_impl::check_decode_args(where, decoded.size(), 32, 0, in);
+    const auto r = rule(decoded.size());
+    cuda::quantize_impl::check_decode_args(r, in);
     cuda::scratch_carver s(tmp.ptr);
-    if (cuda::finish_size_query(where, tmp, s) || decoded.empty()) return;
+    if (cuda::finish_size_query(r.where, tmp, s) || decoded.empty()) return;
     detail::cuda_check(cudaMemcpyAsync(decoded.data(), in.packed.data(), decoded.size_bytes(),
                                        cudaMemcpyDeviceToDevice, stream),
                        "cudaMemcpyAsync");
@@ -117,10 +123,13 @@ class device_policy<fp16> {
                                             detail::fp16_codec{}, out, stream);
   }
   // Every 16-bit pattern is a valid value and there is no padding: nothing to validate.
+  static cuda::quantize_impl::decode_rule rule(std::size_t count) noexcept {
+    return {"fp16::decode (device)", count, 16, 0, 0xffffu, ""};
+  }
   void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
               cudaStream_t stream = nullptr, device_validation = device_validation::check) const {
-    cuda::quantize_impl::decode_codes("fp16::decode (device)", tmp, in, decoded, 16, 0, 0xffffu, "",
-                                      detail::fp16_codec{}, stream, device_validation::trusted);
+    cuda::quantize_impl::decode_codes(rule(decoded.size()), tmp, in, decoded, detail::fp16_codec{},
+                                      stream, device_validation::trusted);
   }
 };
 
@@ -136,10 +145,14 @@ class device_policy<bf16> {
     cuda::quantize_impl::encode_elementwise("bf16::encode (device)", tmp, values, 16,
                                             detail::bf16_codec{}, out, stream);
   }
+  // Every 16-bit pattern is a valid value and there is no padding: nothing to validate.
+  static cuda::quantize_impl::decode_rule rule(std::size_t count) noexcept {
+    return {"bf16::decode (device)", count, 16, 0, 0xffffu, ""};
+  }
   void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
               cudaStream_t stream = nullptr, device_validation = device_validation::check) const {
-    cuda::quantize_impl::decode_codes("bf16::decode (device)", tmp, in, decoded, 16, 0, 0xffffu, "",
-                                      detail::bf16_codec{}, stream, device_validation::trusted);
+    cuda::quantize_impl::decode_codes(rule(decoded.size()), tmp, in, decoded, detail::bf16_codec{},
+                                      stream, device_validation::trusted);
   }
 };
 
@@ -159,15 +172,17 @@ class device_policy<qsgd> {
         device_encoded_size(q_, n).side_count, detail::qsgd_side{}, codec, out, stream);
   }
   // v = norm * (code - s) / s; codes above 2s are rejected (with device_validation::check).
+  cuda::quantize_impl::decode_rule rule(std::size_t count) const {
+    return {"qsgd::decode (device)", count, q_.bits_per_value(),
+            device_encoded_size(q_, count).side_count, 2u * q_.levels(), "2 * levels"};
+  }
   void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
               cudaStream_t stream = nullptr,
               device_validation validation = device_validation::check) const {
     const detail::qsgd_codec codec{detail::counter_rng{}, q_.levels(),
                                    1.0f / static_cast<float>(q_.levels()), q_.bucket_size()};
-    cuda::quantize_impl::decode_codes("qsgd::decode (device)", tmp, in, decoded,
-                                      q_.bits_per_value(),
-                                      device_encoded_size(q_, decoded.size()).side_count,
-                                      2u * q_.levels(), "2 * levels", codec, stream, validation);
+    cuda::quantize_impl::decode_codes(rule(decoded.size()), tmp, in, decoded, codec, stream,
+                                      validation);
   }
 
  private:
@@ -189,15 +204,17 @@ class device_policy<terngrad> {
         "terngrad::encode (device)", tmp, values, 2, bucket, device_encoded_size(q_, n).side_count,
         detail::terngrad_side{}, codec, out, stream);
   }
+  cuda::quantize_impl::decode_rule rule(std::size_t count) const {
+    return {"terngrad::decode (device)", count, 2, device_encoded_size(q_, count).side_count, 2u,
+            "0, 1 = +max, 2 = -max"};
+  }
   void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
               cudaStream_t stream = nullptr,
               device_validation validation = device_validation::check) const {
     const std::size_t n = decoded.size();
     const detail::terngrad_codec codec{detail::counter_rng{},
                                        cuda::quantize_impl::effective_bucket(q_.bucket_size(), n)};
-    cuda::quantize_impl::decode_codes("terngrad::decode (device)", tmp, in, decoded, 2,
-                                      device_encoded_size(q_, n).side_count, 2u,
-                                      "0, 1 = +max, 2 = -max", codec, stream, validation);
+    cuda::quantize_impl::decode_codes(rule(n), tmp, in, decoded, codec, stream, validation);
   }
 
  private:
@@ -220,13 +237,16 @@ class device_policy<scaled_sign> {
         detail::scaled_sign_codec{bucket}, out, stream);
   }
   // Every code is valid; side values and padding are checked.
+  cuda::quantize_impl::decode_rule rule(std::size_t count) const {
+    return {"scaled_sign::decode (device)", count, 1, device_encoded_size(q_, count).side_count,
+            1u, "0 or 1"};
+  }
   void decode(temp_storage& tmp, const device_encoded_view& in, device_span<float> decoded,
               cudaStream_t stream = nullptr,
               device_validation validation = device_validation::check) const {
     const std::size_t n = decoded.size();
     cuda::quantize_impl::decode_codes(
-        "scaled_sign::decode (device)", tmp, in, decoded, 1, device_encoded_size(q_, n).side_count,
-        1u, "0 or 1",
+        rule(n), tmp, in, decoded,
         detail::scaled_sign_codec{cuda::quantize_impl::effective_bucket(q_.bucket_size(), n)},
         stream, validation);
   }

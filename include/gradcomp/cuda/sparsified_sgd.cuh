@@ -38,9 +38,11 @@
 // with the host step's call_id: seed, step, tensor id, rank), decodes its own payload, and
 // keeps e = (e + g) - decoded at the picks, as the host's residual does. Phase 2 gathers the
 // packed codes and the side values (their sizes follow from the counts on every rank) in place
-// of the float values, and decodes every rank's tensor with the device decoder's checks
-// (a malformed payload is refused on every rank, naming the sender and the tensor, before the
-// average is written; one wait per rank and tensor) into the values the scatter-add sums.
+// of the float values, checks every rank's tensors with the device decoder's checks, all
+// launched together and read back with one wait (qsgd, terngrad and scaled_sign; fp16's and
+// bf16's payloads cannot be malformed): a malformed payload is refused on every rank, naming
+// the sender and the tensor, before anything is decoded; then decodes them into the values
+// the scatter-add sums.
 //
 // So far it runs compressor<topk, Q, residual> (float, Q any of the six quantizers) with
 // sparse_allgather, and compressor<dense, identity, residual> (float) with dense_allreduce,
@@ -546,6 +548,7 @@ class device_sparsified_sgd {
     for (const std::size_t c : rank_total_) received += c;
     recv_picks_.resize(std::max<std::size_t>(received, 1));
     recv_values_.resize(std::max<std::size_t>(received, 1));
+    if constexpr (quantized) size_encoded();
     const std::size_t picks = k_at_[nt];
     comm_->allgatherv_known(device_span<const std::uint32_t>(picks_.data(), picks),
                             device_span<std::uint32_t>(recv_picks_.data(), received),
@@ -614,9 +617,10 @@ class device_sparsified_sgd {
     }
   }
 
-  // Every rank's packed codes and side values, their sizes computed from the gathered counts
-  // (already checked against the tensor sizes) on every rank alike.
-  void gather_encoded() {
+  // Every rank's packed codes and side values: their sizes, computed from the gathered counts
+  // (already checked against the tensor sizes) on every rank alike, and the receive buffers,
+  // sized before the step's first transfer is queued.
+  void size_encoded() {
     const std::size_t nt = tensors_.size();
     const std::size_t ranks = rank_total_.size();
     rank_bytes_.assign(ranks, 0);
@@ -634,6 +638,16 @@ class device_sparsified_sgd {
     }
     recv_packed_.resize(std::max<std::size_t>(bytes, 1));
     recv_side_.resize(std::max<std::size_t>(sides, 1));
+    decode_errors_.resize(std::max<std::size_t>(3 * ranks * nt, 1));
+  }
+
+  void gather_encoded() {
+    const std::size_t nt = tensors_.size();
+    std::size_t bytes = 0, sides = 0;
+    for (std::size_t r = 0; r < rank_bytes_.size(); ++r) {
+      bytes += rank_bytes_[r];
+      sides += rank_side_[r];
+    }
     comm_->allgatherv_known(device_span<const std::byte>(packed_.data(), bytes_at_[nt]),
                             device_span<std::byte>(recv_packed_.data(), bytes),
                             std::span<const std::size_t>(rank_bytes_));
@@ -642,52 +656,67 @@ class device_sparsified_sgd {
                             std::span<const std::size_t>(rank_side_));
   }
 
-  // Every rank's tensors decoded, in the order of the received picks, into recv_values_, each
-  // with the device decoder's checks (side values, padding, codes): a malformed one is refused
-  // on every rank alike (each holds the same bytes, its own included), naming the rank and the
-  // tensor, before the average is written.
+  // Every rank's tensors decoded, in the order of the received picks, into recv_values_. First
+  // the decoder's checks (side values, padding, codes) of every rank's every tensor, its own
+  // included, launched together and read back with one wait: a malformed one is refused on
+  // every rank alike (each holds the same bytes), naming the first such rank and tensor, before
+  // anything is decoded or the average written. Then the decodes, trusted.
   void decode_received() {
     const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
     const std::size_t ranks = rank_total_.size();
     const auto q = on_device(compressor_.quantizer());
-    // The views of rank r's tensor t, from its running offsets.
-    std::size_t at = 0, byte_at = 0, side_at = 0;
-    const auto segment = [&](std::size_t c) {
-      const encoded_size z = device_encoded_size(compressor_.quantizer(), c);
-      const device_encoded_view in(
-          device_span<const std::byte>(recv_packed_.data() + byte_at, z.packed_bytes),
-          device_span<const float>(recv_side_.data() + side_at, z.side_count));
-      const device_span<float> out(recv_values_.data() + at, c);
-      at += c;
-      byte_at += z.packed_bytes;
-      side_at += z.side_count;
-      return std::pair{in, out};
-    };
-    for (const bool size_query : {true, false}) {
-      at = byte_at = side_at = 0;
+    namespace qi = cuda::quantize_impl;
+    // Calls f(r, t, rule, in, out) for every rank's every tensor with picks, in received order.
+    const auto each_segment = [&](auto&& f) {
+      std::size_t at = 0, byte_at = 0, side_at = 0;
       for (std::size_t r = 0; r < ranks; ++r) {
         for (std::size_t t = 0; t < nt; ++t) {
           const std::size_t c = counts_[r * (nt + 1) + t];
-          const auto [in, out] = segment(c);
-          if (c == 0) continue;
-          if (size_query) {
-            temp_storage tmp;
-            q.decode(tmp, in, out, s, device_validation::check);
-            grow_scratch(tmp.bytes);
-            continue;
-          }
-          temp_storage tmp = scratch();
-          try {
-            q.decode(tmp, in, out, s, device_validation::check);
-          } catch (const payload_error& e) {
-            throw payload_error(detail::concat(
-                "gradcomp::device_sparsified_sgd: the quantized values of rank ", r,
-                " for tensor ", tensors_[t].id, " are not a payload of this quantizer (",
-                e.what(), "). Nothing was written"));
-          }
+          const qi::decode_rule rule = q.rule(c);
+          const encoded_size z = device_encoded_size(compressor_.quantizer(), c);
+          const device_encoded_view in(
+              device_span<const std::byte>(recv_packed_.data() + byte_at, z.packed_bytes),
+              device_span<const float>(recv_side_.data() + side_at, z.side_count));
+          if (c != 0) f(r, t, rule, in, device_span<float>(recv_values_.data() + at, c));
+          at += c;
+          byte_at += z.packed_bytes;
+          side_at += z.side_count;
         }
       }
+    };
+    bool checked = false;
+    const std::size_t records = 3 * ranks * nt;
+    detail::cuda_check(cudaMemsetAsync(decode_errors_.data(), 0xff,
+                                       records * sizeof(cuda::error_record), s),
+                       "cudaMemsetAsync");
+    each_segment([&](std::size_t r, std::size_t t, const qi::decode_rule& rule,
+                     const device_encoded_view& in, device_span<float>) {
+      checked = checked || qi::decode_can_fail(rule);
+      qi::launch_decode_check(rule, in, decode_errors_.data() + 3 * (r * nt + t), s);
+    });
+    if (checked) {
+      const std::vector<cuda::error_record> found = download(decode_errors_.data(), records);
+      each_segment([&](std::size_t r, std::size_t t, const qi::decode_rule& rule,
+                       const device_encoded_view&, device_span<float>) {
+        try {
+          qi::throw_decode_error(rule, found.data() + 3 * (r * nt + t));
+        } catch (const payload_error& e) {
+          throw payload_error(detail::concat(
+              "gradcomp::device_sparsified_sgd: the quantized values of rank ", r, " for tensor ",
+              tensors_[t].id, " are not a payload of this quantizer (", e.what(),
+              "). Nothing was written"));
+        }
+      });
+    }
+    // Checked: the decodes need no more waits. (Their scratch: a size query, then the work.)
+    for (const bool size_query : {true, false}) {
+      each_segment([&](std::size_t, std::size_t, const qi::decode_rule&,
+                       const device_encoded_view& in, device_span<float> out) {
+        temp_storage tmp = size_query ? temp_storage{} : scratch();
+        q.decode(tmp, in, out, s, device_validation::trusted);
+        if (size_query) grow_scratch(tmp.bytes);
+      });
     }
   }
 
@@ -908,6 +937,7 @@ class device_sparsified_sgd {
   std::vector<std::size_t> bytes_at_, side_at_, rank_bytes_, rank_side_;
   device_buffer<std::byte> packed_, recv_packed_;
   device_buffer<float> side_, recv_side_, decoded_;
+  device_buffer<cuda::error_record> decode_errors_;  // 3 per rank and tensor
   std::vector<std::uint64_t> seg_host_;
   device_buffer<std::uint64_t> seg_dev_;
   struct free_pinned {

@@ -162,50 +162,97 @@ void encode_elementwise(std::string_view where, temp_storage& tmp, device_span<c
   launch_encode(values.data(), values.size(), bits, nullptr, codec, out.packed.data(), stream);
 }
 
+// What a quantizer's decoder accepts for `count` values: the bits per code, the side values,
+// the largest valid code and how its rule reads in a message, and the decoder's name.
+struct decode_rule {
+  std::string_view where;
+  std::size_t count = 0;
+  unsigned bits = 32;
+  std::size_t side_count = 0;
+  std::uint32_t max_code = 0xffffffffu;
+  std::string_view code_rule;
+};
+
 // What a decode checks on the host before it launches: the sizes (check_decode's checks that
 // do not read the data).
-inline void check_decode_args(std::string_view where, std::size_t n, unsigned bits,
-                              std::size_t side_count, const device_encoded_view& in) {
-  if (n > 0xffffffffu) {
-    detail::throw_invalid_argument(where, "decoded.size()", n, "<= 2^32 - 1 (a payload's count)");
+inline void check_decode_args(const decode_rule& r, const device_encoded_view& in) {
+  if (r.count > 0xffffffffu) {
+    detail::throw_invalid_argument(r.where, "decoded.size()", r.count,
+                                   "<= 2^32 - 1 (a payload's count)");
   }
-  const std::uint64_t need = detail::packed_size(n, bits);
+  const std::uint64_t need = detail::packed_size(r.count, r.bits);
   if (in.packed.size() != need) {
-    detail::throw_payload_error(where, "values has ", in.packed.size(), " bytes; expected ", need,
-                                " for ", n, " values of ", bits, " bits");
+    detail::throw_payload_error(r.where, "values has ", in.packed.size(), " bytes; expected ",
+                                need, " for ", r.count, " values of ", r.bits, " bits");
   }
-  if (in.side.size() != side_count) {
-    detail::throw_payload_error(where, "side has ", in.side.size(), " entries; expected ",
-                                side_count);
+  if (in.side.size() != r.side_count) {
+    detail::throw_payload_error(r.where, "side has ", in.side.size(), " entries; expected ",
+                                r.side_count);
   }
 }
 
-// decode: with device_validation::check, a validation kernel first, the decode kernel (which
-// writes nothing if the validation found a problem), then one host round trip to read the
-// verdict and throw the host decoder's payload_error.
+// Whether a payload under rule r can be malformed at all (side values to check, padding bits,
+// or codes above the largest valid one): fp16's, bf16's and identity's cannot.
+inline bool decode_can_fail(const decode_rule& r) {
+  return r.side_count != 0 || (static_cast<std::uint64_t>(r.count) * r.bits) % 8u != 0 ||
+         r.max_code < detail::code_mask(r.bits);
+}
+
+// The device checks of a decode under rule r, launched without waiting: the sizes first (on
+// the host, thrown at once), then validate_kernel into errors[0..2], which must hold
+// no_error; throw_decode_error reads the verdict once the caller has copied it back. Several
+// checks can share one wait that way.
+inline void launch_decode_check(const decode_rule& r, const device_encoded_view& in,
+                                error_record* errors, cudaStream_t stream,
+                                const quantize_tuning& t = quantize_tuning_sm90) {
+  check_decode_args(r, in);
+  if (r.count == 0 || !decode_can_fail(r)) return;
+  const std::size_t items = r.count > r.side_count ? r.count : r.side_count;
+  validate_kernel<float><<<grid_for(items, t.threads, t.max_blocks), t.threads, 0, stream>>>(
+      in.packed.data(), r.count, r.bits, in.side.data(), r.side_count, r.max_code, errors);
+  check_launch("validate_kernel launch");
+}
+
+// The host decoder's payload_error for the verdict `found` (3 records, as launch_decode_check
+// leaves them) of a decode under rule r; returns when there is none.
+inline void throw_decode_error(const decode_rule& r, const error_record* found) {
+  if (found[0].first != no_error) {
+    const auto b = static_cast<std::size_t>(found[0].first >> 32);
+    const float v = detail::bits_to_float(static_cast<std::uint32_t>(found[0].first));
+    detail::throw_payload_error(r.where, "side[", b, "] = ", v, "; expected finite and >= 0");
+  }
+  if (found[1].first != no_error) {
+    detail::throw_payload_error(r.where, "padding bits of the last value byte are not zero");
+  }
+  if (found[2].first != no_error) {
+    const auto at = static_cast<std::size_t>(found[2].first >> 32);
+    const auto code = static_cast<std::uint32_t>(found[2].first);
+    detail::throw_payload_error(r.where, "code ", code, " at value ", at, "; expected <= ",
+                                r.max_code, " (", r.code_rule, ")");
+  }
+}
+
+// decode: with device_validation::check, the check first, the decode kernel (which writes
+// nothing if the check found a problem), then one host round trip to read the verdict and
+// throw the host decoder's payload_error. decoded.size() must be r.count.
 template <class Codec>
-void decode_codes(std::string_view where, temp_storage& tmp, const device_encoded_view& in,
-                  device_span<float> decoded, unsigned bits, std::size_t side_count,
-                  std::uint32_t max_code, std::string_view code_rule, Codec codec,
-                  cudaStream_t stream, device_validation validation,
-                  const quantize_tuning& t = quantize_tuning_sm90) {
+void decode_codes(const decode_rule& r, temp_storage& tmp, const device_encoded_view& in,
+                  device_span<float> decoded, Codec codec, cudaStream_t stream,
+                  device_validation validation, const quantize_tuning& t = quantize_tuning_sm90) {
   const std::size_t n = decoded.size();
-  check_decode_args(where, n, bits, side_count, in);
+  check_decode_args(r, in);
   scratch_carver s(tmp.ptr);
   error_record* errors = s.take<error_record>(3);
-  if (finish_size_query(where, tmp, s)) return;
+  if (finish_size_query(r.where, tmp, s)) return;
   if (n == 0) return;
-  const bool check = validation == device_validation::check;
+  const bool check = validation == device_validation::check && decode_can_fail(r);
   if (check) {
     detail::cuda_check(cudaMemsetAsync(errors, 0xff, 3 * sizeof(error_record), stream),
                        "cudaMemsetAsync");
-    const std::size_t items = n > side_count ? n : side_count;
-    validate_kernel<float><<<grid_for(items, t.threads, t.max_blocks), t.threads, 0, stream>>>(
-        in.packed.data(), n, bits, in.side.data(), side_count, max_code, errors);
-    check_launch("validate_kernel launch");
+    launch_decode_check(r, in, errors, stream, t);
   }
   decode_kernel<Codec><<<grid_for(n, t.threads, t.max_blocks), t.threads, 0, stream>>>(
-      in.packed.data(), n, bits, in.side.data(), codec, decoded.data(), check ? errors : nullptr,
+      in.packed.data(), n, r.bits, in.side.data(), codec, decoded.data(), check ? errors : nullptr,
       3);
   check_launch("decode_kernel launch");
   if (!check) return;
@@ -214,20 +261,7 @@ void decode_codes(std::string_view where, temp_storage& tmp, const device_encode
   detail::cuda_check(cudaMemcpyAsync(found, errors, sizeof(found), cudaMemcpyDeviceToHost, stream),
                      "cudaMemcpyAsync");
   detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  if (found[0].first != no_error) {
-    const auto b = static_cast<std::size_t>(found[0].first >> 32);
-    const float v = detail::bits_to_float(static_cast<std::uint32_t>(found[0].first));
-    detail::throw_payload_error(where, "side[", b, "] = ", v, "; expected finite and >= 0");
-  }
-  if (found[1].first != no_error) {
-    detail::throw_payload_error(where, "padding bits of the last value byte are not zero");
-  }
-  if (found[2].first != no_error) {
-    const auto at = static_cast<std::size_t>(found[2].first >> 32);
-    const auto code = static_cast<std::uint32_t>(found[2].first);
-    detail::throw_payload_error(where, "code ", code, " at value ", at, "; expected <= ", max_code,
-                                " (", code_rule, ")");
-  }
+  throw_decode_error(r, found);
 }
 
 }  // namespace cuda::quantize_impl
