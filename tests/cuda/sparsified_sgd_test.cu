@@ -48,12 +48,21 @@ struct policies {
   using X = Exchange;
   using host_t = sparsified_sgd<C, X, comm_t>;
   using device_t = device_sparsified_sgd<C, X, staged_t>;
+  static C make() { return C{}; }
 };
 using sparse_p = policies<compressor<topk, identity, residual>, sparse_allgather>;
 using dense_p = policies<compressor<dense, identity, residual>, dense_allreduce>;
 // Top-k with each quantizer that has a device form.
 template <class Q>
 using quantized_p = policies<compressor<topk, Q, residual>, sparse_allgather>;
+// threshold at tau = 0.75: a count per tensor that differs between ranks and steps, and for
+// the gradients of multiples of 1/8, values exactly at tau (selected: |x| >= tau).
+template <class Q>
+struct threshold_p : policies<compressor<threshold, Q, residual>, sparse_allgather> {
+  static compressor<threshold, Q, residual> make() {
+    return compressor<threshold, Q, residual>(threshold{0.75});
+  }
+};
 // The top-k configuration's, for the tests that run only it.
 using C = sparse_p::C;
 using device_t = sparse_p::device_t;
@@ -173,10 +182,10 @@ std::vector<rank_t<Pol>> make_ranks(const setup_t& s, int P, bool with_host = tr
     k.staged = std::make_unique<staged_t>(*k.comm, k.stream->s);
     const auto schedule = density_schedule::constant(s.density);
     if (with_host) {
-      k.host = std::make_unique<typename Pol::host_t>(*k.comm, s.sizes, typename Pol::C{},
+      k.host = std::make_unique<typename Pol::host_t>(*k.comm, s.sizes, Pol::make(),
                                                       typename Pol::X{}, s.opt, schedule);
     }
-    k.dev = std::make_unique<typename Pol::device_t>(*k.staged, s.sizes, typename Pol::C{},
+    k.dev = std::make_unique<typename Pol::device_t>(*k.staged, s.sizes, Pol::make(),
                                                      typename Pol::X{}, s.opt, schedule);
     k.host_params = init;
     k.dev_params = gradcomp_test::upload(init);
@@ -683,5 +692,35 @@ TEST_CASE("device_sparsified_sgd, quantized top-k: a non-finite gradient fails t
     auto ranks = make_ranks<quantized_p<qsgd>>(s, P);
     step_both(ranks, s, 0);
     check_nonfinite_fails_everywhere(ranks, s, P - 1, 100 + 1234, INFINITY, 1, 1234);
+  }
+}
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, threshold: the host step bit for bit, P = 1, 2, 4", Q,
+                   identity, qsgd) {
+  // Counts that the device learns only after its selection: each rank's own, packed, gathered
+  // and added like top-k's; every layout from a residual that is not 0 (quantized: the small).
+  check_bit_for_bit<threshold_p<Q>>(
+      [](auto& ranks, const setup_t& s) { load_both(ranks, s, 0); },
+      [](auto& k, const setup_t&) {
+        const step_stats& st = k.dev->last_stats();
+        for (std::size_t t = 0; t < st.tensors.size(); ++t) {
+          CAPTURE(t);
+          CHECK(st.tensors[t].threshold == 0.75);
+        }
+      },
+      /*small_only=*/!std::is_same_v<Q, identity>);
+}
+
+TEST_CASE("device_sparsified_sgd, threshold: a failed step or a lying peer changes nothing on any rank") {
+  sgd_options opt{};
+  opt.lr = 0.05;
+  opt.momentum = 0.9;
+  const setup_t s{{1000, 37, 4096}, 0.05, opt, 2};
+  for (const int P : {2, 3}) {
+    CAPTURE(P);
+    auto ranks = make_ranks<threshold_p<identity>>(s, P);
+    step_both(ranks, s, 0);
+    // As top-k's: the counts, the indices, the values; a corrupted count or corrupted indices.
+    check_faults_change_nothing(ranks, s, 3, {0, 1});
   }
 }

@@ -33,6 +33,15 @@
 // addition: ncclAllReduce, or the host communicator's through staged_comm, which is the host
 // step's) and the division by the number of ranks.
 //
+// threshold in place of top-k: compressor<threshold, Q, residual> adds g into the staged
+// residual in one pass over the flat buffer, selects {i : |e_i + g_i| >= tau} per tensor
+// (on_device(threshold).select) into that tensor's own range of capacity buffers (a count is
+// known only on the device), and gathers and clears the picks there; the counts come back
+// with the statistics (a second wait of phase 1), and each tensor's picks and values move to
+// their place in the step's buffers before the rest of phase 1 (offsets, encoding, the
+// non-finite check) and phase 2, which needs no change: it already takes any count up to the
+// tensor's size from every rank.
+//
 // Quantized top-k: with compressor<topk, Q, residual>, Q one of fp16, bf16, qsgd, terngrad and
 // scaled_sign, phase 1 also encodes each tensor's picks on the device (on_device(q).encode,
 // with the host step's call_id: seed, step, tensor id, rank), decodes its own payload, and
@@ -44,8 +53,8 @@
 // the sender and the tensor, before anything is decoded; then decodes them into the values
 // the scatter-add sums.
 //
-// So far it runs compressor<topk, Q, residual> (float, Q any of the six quantizers) with
-// sparse_allgather, and compressor<dense, identity, residual> (float) with dense_allreduce,
+// So far it runs compressor<topk, Q, residual> and compressor<threshold, Q, residual> (float,
+// Q any of the six quantizers) with sparse_allgather, and compressor<dense, identity, residual> (float) with dense_allreduce,
 // with nonfinite_policy::error; any other configuration fails to compile with a static_assert
 // that says so (the policy: invalid_argument when the driver is made). Not measured on the device
 // (seconds in step_stats are 0) and not split into phases; top-k's contraction is NaN (the
@@ -86,6 +95,7 @@
 #include <gradcomp/feedback/residual.hpp>
 #include <gradcomp/quantize.hpp>
 #include <gradcomp/select/dense.hpp>
+#include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 #include <gradcomp/sgd.hpp>
 
@@ -120,14 +130,17 @@ class device_sparsified_sgd {
   // The dense path: every coordinate, added by an allreduce (else top-k over sparse_allgather).
   static constexpr bool dense_path = std::is_same_v<typename Compressor::selector_type, dense>;
   using quantizer_t = typename Compressor::quantizer_type;
+  using selector_t = typename Compressor::selector_type;
+  // threshold: each tensor's count is known only once its selection has run on the device.
+  static constexpr bool variable_count = std::is_same_v<selector_t, threshold>;
   // Top-k's picks encoded by a quantizer on the device (else sent as floats).
   static constexpr bool quantized = !std::is_same_v<quantizer_t, identity>;
-  static_assert((std::is_same_v<typename Compressor::selector_type, topk> || dense_path) &&
+  static_assert((std::is_same_v<selector_t, topk> || variable_count || dense_path) &&
                     std::is_same_v<typename Compressor::feedback_type, gradcomp::residual> &&
                     std::is_same_v<typename Compressor::value_type, float>,
-                "device_sparsified_sgd<C, X, Comm> runs C = compressor<topk, Q, residual> "
-                "or compressor<dense, identity, residual> (float) so far; other selectors "
-                "and feedback run in sparsified_sgd on the host.");
+                "device_sparsified_sgd<C, X, Comm> runs C = compressor<topk, Q, residual>, "
+                "compressor<threshold, Q, residual> or compressor<dense, identity, residual> "
+                "(float) so far; other selectors and feedback run in sparsified_sgd on the host.");
   static_assert(std::is_same_v<quantizer_t, identity> || std::is_same_v<quantizer_t, fp16> ||
                     std::is_same_v<quantizer_t, bf16> || std::is_same_v<quantizer_t, qsgd> ||
                     std::is_same_v<quantizer_t, terngrad> ||
@@ -140,7 +153,7 @@ class device_sparsified_sgd {
   static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce>
                            : std::is_same_v<Exchange, sparse_allgather>,
                 "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather with topk and "
-                "X = dense_allreduce with dense so far.");
+                "threshold, and X = dense_allreduce with dense so far.");
   static_assert(device_communicator<Comm>,
                 "device_sparsified_sgd<C, X, Comm>: Comm is not a gradcomp::device_communicator "
                 "(nccl_comm, or cuda::staged_comm over a host communicator).");
@@ -369,16 +382,24 @@ class device_sparsified_sgd {
     if (errors_host()[0].first != cuda::no_error) refusal_ = nonfinite_message(errors_host()[0].first);
   }
 
-  // The step's count of each tensor (top-k's k at density rho, or every coordinate) into k_,
-  // their running sums into k_at_.
+  // The step's count of each tensor (top-k's k at density rho, or every coordinate; for
+  // threshold, until its counts come back, each tensor's size) into k_, then set_layout().
   void set_counts(double rho) {
     const std::size_t nt = tensors_.size();
     k_.resize(nt);
-    k_at_.assign(nt + 1, 0);
     for (std::size_t t = 0; t < nt; ++t) {
-      k_[t] = dense_path ? tensors_[t].size : k_for_density(tensors_[t].size, rho);
-      k_at_[t + 1] = k_at_[t] + k_[t];
+      k_[t] = dense_path || variable_count ? tensors_[t].size
+                                           : k_for_density(tensors_[t].size, rho);
     }
+    set_layout();
+  }
+
+  // The running sums of k_ into k_at_ (where each tensor's picks start in picks_ and values_)
+  // and, quantized, where each tensor's codes and side values start.
+  void set_layout() {
+    const std::size_t nt = tensors_.size();
+    k_at_.assign(nt + 1, 0);
+    for (std::size_t t = 0; t < nt; ++t) k_at_[t + 1] = k_at_[t] + k_[t];
     if constexpr (quantized) {
       bytes_at_.assign(nt + 1, 0);
       side_at_.assign(nt + 1, 0);
@@ -390,39 +411,39 @@ class device_sparsified_sgd {
     }
   }
 
-  // Phase 1: the picks of every tensor into picks_ / values_, the residual staged.
+  // Phase 1: the picks of every tensor into picks_ / values_, the residual staged. Top-k's
+  // counts are known before the selection; threshold's come back with the statistics, so its
+  // picks are first written at each tensor's offset in the capacity buffers, then packed.
   void compress(device_span<const T> grads, double rho) {
     const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
     set_counts(rho);
-    const std::size_t picks = k_at_[nt];
-    picks_.resize(std::max<std::size_t>(picks, 1));
-    values_.resize(std::max<std::size_t>(picks, 1));
-    const topk& sel = compressor_.selector();
     const gradcomp::residual& fb = compressor_.feedback();
     const device_span<T> e = staged_residual();
-    if constexpr (quantized) {
-      packed_.resize(std::max<std::size_t>(bytes_at_[nt], 1));
-      side_.resize(std::max<std::size_t>(side_at_[nt], 1));
-      decoded_.resize(std::max<std::size_t>(picks, 1));
+    if constexpr (variable_count) {
+      cap_picks_.resize(std::max<std::size_t>(total_, 1));
+      cap_values_.resize(std::max<std::size_t>(total_, 1));
+    } else {
+      size_outputs();
     }
     // The scratch every call needs (the size queries depend on n and k only).
     for (std::size_t t = 0; t < nt; ++t) {
       if (tensors_[t].size == 0) continue;
       temp_storage q;
-      on_device(sel).select_accumulate(q, tensor(e, t), tensor(grads, t), context(t, rho),
-                                       picks_of(t), stats_dev_.data() + t, s);
+      select_tensor(q, e, grads, t, rho);
       grow_scratch(q.bytes);
       q = temp_storage{};
-      on_device(fb).gather_and_clear(q, tensor(e, t), picks_of(t), stats_dev_.data() + t,
-                                     values_of(t), s, device_validation::trusted);
+      on_device(fb).gather_and_clear(q, tensor(e, t), selected_picks(t), stats_dev_.data() + t,
+                                     selected_values(t), s, device_validation::trusted);
       grow_scratch(q.bytes);
-      if constexpr (quantized) encode_own(t, rho, /*size_query=*/true);
+      if constexpr (quantized && !variable_count) encode_own(t, rho, /*size_query=*/true);
     }
     if (total_) {
       detail::cuda_check(cudaMemcpyAsync(e.data(), residual_[committed_].data(), total_ * sizeof(T),
                                          cudaMemcpyDeviceToDevice, s),
                          "cudaMemcpyAsync");
+      // threshold selects from e + g, added first (top-k adds it inside its selection pass).
+      if constexpr (variable_count) cuda::feedback_impl::launch_accumulate(e.data(), grads.data(), total_, s);
     }
     detail::cuda_check(cudaMemsetAsync(stats_dev_.data(), 0, nt * sizeof(selection_stats), s),
                        "cudaMemsetAsync");
@@ -431,19 +452,17 @@ class device_sparsified_sgd {
     for (std::size_t t = 0; t < nt; ++t) {
       if (tensors_[t].size == 0) continue;
       temp_storage tmp = scratch();
-      on_device(sel).select_accumulate(tmp, tensor(e, t), tensor(grads, t), context(t, rho),
-                                       picks_of(t), stats_dev_.data() + t, s);
+      select_tensor(tmp, e, grads, t, rho);
       tmp = scratch();
-      on_device(fb).gather_and_clear(tmp, tensor(e, t), picks_of(t), stats_dev_.data() + t,
-                                     values_of(t), s, device_validation::trusted);
-      if constexpr (quantized) encode_own(t, rho, /*size_query=*/false);
-      if (offsets_[t] != 0 && k_[t] != 0) {
-        cuda::step_impl::add_offset_kernel<std::uint32_t>
-            <<<cuda::grid_for(k_[t], threads, max_blocks), threads, 0, s>>>(
-                picks_of(t).data(), k_[t], static_cast<std::uint32_t>(offsets_[t]));
-        cuda::check_launch("add_offset_kernel");
+      on_device(fb).gather_and_clear(tmp, tensor(e, t), selected_picks(t), stats_dev_.data() + t,
+                                     selected_values(t), s, device_validation::trusted);
+      if constexpr (!variable_count) {
+        if constexpr (quantized) encode_own(t, rho, /*size_query=*/false);
+        add_offset(t);
       }
     }
+    if constexpr (variable_count) pack_selected(rho);
+    const std::size_t picks = k_at_[nt];
     if constexpr (quantized) {
       // e = (e + g) - decoded at the picks (now flat indices), where gather_and_clear left 0.
       if (picks) {
@@ -465,12 +484,94 @@ class device_sparsified_sgd {
     take_refusal();
     for (std::size_t t = 0; t < nt; ++t) {
       detail::check_invariant(stats_host()[t].count == k_[t],
-                              "device_sparsified_sgd: top-k picked k coordinates");
+                              "device_sparsified_sgd: the selection picked the counted coordinates");
     }
     staged_stats_ = step_stats{};
     staged_stats_.step = step_;
     staged_stats_.target_density = rho;
     staged_stats_.n = total_;
+  }
+
+  // The step's output buffers for the counts in k_ (picks, values, and what a quantizer needs).
+  void size_outputs() {
+    const std::size_t nt = tensors_.size();
+    const std::size_t picks = k_at_[nt];
+    picks_.resize(std::max<std::size_t>(picks, 1));
+    values_.resize(std::max<std::size_t>(picks, 1));
+    if constexpr (quantized) {
+      packed_.resize(std::max<std::size_t>(bytes_at_[nt], 1));
+      side_.resize(std::max<std::size_t>(side_at_[nt], 1));
+      decoded_.resize(std::max<std::size_t>(picks, 1));
+    }
+  }
+
+  // Tensor t's selection from the staged residual: top-k of e + g with the addition fused
+  // (e becomes e + g), or threshold's picks of e (already e + g).
+  void select_tensor(temp_storage& tmp, device_span<T> e, device_span<const T> grads,
+                     std::size_t t, double rho) {
+    if constexpr (variable_count) {
+      on_device(compressor_.selector())
+          .select(tmp, device_span<const T>(tensor(e, t)), context(t, rho), selected_picks(t),
+                  stats_dev_.data() + t, stream());
+    } else {
+      on_device(compressor_.selector())
+          .select_accumulate(tmp, tensor(e, t), tensor(grads, t), context(t, rho),
+                             selected_picks(t), stats_dev_.data() + t, stream());
+    }
+  }
+
+  // Where tensor t's selection writes its picks and values: their place in the step's buffers
+  // (top-k), or the tensor's own range of the capacity buffers (threshold).
+  device_span<std::uint32_t> selected_picks(std::size_t t) const {
+    if constexpr (variable_count) return {cap_picks_.data() + offsets_[t], tensors_[t].size};
+    return picks_of(t);
+  }
+  device_span<T> selected_values(std::size_t t) const {
+    if constexpr (variable_count) return {cap_values_.data() + offsets_[t], tensors_[t].size};
+    return values_of(t);
+  }
+
+  // Tensor t's picks (in picks_) become indices of the flat buffer.
+  void add_offset(std::size_t t) {
+    if (offsets_[t] == 0 || k_[t] == 0) return;
+    cuda::step_impl::add_offset_kernel<std::uint32_t>
+        <<<cuda::grid_for(k_[t], threads, max_blocks), threads, 0, stream()>>>(
+            picks_of(t).data(), k_[t], static_cast<std::uint32_t>(offsets_[t]));
+    cuda::check_launch("add_offset_kernel");
+  }
+
+  // threshold: the counts come back (one wait), become k_, and each tensor's picks and values
+  // move from its range of the capacity buffers to its place in picks_ / values_; then the
+  // offsets, and a quantizer's encoding.
+  void pack_selected(double rho) {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    detail::cuda_check(cudaMemcpyAsync(stats_host(), stats_dev_.data(), nt * sizeof(selection_stats),
+                                       cudaMemcpyDeviceToHost, s),
+                       "cudaMemcpyAsync");
+    wait();
+    for (std::size_t t = 0; t < nt; ++t) {
+      const std::size_t c = stats_host()[t].count;
+      detail::check_invariant(c <= tensors_[t].size,
+                              "device_sparsified_sgd: threshold picked at most n coordinates");
+      k_[t] = c;
+    }
+    set_layout();
+    size_outputs();
+    for (std::size_t t = 0; t < nt; ++t) {
+      if (k_[t] == 0) continue;
+      detail::cuda_check(cudaMemcpyAsync(picks_of(t).data(), cap_picks_.data() + offsets_[t],
+                                         k_[t] * sizeof(std::uint32_t), cudaMemcpyDeviceToDevice, s),
+                         "cudaMemcpyAsync");
+      detail::cuda_check(cudaMemcpyAsync(values_of(t).data(), cap_values_.data() + offsets_[t],
+                                         k_[t] * sizeof(T), cudaMemcpyDeviceToDevice, s),
+                         "cudaMemcpyAsync");
+    }
+    if constexpr (quantized) {
+      for (std::size_t t = 0; t < nt; ++t) encode_own(t, rho, /*size_query=*/true);
+      for (std::size_t t = 0; t < nt; ++t) encode_own(t, rho, /*size_query=*/false);
+    }
+    for (std::size_t t = 0; t < nt; ++t) add_offset(t);
   }
 
   // Tensor t's picks (values_of(t)) encoded into its part of packed_ / side_ with the host
@@ -938,6 +1039,9 @@ class device_sparsified_sgd {
   device_buffer<std::byte> packed_, recv_packed_;
   device_buffer<float> side_, recv_side_, decoded_;
   device_buffer<cuda::error_record> decode_errors_;  // 3 per rank and tensor
+  // threshold: each tensor's picks and values at its offset, before they are packed.
+  device_buffer<std::uint32_t> cap_picks_;
+  device_buffer<T> cap_values_;
   std::vector<std::uint64_t> seg_host_;
   device_buffer<std::uint64_t> seg_dev_;
   struct free_pinned {
