@@ -698,9 +698,11 @@ TEST_CASE("device_sparsified_sgd, quantized top-k: a non-finite gradient fails t
 TEST_CASE_TEMPLATE("device_sparsified_sgd, threshold: the host step bit for bit, P = 1, 2, 4", Q,
                    identity, qsgd) {
   // Counts that the device learns only after its selection: each rank's own, packed, gathered
-  // and added like top-k's; every layout from a residual that is not 0 (quantized: the small).
+  // and added like top-k's (quantized: the small layouts). From a zero residual, so that with
+  // the gradients of multiples of 1/8 (unquantized, the residual keeps such values too) e + g
+  // has values exactly at tau in every step; an empty tensor's statistics name tau as well.
   check_bit_for_bit<threshold_p<Q>>(
-      [](auto& ranks, const setup_t& s) { load_both(ranks, s, 0); },
+      [](auto&, const setup_t&) {},
       [](auto& k, const setup_t&) {
         const step_stats& st = k.dev->last_stats();
         for (std::size_t t = 0; t < st.tensors.size(); ++t) {
@@ -722,5 +724,17 @@ TEST_CASE("device_sparsified_sgd, threshold: a failed step or a lying peer chang
     step_both(ranks, s, 0);
     // As top-k's: the counts, the indices, the values; a corrupted count or corrupted indices.
     check_faults_change_nothing(ranks, s, 3, {0, 1});
+  }
+}
+
+TEST_CASE("device_sparsified_sgd, threshold: a non-finite gradient fails the step on every rank") {
+  // NaN and Inf are always selected (NaN ranks above +Inf, and Inf >= tau), so the check of
+  // the packed picks finds them.
+  const setup_t s{{100, 2000}, 0.01, {}, 0};
+  for (const int P : {1, 2}) {
+    CAPTURE(P);
+    auto ranks = make_ranks<threshold_p<identity>>(s, P);
+    step_both(ranks, s, 0);
+    check_nonfinite_fails_everywhere(ranks, s, P - 1, 100 + 1234, std::nanf(""), 1, 1234);
   }
 }

@@ -426,9 +426,11 @@ class device_sparsified_sgd {
     } else {
       size_outputs();
     }
-    // The scratch every call needs (the size queries depend on n and k only).
+    // The scratch every call needs (the size queries depend on n and k only). An empty tensor
+    // is left out for top-k (its statistics stay 0, the host's for k = 0), not for threshold
+    // (whose statistics name tau whatever the size, as the host's).
     for (std::size_t t = 0; t < nt; ++t) {
-      if (tensors_[t].size == 0) continue;
+      if (tensors_[t].size == 0 && !variable_count) continue;
       temp_storage q;
       select_tensor(q, e, grads, t, rho);
       grow_scratch(q.bytes);
@@ -450,7 +452,7 @@ class device_sparsified_sgd {
     detail::cuda_check(cudaMemsetAsync(errors_dev_.data(), 0xff, 2 * sizeof(cuda::error_record), s),
                        "cudaMemsetAsync");
     for (std::size_t t = 0; t < nt; ++t) {
-      if (tensors_[t].size == 0) continue;
+      if (tensors_[t].size == 0 && !variable_count) continue;
       temp_storage tmp = scratch();
       select_tensor(tmp, e, grads, t, rho);
       tmp = scratch();
