@@ -394,6 +394,23 @@ void check_faults_change_nothing(std::vector<rank_t<Pol>>& ranks, const setup_t&
   for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
 }
 
+// check_faults_change_nothing on fresh ranks of configuration Pol after one step, at P = 2
+// and 3: three tensors, density 0.05, momentum, gradients of the given kind.
+template <class Pol>
+void check_faults_at_2_and_3(int kind, std::size_t collectives,
+                             const std::vector<std::size_t>& corrupted) {
+  sgd_options opt{};
+  opt.lr = 0.05;
+  opt.momentum = 0.9;
+  const setup_t s{{1000, 37, 4096}, 0.05, opt, kind};
+  for (const int P : {2, 3}) {
+    CAPTURE(P);
+    auto ranks = make_ranks<Pol>(s, P);
+    step_both(ranks, s, 0);
+    check_faults_change_nothing(ranks, s, collectives, corrupted);
+  }
+}
+
 // Rank bad_rank's gradient holds `bad` at flat index `at` (index `index` of tensor `tensor`):
 // the device step fails on every rank, that rank's error naming the tensor and index, the
 // others' naming the rank, and changes nothing; then the step with finite values is the host's.
@@ -433,18 +450,9 @@ void check_nonfinite_fails_everywhere(std::vector<rank_t<Pol>>& ranks, const set
 }  // namespace
 
 TEST_CASE("device_sparsified_sgd: a failed step changes nothing on any rank; the retry is the unfaulted step") {
-  sgd_options opt{};
-  opt.lr = 0.05;
-  opt.momentum = 0.9;
-  const setup_t s{{1000, 37, 4096}, 0.05, opt, 1};
-  for (const int P : {2, 3}) {
-    CAPTURE(P);
-    auto ranks = make_ranks(s, P);
-    step_both(ranks, s, 0);
-    // Three collectives: the counts, the picks' indices, their values. A lying peer: a
-    // corrupted count (call 0) or corrupted indices (call 1), refused by the same check.
-    check_faults_change_nothing(ranks, s, 3, {0, 1});
-  }
+  // Three collectives: the counts, the picks' indices, their values. A lying peer: a
+  // corrupted count (call 0) or corrupted indices (call 1), refused by the same check.
+  check_faults_at_2_and_3<sparse_p>(1, 3, {0, 1});
 }
 
 TEST_CASE("device_sparsified_sgd: a non-finite gradient is refused before any state changes") {
@@ -665,24 +673,14 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, quantized top-k: the host step bit fo
 
 TEST_CASE_TEMPLATE("device_sparsified_sgd, quantized top-k: a failed step or a lying peer changes nothing on any rank",
                    Q, fp16, bf16, qsgd, terngrad, scaled_sign) {
-  sgd_options opt{};
-  opt.lr = 0.05;
-  opt.momentum = 0.9;
-  const setup_t s{{1000, 37, 4096}, 0.05, opt, 1};
-  for (const int P : {2, 3}) {
-    CAPTURE(P);
-    auto ranks = make_ranks<quantized_p<Q>>(s, P);
-    step_both(ranks, s, 0);
-    // Four collectives: the counts, the picks' indices, the packed codes, the side values. A
-    // lying peer: a corrupted count (call 0), corrupted indices (call 1), or (for the
-    // quantizers with side values) a first side value with its bits inverted, negative or not
-    // finite (call 3), refused by the decoder's checks on every rank. Corrupted codes can be
-    // valid codes, so call 2 is not among them.
-    const bool has_side = device_encoded_size(Q{}, 100).side_count > 0;
-    check_faults_change_nothing(ranks, s, 4,
-                                has_side ? std::vector<std::size_t>{0, 1, 3}
-                                         : std::vector<std::size_t>{0, 1});
-  }
+  // Four collectives: the counts, the picks' indices, the packed codes, the side values. A
+  // lying peer: a corrupted count (call 0), corrupted indices (call 1), or (for the
+  // quantizers with side values) a first side value with its bits inverted, negative or not
+  // finite (call 3), refused by the decoder's checks on every rank. Corrupted codes can be
+  // valid codes, so call 2 is not among them.
+  const bool has_side = device_encoded_size(Q{}, 100).side_count > 0;
+  check_faults_at_2_and_3<quantized_p<Q>>(
+      1, 4, has_side ? std::vector<std::size_t>{0, 1, 3} : std::vector<std::size_t>{0, 1});
 }
 
 TEST_CASE("device_sparsified_sgd, quantized top-k: a non-finite gradient fails the step on every rank") {
@@ -714,17 +712,8 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, threshold: the host step bit for bit,
 }
 
 TEST_CASE("device_sparsified_sgd, threshold: a failed step or a lying peer changes nothing on any rank") {
-  sgd_options opt{};
-  opt.lr = 0.05;
-  opt.momentum = 0.9;
-  const setup_t s{{1000, 37, 4096}, 0.05, opt, 2};
-  for (const int P : {2, 3}) {
-    CAPTURE(P);
-    auto ranks = make_ranks<threshold_p<identity>>(s, P);
-    step_both(ranks, s, 0);
-    // As top-k's: the counts, the indices, the values; a corrupted count or corrupted indices.
-    check_faults_change_nothing(ranks, s, 3, {0, 1});
-  }
+  // As top-k's: the counts, the indices, the values; a corrupted count or corrupted indices.
+  check_faults_at_2_and_3<threshold_p<identity>>(2, 3, {0, 1});
 }
 
 TEST_CASE("device_sparsified_sgd, threshold: a non-finite gradient fails the step on every rank") {
