@@ -60,8 +60,9 @@ void bad_arguments(const ncclUniqueId& id) {
 }
 
 // The device-resident step over NCCL (top-k, unquantized and with QSGD: its picks, codes and
-// side values through allgatherv_known, its counts through gather_counts; dense: one ncclAllReduce of the flat buffer) against the host step over
-// the same communicator's host API: the parameters bit for bit after every step. The host's
+// side values through allgatherv_known, its counts through gather_counts; dense: one
+// ncclAllReduce of the flat buffer) against the host step over the same communicator's host
+// API: the parameters bit for bit after every step. The host's
 // dense_allreduce reduces tensor by tensor, the device step the whole buffer at once: NCCL may
 // add more than two ranks' values in another order for another length, so from 3 ranks on the
 // dense step is compared within a relative 1e-5.

@@ -54,11 +54,12 @@
 // the scatter-add sums.
 //
 // So far it runs compressor<topk, Q, residual> and compressor<threshold, Q, residual> (float,
-// Q any of the six quantizers) with sparse_allgather, and compressor<dense, identity, residual> (float) with dense_allreduce,
-// with nonfinite_policy::error; any other configuration fails to compile with a static_assert
-// that says so (the policy: invalid_argument when the driver is made). Not measured on the device
-// (seconds in step_stats are 0) and not split into phases; top-k's contraction is NaN (the
-// device selection does not add up ||e + g||^2; dense's is 1, as the host's). bytes_sent
+// Q any of the six quantizers) with sparse_allgather, and compressor<dense, identity, residual>
+// (float) with dense_allreduce, with nonfinite_policy::error; any other configuration fails to
+// compile with a static_assert that says so (the policy: invalid_argument when the driver is
+// made). Not measured on the device (seconds in step_stats are 0) and not split into phases;
+// top-k's and threshold's contraction is NaN (the device selection does not add up
+// ||e + g||^2; dense's is 1, as the host's). bytes_sent
 // counts 8 bytes a pick (quantized: 4 for its index, then the packed codes and 4 bytes a side
 // value; dense: 4 a value) and 8 a count.
 #pragma once
@@ -128,9 +129,9 @@ concept device_allreduce_communicator =
 template <class Compressor, class Exchange, class Comm>
 class device_sparsified_sgd {
   // The dense path: every coordinate, added by an allreduce (else top-k over sparse_allgather).
-  static constexpr bool dense_path = std::is_same_v<typename Compressor::selector_type, dense>;
-  using quantizer_t = typename Compressor::quantizer_type;
   using selector_t = typename Compressor::selector_type;
+  using quantizer_t = typename Compressor::quantizer_type;
+  static constexpr bool dense_path = std::is_same_v<selector_t, dense>;
   // threshold: each tensor's count is known only once its selection has run on the device.
   static constexpr bool variable_count = std::is_same_v<selector_t, threshold>;
   // Top-k's picks encoded by a quantizer on the device (else sent as floats).
@@ -445,7 +446,9 @@ class device_sparsified_sgd {
                                          cudaMemcpyDeviceToDevice, s),
                          "cudaMemcpyAsync");
       // threshold selects from e + g, added first (top-k adds it inside its selection pass).
-      if constexpr (variable_count) cuda::feedback_impl::launch_accumulate(e.data(), grads.data(), total_, s);
+      if constexpr (variable_count) {
+        cuda::feedback_impl::launch_accumulate(e.data(), grads.data(), total_, s);
+      }
     }
     detail::cuda_check(cudaMemsetAsync(stats_dev_.data(), 0, nt * sizeof(selection_stats), s),
                        "cudaMemsetAsync");
@@ -480,13 +483,18 @@ class device_sparsified_sgd {
                                                                           errors_dev_.data());
       cuda::check_launch("first_nonfinite_kernel");
     }
-    detail::cuda_check(cudaMemcpyAsync(stats_host(), stats_dev_.data(), nt * sizeof(selection_stats),
-                                       cudaMemcpyDeviceToHost, s),
-                       "cudaMemcpyAsync");
+    // threshold's statistics came back in pack_selected (and its counts are k_).
+    if constexpr (!variable_count) {
+      detail::cuda_check(cudaMemcpyAsync(stats_host(), stats_dev_.data(),
+                                         nt * sizeof(selection_stats), cudaMemcpyDeviceToHost, s),
+                         "cudaMemcpyAsync");
+    }
     take_refusal();
-    for (std::size_t t = 0; t < nt; ++t) {
-      detail::check_invariant(stats_host()[t].count == k_[t],
-                              "device_sparsified_sgd: the selection picked the counted coordinates");
+    if constexpr (!variable_count) {
+      for (std::size_t t = 0; t < nt; ++t) {
+        detail::check_invariant(stats_host()[t].count == k_[t],
+                                "device_sparsified_sgd: top-k picked k coordinates");
+      }
     }
     staged_stats_ = step_stats{};
     staged_stats_.step = step_;
@@ -548,8 +556,8 @@ class device_sparsified_sgd {
   void pack_selected(double rho) {
     const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
-    detail::cuda_check(cudaMemcpyAsync(stats_host(), stats_dev_.data(), nt * sizeof(selection_stats),
-                                       cudaMemcpyDeviceToHost, s),
+    detail::cuda_check(cudaMemcpyAsync(stats_host(), stats_dev_.data(),
+                                       nt * sizeof(selection_stats), cudaMemcpyDeviceToHost, s),
                        "cudaMemcpyAsync");
     wait();
     for (std::size_t t = 0; t < nt; ++t) {
@@ -562,9 +570,10 @@ class device_sparsified_sgd {
     size_outputs();
     for (std::size_t t = 0; t < nt; ++t) {
       if (k_[t] == 0) continue;
-      detail::cuda_check(cudaMemcpyAsync(picks_of(t).data(), cap_picks_.data() + offsets_[t],
-                                         k_[t] * sizeof(std::uint32_t), cudaMemcpyDeviceToDevice, s),
-                         "cudaMemcpyAsync");
+      detail::cuda_check(
+          cudaMemcpyAsync(picks_of(t).data(), cap_picks_.data() + offsets_[t],
+                          k_[t] * sizeof(std::uint32_t), cudaMemcpyDeviceToDevice, s),
+          "cudaMemcpyAsync");
       detail::cuda_check(cudaMemcpyAsync(values_of(t).data(), cap_values_.data() + offsets_[t],
                                          k_[t] * sizeof(T), cudaMemcpyDeviceToDevice, s),
                          "cudaMemcpyAsync");
@@ -728,7 +737,7 @@ class device_sparsified_sgd {
     const std::size_t ranks = rank_total_.size();
     rank_bytes_.assign(ranks, 0);
     rank_side_.assign(ranks, 0);
-    std::size_t bytes = 0, sides = 0;
+    recv_bytes_ = recv_sides_ = 0;
     for (std::size_t r = 0; r < ranks; ++r) {
       for (std::size_t t = 0; t < nt; ++t) {
         const encoded_size z =
@@ -736,26 +745,22 @@ class device_sparsified_sgd {
         rank_bytes_[r] += z.packed_bytes;
         rank_side_[r] += z.side_count;
       }
-      bytes += rank_bytes_[r];
-      sides += rank_side_[r];
+      recv_bytes_ += rank_bytes_[r];
+      recv_sides_ += rank_side_[r];
     }
-    recv_packed_.resize(std::max<std::size_t>(bytes, 1));
-    recv_side_.resize(std::max<std::size_t>(sides, 1));
+    recv_packed_.resize(std::max<std::size_t>(recv_bytes_, 1));
+    recv_side_.resize(std::max<std::size_t>(recv_sides_, 1));
     decode_errors_.resize(std::max<std::size_t>(3 * ranks * nt, 1));
   }
 
+  // The two allgathervs of them, into the buffers size_encoded() made.
   void gather_encoded() {
     const std::size_t nt = tensors_.size();
-    std::size_t bytes = 0, sides = 0;
-    for (std::size_t r = 0; r < rank_bytes_.size(); ++r) {
-      bytes += rank_bytes_[r];
-      sides += rank_side_[r];
-    }
     comm_->allgatherv_known(device_span<const std::byte>(packed_.data(), bytes_at_[nt]),
-                            device_span<std::byte>(recv_packed_.data(), bytes),
+                            device_span<std::byte>(recv_packed_.data(), recv_bytes_),
                             std::span<const std::size_t>(rank_bytes_));
     comm_->allgatherv_known(device_span<const float>(side_.data(), side_at_[nt]),
-                            device_span<float>(recv_side_.data(), sides),
+                            device_span<float>(recv_side_.data(), recv_sides_),
                             std::span<const std::size_t>(rank_side_));
   }
 
@@ -777,14 +782,14 @@ class device_sparsified_sgd {
         for (std::size_t t = 0; t < nt; ++t) {
           const std::size_t c = counts_[r * (nt + 1) + t];
           const qi::decode_rule rule = q.rule(c);
-          const encoded_size z = device_encoded_size(compressor_.quantizer(), c);
+          const auto bytes = static_cast<std::size_t>(detail::packed_size(c, rule.bits));
           const device_encoded_view in(
-              device_span<const std::byte>(recv_packed_.data() + byte_at, z.packed_bytes),
-              device_span<const float>(recv_side_.data() + side_at, z.side_count));
+              device_span<const std::byte>(recv_packed_.data() + byte_at, bytes),
+              device_span<const float>(recv_side_.data() + side_at, rule.side_count));
           if (c != 0) f(r, t, rule, in, device_span<float>(recv_values_.data() + at, c));
           at += c;
-          byte_at += z.packed_bytes;
-          side_at += z.side_count;
+          byte_at += bytes;
+          side_at += rule.side_count;
         }
       }
     };
@@ -1038,6 +1043,7 @@ class device_sparsified_sgd {
   // Quantized top-k: this rank's codes and side values (tensor t's at bytes_at_[t] and
   // side_at_[t]), its own decoded picks, and every rank's codes and side values received.
   std::vector<std::size_t> bytes_at_, side_at_, rank_bytes_, rank_side_;
+  std::size_t recv_bytes_ = 0, recv_sides_ = 0;  // the sums of rank_bytes_ and rank_side_
   device_buffer<std::byte> packed_, recv_packed_;
   device_buffer<float> side_, recv_side_, decoded_;
   device_buffer<cuda::error_record> decode_errors_;  // 3 per rank and tensor
