@@ -8,6 +8,11 @@
 # (default: all of them).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# wait -n -p (below) came with bash 5.1.
+if [ "${BASH_VERSINFO[0]}" -lt 5 ] || { [ "${BASH_VERSINFO[0]}" -eq 5 ] && [ "${BASH_VERSINFO[1]}" -lt 1 ]; }; then
+  echo "scripts/fuzz.sh needs bash 5.1 or later (this is ${BASH_VERSION})" >&2
+  exit 2
+fi
 
 scripts/deps.sh
 
@@ -47,7 +52,7 @@ fi
 # log of its own, printed when it ends. Each target gets its seconds of one core (seconds_of);
 # libFuzzer's -max_total_time is wall time, so when more run at once than there are cores the
 # wall times are longer. All at once (the default), the cores are shared equally among the
-# targets still running: walls() gives each target the wall time at which it has had its
+# targets still running: the awk below gives each target the wall time at which it has had its
 # seconds (the seven on 2 cores: the decoders 105 s, the wire decoder 135 s, against 210 s
 # for all seven at 60 s). A few at a time, each runs for seconds x running / cores.
 cores="$(nproc)"
@@ -82,16 +87,30 @@ run_one() {
   rm -rf "$corpus" "$artifacts"
   mkdir -p "$corpus" "$artifacts"
   cp -r "fuzz/corpus/$target/." "$corpus/"
-  "$build/fuzz/$target" "$corpus" \
+  # exec: the job's pid is the fuzzer's own, which the trap below can stop.
+  exec "$build/fuzz/$target" "$corpus" \
     -max_total_time="$wall" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$artifacts/" -print_final_stats=1 >"$build/$target.log" 2>&1
 }
 
 failed=()
 declare -A target_of=()  # pid -> target, for the targets running
+# A target still running when the script stops (a failure, an interrupt) is stopped too.
+trap 'for p in "${!target_of[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 finish() {  # waits for whichever running target ends first, prints its log, records a failure
   local pid="" rc=0
   wait -n -p pid "${!target_of[@]}" || rc=$?
+  if [ -z "$pid" ]; then
+    # No job left to reap (one that bash already reported ended by a signal): the first of
+    # those no longer alive has failed.
+    for p in "${!target_of[@]}"; do
+      if ! kill -0 "$p" 2>/dev/null; then pid="$p"; break; fi
+    done
+    if [ -z "$pid" ]; then sleep 1; return; fi
+    rc=1
+  fi
   local target="${target_of[$pid]}"
   unset "target_of[$pid]"
   echo "=== ${target}: ${wall_of[$target]} s ($(seconds_of "$target") s of one core), exit ${rc} ==="
