@@ -39,6 +39,9 @@ function(_gradcomp_cuda_flags out)
     endif()
   endforeach()
   set(${out} "${_flags}" PARENT_SCOPE)
+  if(ARGC GREATER 1)  # _gradcomp_cuda_flags(<flags-var> <archs-var>): the list used, too
+    set(${ARGV1} "${GRADCOMP_CUDA_ARCHITECTURES}" PARENT_SCOPE)
+  endif()
 endfunction()
 
 # A target named gradcomp::<component>: for BUILD, gradcomp_<component> with that alias and
