@@ -3,13 +3,15 @@
 // ranks (threads of this process, one stream each, sharing the GPU; the device step's exchange
 // over cuda::staged_comm on the same in-process communicator as the host's). Parameters,
 // averaged gradient, residuals and selection statistics must be the host's bit for bit after
-// every step. Then the transaction: a fault in any of the device step's collectives, on any
+// every step (Gaussian-k's threshold within float tolerance, on gradients that make its index
+// sets the host's). Then the transaction: a fault in any of the device step's collectives, on any
 // rank, a corrupted count or pick, or a non-finite gradient changes no state on any rank, and
 // the retried step is the unfaulted one; checkpoints move between the two drivers.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -61,6 +63,20 @@ template <class Q>
 struct threshold_p : policies<compressor<threshold, Q, residual>, sparse_allgather> {
   static compressor<threshold, Q, residual> make() {
     return compressor<threshold, Q, residual>(threshold{0.75});
+  }
+};
+// Gaussian-k, the default form or the published one (which ends on its threshold's own set).
+// The device threshold is the host's within float tolerance (cuda/dispatch/gaussiank.cuh), so
+// the index sets agree where no |e + g| lies between the two: the gradients are multiples of
+// 1/8 (kind 2, whatever the setup says), and so is e + g unquantized, which leaves a
+// threshold about 0.06 from the nearest value unless it falls within the tolerance of one. The
+// statistics' thresholds are compared within that tolerance.
+template <class Q, bool Published = false>
+struct gaussiank_p : policies<compressor<gaussiank, Q, residual>, sparse_allgather> {
+  static constexpr int gradient_kind = 2;
+  static constexpr double threshold_tolerance = 1e-5;  // relative, as cuda_select_test's
+  static compressor<gaussiank, Q, residual> make() {
+    return compressor<gaussiank, Q, residual>(Published ? gaussiank::published() : gaussiank{});
   }
 };
 // The top-k configuration's, for the tests that run only it.
@@ -250,7 +266,12 @@ void check_same_state(rank_t<Pol>& k, int r) {
     const tensor_stats& d = k.dev->last_stats().tensors[t];
     const tensor_stats& h = k.host->last_stats().tensors[t];
     CHECK(d.selected == h.selected);
-    CHECK(d.threshold == h.threshold);
+    if constexpr (requires { Pol::threshold_tolerance; }) {
+      CHECK(std::fabs(d.threshold - h.threshold) <=
+            Pol::threshold_tolerance * std::max(std::fabs(h.threshold), 1e-30));
+    } else {
+      CHECK(d.threshold == h.threshold);
+    }
     CHECK(d.fallback == h.fallback);
   }
   CHECK(k.dev->steps_done() == k.host->steps_done());
@@ -312,10 +333,14 @@ std::vector<setup_t> bit_for_bit_setups() {
 // 3 steps on both drivers, after each of which every rank's state is the host's
 // (check_same_state) and more(rank, setup) checks what else it will. Under compute-sanitizer
 // (scripts/gpu_check.sh sets GRADCOMP_CUDA_TEST_SMALL), or with small_only, the large layouts
-// are left out: the kernels they run are the small ones' on more elements.
+// are left out: the kernels they run are the small ones' on more elements. A configuration
+// with a gradient_kind runs every layout on gradients of that kind.
 template <class Pol, class Start, class More>
 void check_bit_for_bit(Start&& start, More&& more, bool small_only = false) {
-  const std::vector<setup_t> setups = bit_for_bit_setups();
+  std::vector<setup_t> setups = bit_for_bit_setups();
+  if constexpr (requires { Pol::gradient_kind; }) {
+    for (setup_t& s : setups) s.kind = Pol::gradient_kind;
+  }
   const bool small = small_only || std::getenv("GRADCOMP_CUDA_TEST_SMALL") != nullptr;
   for (const int P : {1, 2, 4}) {
     for (std::size_t c = 0; c < setups.size(); ++c) {
@@ -727,4 +752,25 @@ TEST_CASE("device_sparsified_sgd, threshold: a non-finite gradient fails the ste
   // NaN and Inf are always selected (NaN ranks above +Inf, and Inf >= tau), so the check of
   // the packed picks finds them.
   check_nonfinite_in_tensor_1<threshold_p<identity>>(0, std::nanf(""));
+}
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, gaussiank: the host step bit for bit, P = 1, 2, 4", Pol,
+                   gaussiank_p<identity>, gaussiank_p<identity, true>, gaussiank_p<qsgd>) {
+  // Counts the device learns after its selection, as threshold's, with the addition of g
+  // fused into the statistics pass, as top-k's; the default form (in the band, or the exact
+  // top-k when its thresholds miss it) and the published one (its threshold's set). Quantized
+  // (the small layouts), the residual holds quantization errors off the 1/8 grid at the
+  // coordinates sent before, which are small next to the threshold.
+  check_bit_for_bit<Pol>([](auto&, const setup_t&) {}, [](auto&, const setup_t&) {},
+                         /*small_only=*/!std::is_same_v<typename Pol::C::quantizer_type, identity>);
+}
+
+TEST_CASE("device_sparsified_sgd, gaussiank: a failed step or a lying peer changes nothing on any rank") {
+  check_faults_at_2_and_3<gaussiank_p<identity>>(2, 3, {0, 1});
+}
+
+TEST_CASE("device_sparsified_sgd, gaussiank: a non-finite gradient fails the step on every rank") {
+  // NaN makes the statistics non-finite: the device Gaussian-k takes the exact top-k, which
+  // ranks NaN above every value, so the check of the packed picks finds it.
+  check_nonfinite_in_tensor_1<gaussiank_p<identity>>(2, std::nanf(""));
 }

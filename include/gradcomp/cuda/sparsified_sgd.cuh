@@ -42,6 +42,14 @@
 // non-finite check) and phase 2, which needs no change: it already takes any count up to the
 // tensor's size from every rank.
 //
+// Gaussian-k in place of top-k: compressor<gaussiank, Q, residual> selects per tensor with the
+// device Gaussian-k (on_device(gaussiank).select_accumulate: the addition of g fused into its
+// statistics pass, as top-k's, its target k at the step's density) into the capacity buffers,
+// as threshold does; the rest of the step is threshold's. Its picks are the set its device
+// threshold defines, which is the host's within float tolerance (cuda/dispatch/gaussiank.cuh):
+// the device step equals the host step bit for bit wherever the two thresholds have no value
+// of |e + g| between them, and its statistics name the device's threshold.
+//
 // Quantized top-k: with compressor<topk, Q, residual>, Q one of fp16, bf16, qsgd, terngrad and
 // scaled_sign, phase 1 also encodes each tensor's picks on the device (on_device(q).encode,
 // with the host step's call_id: seed, step, tensor id, rank), decodes its own payload, and
@@ -53,12 +61,13 @@
 // the sender and the tensor, before anything is decoded; then decodes them into the values
 // the scatter-add sums.
 //
-// So far it runs compressor<topk, Q, residual> and compressor<threshold, Q, residual> (float,
-// Q any of the six quantizers) with sparse_allgather, and compressor<dense, identity, residual>
+// So far it runs compressor<S, Q, residual> with S one of topk, gaussiank and threshold (float,
+// Q any of the six quantizers; quantized Gaussian-k as quantized threshold) with
+// sparse_allgather, and compressor<dense, identity, residual>
 // (float) with dense_allreduce, with nonfinite_policy::error; any other configuration fails to
 // compile with a static_assert that says so (the policy: invalid_argument when the driver is
 // made). Not measured on the device (seconds in step_stats are 0) and not split into phases;
-// top-k's and threshold's contraction is NaN (the device selection does not add up
+// top-k's, Gaussian-k's and threshold's contraction is NaN (the device selection does not add up
 // ||e + g||^2; dense's is 1, as the host's). bytes_sent
 // counts 8 bytes a pick (quantized: 4 for its index, then the packed codes and 4 bytes a side
 // value; dense: 4 a value) and 8 a count.
@@ -96,6 +105,7 @@
 #include <gradcomp/feedback/residual.hpp>
 #include <gradcomp/quantize.hpp>
 #include <gradcomp/select/dense.hpp>
+#include <gradcomp/select/gaussiank.hpp>
 #include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 #include <gradcomp/sgd.hpp>
@@ -132,15 +142,20 @@ class device_sparsified_sgd {
   using selector_t = typename Compressor::selector_type;
   using quantizer_t = typename Compressor::quantizer_type;
   static constexpr bool dense_path = std::is_same_v<selector_t, dense>;
-  // threshold: each tensor's count is known only once its selection has run on the device.
-  static constexpr bool variable_count = std::is_same_v<selector_t, threshold>;
+  // threshold selects from e + g added beforehand in one pass over the flat buffer; top-k and
+  // Gaussian-k add g into e inside their selection pass (select_accumulate).
+  static constexpr bool is_threshold = std::is_same_v<selector_t, threshold>;
+  static constexpr bool is_gaussiank = std::is_same_v<selector_t, gaussiank>;
+  // threshold and Gaussian-k: each tensor's count is known only once its selection has run on
+  // the device.
+  static constexpr bool variable_count = is_threshold || is_gaussiank;
   // Top-k's picks encoded by a quantizer on the device (else sent as floats).
   static constexpr bool quantized = !std::is_same_v<quantizer_t, identity>;
   static_assert((std::is_same_v<selector_t, topk> || variable_count || dense_path) &&
                     std::is_same_v<typename Compressor::feedback_type, gradcomp::residual> &&
                     std::is_same_v<typename Compressor::value_type, float>,
-                "device_sparsified_sgd<C, X, Comm> runs C = compressor<topk, Q, residual>, "
-                "compressor<threshold, Q, residual> or compressor<dense, identity, residual> "
+                "device_sparsified_sgd<C, X, Comm> runs C = compressor<S, Q, residual> with S "
+                "one of topk, gaussiank and threshold, or compressor<dense, identity, residual> "
                 "(float) so far; other selectors and feedback run in sparsified_sgd on the host.");
   static_assert(std::is_same_v<quantizer_t, identity> || std::is_same_v<quantizer_t, fp16> ||
                     std::is_same_v<quantizer_t, bf16> || std::is_same_v<quantizer_t, qsgd> ||
@@ -153,8 +168,8 @@ class device_sparsified_sgd {
                 "far; quantized dense SGD runs in sparsified_sgd on the host.");
   static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce>
                            : std::is_same_v<Exchange, sparse_allgather>,
-                "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather with topk and "
-                "threshold, and X = dense_allreduce with dense so far.");
+                "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather with topk, "
+                "gaussiank and threshold, and X = dense_allreduce with dense so far.");
   static_assert(device_communicator<Comm>,
                 "device_sparsified_sgd<C, X, Comm>: Comm is not a gradcomp::device_communicator "
                 "(nccl_comm, or cuda::staged_comm over a host communicator).");
@@ -384,7 +399,7 @@ class device_sparsified_sgd {
   }
 
   // The step's count of each tensor (top-k's k at density rho, or every coordinate; for
-  // threshold, until its counts come back, each tensor's size) into k_, then set_layout().
+  // threshold and Gaussian-k, until their counts come back, each tensor's size) into k_, then set_layout().
   void set_counts(double rho) {
     const std::size_t nt = tensors_.size();
     k_.resize(nt);
@@ -413,8 +428,9 @@ class device_sparsified_sgd {
   }
 
   // Phase 1: the picks of every tensor into picks_ / values_, the residual staged. Top-k's
-  // counts are known before the selection; threshold's come back with the statistics, so its
-  // picks are first written at each tensor's offset in the capacity buffers, then packed.
+  // counts are known before the selection; threshold's and Gaussian-k's come back with the
+  // statistics, so their picks are first written at each tensor's offset in the capacity
+  // buffers, then packed.
   void compress(device_span<const T> grads, double rho) {
     const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
@@ -428,10 +444,10 @@ class device_sparsified_sgd {
       size_outputs();
     }
     // The scratch every call needs (the size queries depend on n and k only). An empty tensor
-    // is left out for top-k (its statistics stay 0, the host's for k = 0), not for threshold
-    // (whose statistics name tau whatever the size, as the host's).
+    // is left out for top-k and Gaussian-k (its statistics stay 0, the host's for k = 0), not
+    // for threshold (whose statistics name tau whatever the size, as the host's).
     for (std::size_t t = 0; t < nt; ++t) {
-      if (tensors_[t].size == 0 && !variable_count) continue;
+      if (tensors_[t].size == 0 && !is_threshold) continue;
       temp_storage q;
       select_tensor(q, e, grads, t, rho);
       grow_scratch(q.bytes);
@@ -445,8 +461,9 @@ class device_sparsified_sgd {
       detail::cuda_check(cudaMemcpyAsync(e.data(), residual_[committed_].data(), total_ * sizeof(T),
                                          cudaMemcpyDeviceToDevice, s),
                          "cudaMemcpyAsync");
-      // threshold selects from e + g, added first (top-k adds it inside its selection pass).
-      if constexpr (variable_count) {
+      // threshold selects from e + g, added first (top-k and Gaussian-k add it inside their
+      // selection pass).
+      if constexpr (is_threshold) {
         cuda::feedback_impl::launch_accumulate(e.data(), grads.data(), total_, s);
       }
     }
@@ -455,7 +472,7 @@ class device_sparsified_sgd {
     detail::cuda_check(cudaMemsetAsync(errors_dev_.data(), 0xff, 2 * sizeof(cuda::error_record), s),
                        "cudaMemsetAsync");
     for (std::size_t t = 0; t < nt; ++t) {
-      if (tensors_[t].size == 0 && !variable_count) continue;
+      if (tensors_[t].size == 0 && !is_threshold) continue;
       temp_storage tmp = scratch();
       select_tensor(tmp, e, grads, t, rho);
       tmp = scratch();
@@ -483,7 +500,7 @@ class device_sparsified_sgd {
                                                                           errors_dev_.data());
       cuda::check_launch("first_nonfinite_kernel");
     }
-    // threshold's statistics came back in pack_selected (and its counts are k_).
+    // threshold's and Gaussian-k's statistics came back in pack_selected (their counts are k_).
     if constexpr (!variable_count) {
       detail::cuda_check(cudaMemcpyAsync(stats_host(), stats_dev_.data(),
                                          nt * sizeof(selection_stats), cudaMemcpyDeviceToHost, s),
@@ -515,14 +532,22 @@ class device_sparsified_sgd {
     }
   }
 
-  // Tensor t's selection from the staged residual: top-k of e + g with the addition fused
-  // (e becomes e + g), or threshold's picks of e (already e + g).
+  // Tensor t's selection from the staged residual: top-k's or Gaussian-k's of e + g with the
+  // addition fused (e becomes e + g), or threshold's picks of e (already e + g). Gaussian-k's
+  // target is k at density rho (k_[t] is its capacity, the tensor's size, until the counts
+  // come back).
   void select_tensor(temp_storage& tmp, device_span<T> e, device_span<const T> grads,
                      std::size_t t, double rho) {
-    if constexpr (variable_count) {
+    if constexpr (is_threshold) {
       on_device(compressor_.selector())
           .select(tmp, device_span<const T>(tensor(e, t)), context(t, rho), selected_picks(t),
                   stats_dev_.data() + t, stream());
+    } else if constexpr (is_gaussiank) {
+      select_context ctx = context(t, rho);
+      ctx.k = k_for_density(tensors_[t].size, rho);
+      on_device(compressor_.selector())
+          .select_accumulate(tmp, tensor(e, t), tensor(grads, t), ctx, selected_picks(t),
+                             stats_dev_.data() + t, stream());
     } else {
       on_device(compressor_.selector())
           .select_accumulate(tmp, tensor(e, t), tensor(grads, t), context(t, rho),
@@ -531,7 +556,7 @@ class device_sparsified_sgd {
   }
 
   // Where tensor t's selection writes its picks and values: their place in the step's buffers
-  // (top-k), or the tensor's own range of the capacity buffers (threshold).
+  // (top-k), or the tensor's own range of the capacity buffers (threshold, Gaussian-k).
   device_span<std::uint32_t> selected_picks(std::size_t t) const {
     if constexpr (variable_count) return {cap_picks_.data() + offsets_[t], tensors_[t].size};
     return picks_of(t);
@@ -550,7 +575,7 @@ class device_sparsified_sgd {
     cuda::check_launch("add_offset_kernel");
   }
 
-  // threshold: the counts come back (one wait), become k_, and each tensor's picks and values
+  // threshold and Gaussian-k: the counts come back (one wait), become k_, and each tensor's picks and values
   // move from its range of the capacity buffers to its place in picks_ / values_; then the
   // offsets, and a quantizer's encoding.
   void pack_selected(double rho) {
@@ -563,7 +588,7 @@ class device_sparsified_sgd {
     for (std::size_t t = 0; t < nt; ++t) {
       const std::size_t c = stats_host()[t].count;
       detail::check_invariant(c <= tensors_[t].size,
-                              "device_sparsified_sgd: threshold picked at most n coordinates");
+                              "device_sparsified_sgd: the selection picked at most n coordinates");
       k_[t] = c;
     }
     set_layout();
@@ -776,20 +801,25 @@ class device_sparsified_sgd {
     const auto q = on_device(compressor_.quantizer());
     namespace qi = cuda::quantize_impl;
     // Calls f(r, t, rule, in, out) for every rank's every tensor with picks, in received order.
+    // Each segment's sizes are device_encoded_size's, as size_encoded() laid the receive
+    // buffers out; the decoder's rule must expect the same.
     const auto each_segment = [&](auto&& f) {
       std::size_t at = 0, byte_at = 0, side_at = 0;
       for (std::size_t r = 0; r < ranks; ++r) {
         for (std::size_t t = 0; t < nt; ++t) {
           const std::size_t c = counts_[r * (nt + 1) + t];
           const qi::decode_rule rule = q.rule(c);
-          const auto bytes = static_cast<std::size_t>(detail::packed_size(c, rule.bits));
+          const encoded_size z = device_encoded_size(compressor_.quantizer(), c);
+          detail::check_invariant(
+              z.packed_bytes == detail::packed_size(c, rule.bits) && z.side_count == rule.side_count,
+              "device_sparsified_sgd: a segment's encoded size is the decoder's");
           const device_encoded_view in(
-              device_span<const std::byte>(recv_packed_.data() + byte_at, bytes),
-              device_span<const float>(recv_side_.data() + side_at, rule.side_count));
+              device_span<const std::byte>(recv_packed_.data() + byte_at, z.packed_bytes),
+              device_span<const float>(recv_side_.data() + side_at, z.side_count));
           if (c != 0) f(r, t, rule, in, device_span<float>(recv_values_.data() + at, c));
           at += c;
-          byte_at += bytes;
-          side_at += rule.side_count;
+          byte_at += z.packed_bytes;
+          side_at += z.side_count;
         }
       }
     };
@@ -1047,7 +1077,8 @@ class device_sparsified_sgd {
   device_buffer<std::byte> packed_, recv_packed_;
   device_buffer<float> side_, recv_side_, decoded_;
   device_buffer<cuda::error_record> decode_errors_;  // 3 per rank and tensor
-  // threshold: each tensor's picks and values at its offset, before they are packed.
+  // threshold and Gaussian-k: each tensor's picks and values at its offset, before they are
+  // packed.
   device_buffer<std::uint32_t> cap_picks_;
   device_buffer<T> cap_values_;
   std::vector<std::uint64_t> seg_host_;
