@@ -49,8 +49,8 @@ struct temp_storage {
 // The device forms of policy P: a class bound to one policy object, with the policy's calls on
 // device spans (select, select_accumulate, encode, decode, accumulate, update, restore,
 // gather_and_clear; each takes a temp_storage first and a stream last). gradcomp/cuda/*.cuh
-// specialise it for topk, gaussiank, threshold, residual and the six quantizers; this primary
-// template stands for "no device form is visible here".
+// specialise it for topk, gaussiank, threshold, randomk, residual and the six quantizers; this
+// primary template stands for "no device form is visible here".
 template <class P>
 struct device_policy {
   using not_available = void;
@@ -95,9 +95,9 @@ auto on_device(P& policy) {
   } else {
     static_assert(detail::dependent_false<P>,
                   "gradcomp::on_device(policy): no device form of this policy is visible here; "
-                  "topk, gaussiank, threshold, residual and the six quantizers have theirs in "
-                  "<gradcomp/cuda.cuh>, so include it and compile this file with nvcc (the "
-                  "other policies run on the host only).");
+                  "topk, gaussiank, threshold, randomk, residual and the six quantizers have "
+                  "theirs in <gradcomp/cuda.cuh>, so include it and compile this file with "
+                  "nvcc (the other policies run on the host only).");
     return detail::no_device_form{};
   }
 }

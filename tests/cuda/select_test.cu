@@ -2,9 +2,9 @@
 // index set, threshold and fallback flag over the size/distribution matrix (bracket hit, forced
 // miss, forced radix, k = 0, k = n, NaN); gaussiank's threshold agrees within float tolerance
 // and its selection is exactly the set its threshold defines (the default form: that set in
-// the band, or the exact top-k); threshold equals the host's.
-// A captured graph, replayed, gives the same result each time. Bad input throws before
-// anything is written. Skipped (exit 77) without a CUDA device.
+// the band, or the exact top-k); threshold equals the host's; randomk draws the host's indices
+// and adds e + g bit for bit. A captured graph, replayed, gives the same result each time.
+// Bad input throws before anything is written. Skipped (exit 77) without a CUDA device.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <vector>
@@ -20,6 +21,7 @@
 #include <gradcomp/cuda/select.cuh>
 #include <gradcomp/detail/radix_digits.hpp>
 #include <gradcomp/select/gaussiank.hpp>
+#include <gradcomp/select/randomk.hpp>
 #include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 
@@ -471,5 +473,83 @@ TEST_CASE_TEMPLATE("device threshold equals host threshold", T, float, double) {
   CHECK_THROWS_AS(gradcomp::on_device(bad).select(
                       tmp, gradcomp::device_span<const T>{dg.data(), 4}, gradcomp::select_context{},
                       gradcomp::device_span<std::uint32_t>{idx.data(), 4}, st.data()),
+                  gradcomp::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE("device randomk equals host randomk", T, float, double) {
+  // The host's indices for the same call_id whatever the values (NaN among them), k from 0 to
+  // n (the complement's draw above n/2; the hash set and the bitmap of Floyd's draw), and
+  // select_accumulate's e = e + g bit for bit.
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{33}, std::size_t{4097},
+                        (std::size_t{1} << 20) + 3}) {
+    auto g = gradcomp_test::make_input<T>(dist::student_t2, n, 43);
+    if (n > 10) g[7] = std::numeric_limits<T>::quiet_NaN();
+    auto dg = upload(g);
+    for (std::size_t k : {std::size_t{0}, std::size_t{1}, n / 1000 + 1, n / 100 + 1, n / 2 + 1, n}) {
+      if (k > n) continue;
+      CAPTURE(n);
+      CAPTURE(k);
+      const gradcomp::select_context ctx{k, 0.0, gradcomp::call_id{11, 5, 3, 1}};
+      gradcomp::randomk sel;
+      std::vector<std::uint32_t> host;
+      const auto hs = sel.select(std::span<const T>(g), ctx, host);
+      const auto dev =
+          run_device(k, [&](gradcomp::temp_storage& tmp, gradcomp::device_span<std::uint32_t> idx,
+                            gradcomp::selection_stats* st) {
+            gradcomp::on_device(sel).select(tmp, gradcomp::device_span<const T>{dg.data(), n}, ctx,
+                                            idx, st);
+          });
+      CHECK(dev.stats.count == hs.count);
+      CHECK(dev.stats.count == k);
+      CHECK(dev.indices == host);
+      CHECK(dev.stats.threshold == 0.0);
+      CHECK_FALSE(dev.stats.fallback);
+
+      std::vector<T> e(n);
+      for (std::size_t i = 0; i < n; ++i) e[i] = static_cast<T>((i % 3 == 0) ? 0.25 : -1.5);
+      auto de = upload(e);
+      const auto dacc =
+          run_device(k, [&](gradcomp::temp_storage& tmp, gradcomp::device_span<std::uint32_t> idx,
+                            gradcomp::selection_stats* st) {
+            // The size query does not touch e; the real call adds g once.
+            gradcomp::on_device(sel).select_accumulate(
+                tmp, gradcomp::device_span<T>{de.data(), n}, gradcomp::device_span<const T>{dg.data(), n},
+                ctx, idx, st);
+          });
+      CHECK(dacc.indices == host);
+      const auto de_host = download(de.data(), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const T want = e[i] + g[i];
+        if (std::isnan(want)) {
+          CHECK(std::isnan(de_host[i]));
+        } else if (std::memcmp(&de_host[i], &want, sizeof(T)) != 0) {
+          FAIL("e + g differs at ", i, ": ", de_host[i], " != ", want);
+        }
+      }
+    }
+  }
+  // Other call_ids draw other sets (the rank does not enter the draw).
+  std::vector<std::uint32_t> a, b, c;
+  const std::vector<float> g(1000, 1.0f);
+  gradcomp::randomk sel;
+  sel.select(std::span<const float>(g), gradcomp::select_context{10, 0.0, {1, 2, 3, 0}}, a);
+  sel.select(std::span<const float>(g), gradcomp::select_context{10, 0.0, {1, 2, 3, 7}}, b);
+  sel.select(std::span<const float>(g), gradcomp::select_context{10, 0.0, {1, 3, 3, 0}}, c);
+  CHECK(a == b);
+  CHECK(a != c);
+  // Bad input throws before anything is launched.
+  gradcomp::temp_storage tmp;
+  gradcomp::device_buffer<std::uint32_t> idx(4);
+  gradcomp::device_buffer<gradcomp::selection_stats> st(1);
+  gradcomp::device_buffer<T> dg(4);
+  CHECK_THROWS_AS(gradcomp::on_device(sel).select(
+                      tmp, gradcomp::device_span<const T>{dg.data(), 4},
+                      gradcomp::select_context{5, 0.0, {}},
+                      gradcomp::device_span<std::uint32_t>{idx.data(), 4}, st.data()),
+                  gradcomp::invalid_argument);
+  CHECK_THROWS_AS(gradcomp::on_device(sel).select(
+                      tmp, gradcomp::device_span<const T>{dg.data(), 4},
+                      gradcomp::select_context{3, 0.0, {}},
+                      gradcomp::device_span<std::uint32_t>{idx.data(), 2}, st.data()),
                   gradcomp::invalid_argument);
 }

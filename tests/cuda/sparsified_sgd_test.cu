@@ -79,6 +79,10 @@ struct gaussiank_p : policies<compressor<gaussiank, Q, residual>, sparse_allgath
     return compressor<gaussiank, Q, residual>(Published ? gaussiank::published() : gaussiank{});
   }
 };
+// Random-k: the host's indices (drawn on the host for the device step too), the same on
+// every rank.
+template <class Q>
+using randomk_p = policies<compressor<randomk, Q, residual>, sparse_allgather>;
 // The top-k configuration's, for the tests that run only it.
 using C = sparse_p::C;
 using device_t = sparse_p::device_t;
@@ -773,4 +777,23 @@ TEST_CASE("device_sparsified_sgd, gaussiank: a non-finite gradient fails the ste
   // NaN makes the statistics non-finite: the device Gaussian-k takes the exact top-k, which
   // ranks NaN above every value, so the check of the packed picks finds it.
   check_nonfinite_in_tensor_1<gaussiank_p<identity>>(2, std::nanf(""));
+}
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, randomk: the host step bit for bit, P = 1, 2, 4", Q,
+                   identity, qsgd) {
+  // Fixed counts as top-k's, from indices that do not depend on the values: the same on every
+  // rank, so the rank-order sums add P values at each pick (quantized: the small layouts).
+  check_bit_for_bit<randomk_p<Q>>([](auto&, const setup_t&) {}, [](auto&, const setup_t&) {},
+                                  /*small_only=*/!std::is_same_v<Q, identity>);
+}
+
+TEST_CASE("device_sparsified_sgd, randomk: a failed step or a lying peer changes nothing on any rank") {
+  check_faults_at_2_and_3<randomk_p<identity>>(1, 3, {0, 1});
+}
+
+TEST_CASE("device_sparsified_sgd, randomk: a NaN or Inf that is not picked fails the step on every rank") {
+  // At density 0.01, tensor 1 (2000 elements) sends 20 picks, which almost never hold index
+  // 1234: the check reads every coordinate of e + g, not only the picks, as the host's.
+  check_nonfinite_in_tensor_1<randomk_p<identity>>(0, std::nanf(""));
+  check_nonfinite_in_tensor_1<randomk_p<identity>>(1, INFINITY);
 }

@@ -1,5 +1,5 @@
-// gradcomp/cuda/select.cuh: the device implementations of topk, gaussiank and threshold, so
-// that the same selector objects work on device memory:
+// gradcomp/cuda/select.cuh: the device implementations of topk, gaussiank, threshold and
+// randomk, so that the same selector objects work on device memory:
 //
 //   gradcomp::topk sel;                       // same settings as on the host
 //   gradcomp::temp_storage tmp;               // CUB convention: size query, then the call
@@ -20,9 +20,14 @@
 //    tolerance documented in dispatch/gaussiank.cuh; stats.count is the full count and at most
 //    indices.size() indices are written (pass n for all). NaN or Inf: the exact top-k, fallback.
 //  - threshold: {i : |g_i| >= tau} ascending, the same count rule as gaussiank.
-//  - on_device(sel).select_accumulate(tmp, e, g, ctx, indices, d_stats, stream) for topk and
-//    gaussiank: the
-//    selection of e + g, leaving e = e + g, with the addition fused into the first pass.
+//  - randomk: the host's k indices (a function of ctx.id's seed, step and tensor id, n and k,
+//    never of g), ascending. Floyd's draw is sequential and reads no value, so it runs on the
+//    host (O(k) work), and the indices are copied to the device on the stream from pageable
+//    memory, which the CUDA runtime stages before the call returns (it may first wait for the
+//    stream's queued work). stats as the host's: count k, threshold 0.
+//  - on_device(sel).select_accumulate(tmp, e, g, ctx, indices, d_stats, stream) for topk,
+//    gaussiank and randomk: the selection of e + g, leaving e = e + g, with the addition fused
+//    into the first pass (randomk: one pass that adds, as it reads nothing else).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,12 +35,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include <gradcomp/context.hpp>
 #include <gradcomp/cuda/dispatch/gaussiank.cuh>
 #include <gradcomp/cuda/dispatch/topk.cuh>
 #include <gradcomp/device.hpp>
 #include <gradcomp/select/gaussiank.hpp>
+#include <gradcomp/select/randomk.hpp>
 #include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 
@@ -159,6 +166,56 @@ class device_policy<gaussiank> {
 
  private:
   const gaussiank& sel_;
+};
+
+template <>
+class device_policy<randomk> {
+ public:
+  // randomk has no settings (its sampler is the host calls' scratch).
+  explicit device_policy(const randomk&) noexcept {}
+
+  template <class U>
+  requires cuda::select_impl::device_value<std::remove_const_t<U>>
+  void select(temp_storage& tmp, device_span<U> g, const select_context& ctx,
+              device_span<std::uint32_t> indices, selection_stats* stats,
+              cudaStream_t stream = nullptr) const {
+    run(tmp, static_cast<std::remove_const_t<U>*>(nullptr), g.data(), g.size(), ctx, indices,
+        stats, stream);
+  }
+
+  template <class T, class U>
+  requires cuda::select_impl::device_value<T> && std::is_same_v<std::remove_const_t<U>, T>
+  void select_accumulate(temp_storage& tmp, device_span<T> e, device_span<U> g,
+                         const select_context& ctx, device_span<std::uint32_t> indices,
+                         selection_stats* stats, cudaStream_t stream = nullptr) const {
+    cuda::select_impl::check_same_size("randomk::select_accumulate", e.size(), g.size());
+    run(tmp, e.data(), g.data(), g.size(), ctx, indices, stats, stream);
+  }
+
+ private:
+  // e != nullptr: e += g first (on the stream, before the indices are copied).
+  template <class T>
+  static void run(temp_storage& tmp, T* e, const T* g, std::size_t n, const select_context& ctx,
+                  device_span<std::uint32_t> indices, selection_stats* stats,
+                  cudaStream_t stream) {
+    detail::check_index_range("randomk", n);
+    check_k("randomk", ctx.k, n);
+    cuda::select_impl::check_device_outputs("randomk", indices.size(), ctx.k, stats);
+    const cuda::scratch_carver c(tmp.ptr);  // no scratch: the CUB convention all the same
+    if (cuda::finish_size_query("randomk", tmp, c)) return;
+    if (e && n > 0) cuda::feedback_impl::launch_accumulate(e, g, n, stream);
+    const std::size_t k = ctx.k;
+    if (k > 0) {
+      std::vector<std::uint32_t> drawn(k);
+      detail::floyd_sampler sampler;  // the policy's own is the host calls' scratch
+      randomk::draw(sampler, n, k, ctx.id, drawn.data());
+      detail::cuda_check(cudaMemcpyAsync(indices.data(), drawn.data(), k * sizeof(std::uint32_t),
+                                         cudaMemcpyHostToDevice, stream),
+                         "cudaMemcpyAsync");
+    }
+    cuda::select_impl::write_stats_kernel<<<1, 1, 0, stream>>>(stats, k, 0.0, 0, false);
+    cuda::check_launch("write_stats_kernel");
+  }
 };
 
 template <>

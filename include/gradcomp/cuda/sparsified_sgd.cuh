@@ -50,6 +50,13 @@
 // the device step equals the host step bit for bit wherever the two thresholds have no value
 // of |e + g| between them, and its statistics name the device's threshold.
 //
+// Random-k in place of top-k: compressor<randomk, Q, residual> adds g into the staged residual
+// in one pass, as threshold does, checks every coordinate of e + g for NaN and Inf and reads
+// the verdict back at once (the picks do not depend on the values, so they need not hold the
+// NaN or Inf that e + g holds; the value in the refusal is read before the picks are cleared),
+// then takes each tensor's k indices from on_device(randomk) (the host's draw, copied to the
+// device) and goes on as top-k: the same counts on every rank, the host's bits.
+//
 // Quantized top-k: with compressor<topk, Q, residual>, Q one of fp16, bf16, qsgd, terngrad and
 // scaled_sign, phase 1 also encodes each tensor's picks on the device (on_device(q).encode,
 // with the host step's call_id: seed, step, tensor id, rank), decodes its own payload, and
@@ -61,13 +68,13 @@
 // the sender and the tensor, before anything is decoded; then decodes them into the values
 // the scatter-add sums.
 //
-// So far it runs compressor<S, Q, residual> with S one of topk, gaussiank and threshold (float,
-// Q any of the six quantizers; quantized Gaussian-k as quantized threshold) with
-// sparse_allgather, and compressor<dense, identity, residual>
-// (float) with dense_allreduce, with nonfinite_policy::error; any other configuration fails to
+// So far it runs compressor<S, Q, residual> with S one of topk, gaussiank, threshold and randomk
+// (float, Q any of the six quantizers; quantized Gaussian-k and Random-k as quantized top-k
+// and threshold) with sparse_allgather, and compressor<dense, identity, residual> (float)
+// with dense_allreduce, with nonfinite_policy::error; any other configuration fails to
 // compile with a static_assert that says so (the policy: invalid_argument when the driver is
 // made). Not measured on the device (seconds in step_stats are 0) and not split into phases;
-// top-k's, Gaussian-k's and threshold's contraction is NaN (the device selection does not add up
+// the sparse selectors' contraction is NaN (the device selection does not add up
 // ||e + g||^2; dense's is 1, as the host's). bytes_sent
 // counts 8 bytes a pick (quantized: 4 for its index, then the packed codes and 4 bytes a side
 // value; dense: 4 a value) and 8 a count.
@@ -106,6 +113,7 @@
 #include <gradcomp/quantize.hpp>
 #include <gradcomp/select/dense.hpp>
 #include <gradcomp/select/gaussiank.hpp>
+#include <gradcomp/select/randomk.hpp>
 #include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 #include <gradcomp/sgd.hpp>
@@ -142,21 +150,28 @@ class device_sparsified_sgd {
   using selector_t = typename Compressor::selector_type;
   using quantizer_t = typename Compressor::quantizer_type;
   static constexpr bool dense_path = std::is_same_v<selector_t, dense>;
-  // threshold selects from e + g added beforehand in one pass over the flat buffer; top-k and
-  // Gaussian-k add g into e inside their selection pass (select_accumulate).
   static constexpr bool is_threshold = std::is_same_v<selector_t, threshold>;
   static constexpr bool is_gaussiank = std::is_same_v<selector_t, gaussiank>;
+  static constexpr bool is_randomk = std::is_same_v<selector_t, randomk>;
+  // threshold and Random-k select from e + g added beforehand in one pass over the flat buffer;
+  // top-k and Gaussian-k add g into e inside their selection pass (select_accumulate).
+  static constexpr bool accumulates_first = is_threshold || is_randomk;
+  // The check for NaN and Inf reads the flat e + g (position j = flat index j): dense sends
+  // every coordinate, and Random-k's picks do not depend on the values, so they need not hold
+  // a NaN or Inf that e + g holds. The others' picks hold one whenever e + g does, and the
+  // check reads only them.
+  static constexpr bool checks_flat_values = dense_path || is_randomk;
   // threshold and Gaussian-k: each tensor's count is known only once its selection has run on
   // the device.
   static constexpr bool variable_count = is_threshold || is_gaussiank;
   // Top-k's picks encoded by a quantizer on the device (else sent as floats).
   static constexpr bool quantized = !std::is_same_v<quantizer_t, identity>;
-  static_assert((std::is_same_v<selector_t, topk> || variable_count || dense_path) &&
+  static_assert((std::is_same_v<selector_t, topk> || variable_count || is_randomk || dense_path) &&
                     std::is_same_v<typename Compressor::feedback_type, gradcomp::residual> &&
                     std::is_same_v<typename Compressor::value_type, float>,
                 "device_sparsified_sgd<C, X, Comm> runs C = compressor<S, Q, residual> with S "
-                "one of topk, gaussiank and threshold, or compressor<dense, identity, residual> "
-                "(float) so far; other selectors and feedback run in sparsified_sgd on the host.");
+                "one of topk, gaussiank, threshold and randomk, or compressor<dense, identity, "
+                "residual> (float) so far; other selectors and feedback run in sparsified_sgd on the host.");
   static_assert(std::is_same_v<quantizer_t, identity> || std::is_same_v<quantizer_t, fp16> ||
                     std::is_same_v<quantizer_t, bf16> || std::is_same_v<quantizer_t, qsgd> ||
                     std::is_same_v<quantizer_t, terngrad> ||
@@ -169,7 +184,7 @@ class device_sparsified_sgd {
   static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce>
                            : std::is_same_v<Exchange, sparse_allgather>,
                 "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather with topk, "
-                "gaussiank and threshold, and X = dense_allreduce with dense so far.");
+                "gaussiank, threshold and randomk, and X = dense_allreduce with dense so far.");
   static_assert(device_communicator<Comm>,
                 "device_sparsified_sgd<C, X, Comm>: Comm is not a gradcomp::device_communicator "
                 "(nccl_comm, or cuda::staged_comm over a host communicator).");
@@ -201,7 +216,7 @@ class device_sparsified_sgd {
                                      "<= 2^32 (the device step's picks are 32-bit indices "
                                      "into the flat buffer)");
     }
-    if constexpr (!dense_path) compressor_.selector().check();
+    if constexpr (requires { compressor_.selector().check(); }) compressor_.selector().check();
     if (compressor_.nonfinite() != nonfinite_policy::error) {
       // The host's residual keeps e - v = NaN where a pick v is NaN or infinite; the device's
       // gather_and_clear leaves 0. Until they agree, only the default policy runs here.
@@ -461,9 +476,9 @@ class device_sparsified_sgd {
       detail::cuda_check(cudaMemcpyAsync(e.data(), residual_[committed_].data(), total_ * sizeof(T),
                                          cudaMemcpyDeviceToDevice, s),
                          "cudaMemcpyAsync");
-      // threshold selects from e + g, added first (top-k and Gaussian-k add it inside their
-      // selection pass).
-      if constexpr (is_threshold) {
+      // threshold and Random-k select from e + g, added first (top-k and Gaussian-k add it
+      // inside their selection pass).
+      if constexpr (accumulates_first) {
         cuda::feedback_impl::launch_accumulate(e.data(), grads.data(), total_, s);
       }
     }
@@ -471,6 +486,17 @@ class device_sparsified_sgd {
                        "cudaMemsetAsync");
     detail::cuda_check(cudaMemsetAsync(errors_dev_.data(), 0xff, 2 * sizeof(cuda::error_record), s),
                        "cudaMemsetAsync");
+    if constexpr (is_randomk) {
+      // Every coordinate of e + g, read back now, before gather_and_clear zeroes the picks in
+      // e (the refusal's message reads its value there): a wait of its own.
+      if (total_) {
+        cuda::step_impl::first_nonfinite_kernel<T>
+            <<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(e.data(), total_,
+                                                                            errors_dev_.data());
+        cuda::check_launch("first_nonfinite_kernel");
+      }
+      take_refusal();
+    }
     for (std::size_t t = 0; t < nt; ++t) {
       if (tensors_[t].size == 0 && !is_threshold) continue;
       temp_storage tmp = scratch();
@@ -494,7 +520,7 @@ class device_sparsified_sgd {
         cuda::check_launch("keep_error_kernel");
       }
     }
-    if (picks) {
+    if (picks && !is_randomk) {
       cuda::step_impl::first_nonfinite_kernel<T>
           <<<cuda::grid_for(picks, threads, max_blocks), threads, 0, s>>>(values_.data(), picks,
                                                                           errors_dev_.data());
@@ -506,7 +532,11 @@ class device_sparsified_sgd {
                                          nt * sizeof(selection_stats), cudaMemcpyDeviceToHost, s),
                          "cudaMemcpyAsync");
     }
-    take_refusal();
+    if constexpr (is_randomk) {
+      wait();  // the statistics (the refusal came back before the picks were cleared)
+    } else {
+      take_refusal();
+    }
     if constexpr (!variable_count) {
       for (std::size_t t = 0; t < nt; ++t) {
         detail::check_invariant(stats_host()[t].count == k_[t],
@@ -533,12 +563,12 @@ class device_sparsified_sgd {
   }
 
   // Tensor t's selection from the staged residual: top-k's or Gaussian-k's of e + g with the
-  // addition fused (e becomes e + g), or threshold's picks of e (already e + g). Gaussian-k's
-  // target is k at density rho (k_[t] is its capacity, the tensor's size, until the counts
-  // come back).
+  // addition fused (e becomes e + g), or threshold's or Random-k's picks of e (already e + g).
+  // Gaussian-k's target is k at density rho (k_[t] is its capacity, the tensor's size, until
+  // the counts come back).
   void select_tensor(temp_storage& tmp, device_span<T> e, device_span<const T> grads,
                      std::size_t t, double rho) {
-    if constexpr (is_threshold) {
+    if constexpr (accumulates_first) {
       on_device(compressor_.selector())
           .select(tmp, device_span<const T>(tensor(e, t)), context(t, rho), selected_picks(t),
                   stats_dev_.data() + t, stream());
@@ -1007,14 +1037,25 @@ class device_sparsified_sgd {
     cuda::check_launch("sgd_kernel");
   }
 
-  // What a non-finite pick at position j of the step's picks is refused with.
-  // (The dense path's values are the whole flat buffer: position j is flat index j.)
+  // What a non-finite pick at position j of the step's picks is refused with. Where the check
+  // reads the flat e + g (checks_flat_values), position j is flat index j: the dense path's
+  // values_ are the whole flat buffer, Random-k's check reads the staged residual (e + g
+  // until gather_and_clear, before which its refusal is read).
   std::string nonfinite_message(unsigned long long j) const {
-    const std::size_t t = static_cast<std::size_t>(
-        std::upper_bound(k_at_.begin(), k_at_.end(), static_cast<std::size_t>(j)) - k_at_.begin() - 1);
-    const std::vector<T> value = download(values_.data() + j, 1);
-    const std::size_t flat =
-        dense_path ? static_cast<std::size_t>(j) : std::size_t{download(picks_.data() + j, 1)[0]};
+    std::size_t flat = static_cast<std::size_t>(j);
+    std::size_t t = 0;
+    std::vector<T> value;
+    if constexpr (checks_flat_values) {
+      t = static_cast<std::size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), flat) -
+                                   offsets_.begin() - 1);
+      value = download((dense_path ? values_.data() : staged_residual().data()) + j, 1);
+    } else {
+      t = static_cast<std::size_t>(
+          std::upper_bound(k_at_.begin(), k_at_.end(), static_cast<std::size_t>(j)) -
+          k_at_.begin() - 1);
+      value = download(values_.data() + j, 1);
+      flat = std::size_t{download(picks_.data() + j, 1)[0]};
+    }
     return detail::concat(
         "gradcomp::device_sparsified_sgd::step: the gradient or the accumulated gradient "
         "(feedback state + gradient) of tensor ", tensors_[t].id, " holds ", value[0],

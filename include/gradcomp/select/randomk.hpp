@@ -138,14 +138,23 @@ struct randomk {
     selection_stats st;
     indices.resize(k);
     if (k == 0) return st;
-    const detail::counter_rng rng{detail::stream_key(ctx.id, detail::stream_tag::select)};
-    if (2 * k <= n) {
-      sampler.draw(rng, n, k, indices.data());
-    } else {
-      sampler.draw_complement(rng, n, n - k, indices.data());
-    }
+    draw(sampler, n, k, ctx.id, indices.data());
     st.count = k;
     return st;
+  }
+
+  // The k indices select() picks from a tensor of n elements (k <= n, checked by the caller),
+  // ascending, into out[0, k): a function of (id's seed, step and tensor id, n, k) alone, never
+  // of the values, so the device form draws them on the host too (cuda/select.cuh).
+  static void draw(detail::floyd_sampler& sampler, std::size_t n, std::size_t k, const call_id& id,
+                   std::uint32_t* out) {
+    if (k == 0) return;
+    const detail::counter_rng rng{detail::stream_key(id, detail::stream_tag::select)};
+    if (2 * k <= n) {
+      sampler.draw(rng, n, k, out);
+    } else {
+      sampler.draw_complement(rng, n, n - k, out);
+    }
   }
 };
 
