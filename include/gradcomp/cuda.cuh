@@ -2,7 +2,8 @@
 // --expt-relaxed-constexpr, or link gradcomp::cuda). It only includes. With it,
 // gradcomp::on_device(policy) gives the host policy objects' calls on device spans, with a
 // temp_storage (CUB's size query, then one caller-provided scratch buffer) and a stream:
-//   - selectors topk (including topk_method::radix), gaussiank, threshold: cuda/select.cuh;
+//   - selectors topk (including topk_method::radix), gaussiank, threshold, randomk:
+//     cuda/select.cuh;
 //   - residual feedback, fused with the selection pass: cuda/feedback.cuh;
 //   - every quantizer (identity, fp16, bf16, qsgd, terngrad, scaled_sign): cuda/quantize.cuh;
 //   - sparse gather, scatter-add (atomic, or sorted and deterministic) and decompress:

@@ -66,11 +66,14 @@ struct threshold_p : policies<compressor<threshold, Q, residual>, sparse_allgath
   }
 };
 // Gaussian-k, the default form or the published one (which ends on its threshold's own set).
-// The device threshold is the host's within float tolerance (cuda/dispatch/gaussiank.cuh), so
-// the index sets agree where no |e + g| lies between the two: the gradients are multiples of
-// 1/8 (kind 2, whatever the setup says), and so is e + g unquantized, which leaves a
-// threshold about 0.06 from the nearest value unless it falls within the tolerance of one. The
-// statistics' thresholds are compared within that tolerance.
+// In general the device threshold is the host's within float tolerance
+// (cuda/dispatch/gaussiank.cuh), and the index sets agree where no |e + g| lies between the
+// two. Here the gradients are multiples of 1/8 (kind 2, whatever the setup says), and so is
+// e + g unquantized: the shifted sums and sums of squares are exact in the host's float lanes
+// and the device's doubles, mean and sd come out the same, and the thresholds differ at most
+// in their last bits (the device may fuse |mean| + sd z), so the sets are the host's unless a
+// threshold falls within those bits of a multiple of 1/8. The statistics' thresholds are
+// compared within the general tolerance.
 template <class Q, bool Published = false>
 struct gaussiank_p : policies<compressor<gaussiank, Q, residual>, sparse_allgather> {
   static constexpr int gradient_kind = 2;
@@ -763,8 +766,10 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, gaussiank: the host step bit for bit,
   // Counts the device learns after its selection, as threshold's, with the addition of g
   // fused into the statistics pass, as top-k's; the default form (in the band, or the exact
   // top-k when its thresholds miss it) and the published one (its threshold's set). Quantized
-  // (the small layouts), the residual holds quantization errors off the 1/8 grid at the
-  // coordinates sent before, which are small next to the threshold.
+  // (the small layouts), the residual also holds quantization errors off the 1/8 grid at the
+  // coordinates sent before: the sums then differ in their last bits (about 1e-7 relative),
+  // and a set differs only if one of those few hundred values lies that close to the
+  // threshold. Either way the outcome is deterministic: both sides reduce in a fixed order.
   check_bit_for_bit<Pol>([](auto&, const setup_t&) {}, [](auto&, const setup_t&) {},
                          /*small_only=*/!std::is_same_v<typename Pol::C::quantizer_type, identity>);
 }
@@ -792,8 +797,13 @@ TEST_CASE("device_sparsified_sgd, randomk: a failed step or a lying peer changes
 }
 
 TEST_CASE("device_sparsified_sgd, randomk: a NaN or Inf that is not picked fails the step on every rank") {
-  // At density 0.01, tensor 1 (2000 elements) sends 20 picks, which almost never hold index
-  // 1234: the check reads every coordinate of e + g, not only the picks, as the host's.
+  // At density 0.01, tensor 1 (2000 elements) sends 20 picks, drawn in the faulty step (step
+  // 1) without index 1234 (checked here): the check reads every coordinate of e + g, not only
+  // the picks, as the host's.
+  std::vector<std::uint32_t> picks(20);
+  detail::floyd_sampler sampler;
+  randomk::draw(sampler, 2000, 20, call_id{sgd_options{}.seed, 1, 1, 0}, picks.data());
+  REQUIRE(std::find(picks.begin(), picks.end(), 1234u) == picks.end());
   check_nonfinite_in_tensor_1<randomk_p<identity>>(0, std::nanf(""));
   check_nonfinite_in_tensor_1<randomk_p<identity>>(1, INFINITY);
 }

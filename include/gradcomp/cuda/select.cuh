@@ -22,9 +22,11 @@
 //  - threshold: {i : |g_i| >= tau} ascending, the same count rule as gaussiank.
 //  - randomk: the host's k indices (a function of ctx.id's seed, step and tensor id, n and k,
 //    never of g), ascending. Floyd's draw is sequential and reads no value, so it runs on the
-//    host (O(k) work), and the indices are copied to the device on the stream from pageable
-//    memory, which the CUDA runtime stages before the call returns (it may first wait for the
-//    stream's queued work). stats as the host's: count k, threshold 0.
+//    host (O(k) work), and the indices are copied to the device on the stream from a host
+//    vector; the call then waits for the stream, so that the vector outlives the copy: it
+//    blocks, and cannot be captured in a CUDA graph. (device_sparsified_sgd draws all its
+//    tensors into pinned memory instead, with one copy and no wait of its own.) stats as the
+//    host's: count k, threshold 0.
 //  - on_device(sel).select_accumulate(tmp, e, g, ctx, indices, d_stats, stream) for topk,
 //    gaussiank and randomk: the selection of e + g, leaving e = e + g, with the addition fused
 //    into the first pass (randomk: one pass that adds, as it reads nothing else).
@@ -212,6 +214,9 @@ class device_policy<randomk> {
       detail::cuda_check(cudaMemcpyAsync(indices.data(), drawn.data(), k * sizeof(std::uint32_t),
                                          cudaMemcpyHostToDevice, stream),
                          "cudaMemcpyAsync");
+      // The runtime may still read `drawn` after the call (pageable memory): it lives until
+      // the copy is done.
+      detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     }
     cuda::select_impl::write_stats_kernel<<<1, 1, 0, stream>>>(stats, k, 0.0, 0, false);
     cuda::check_launch("write_stats_kernel");

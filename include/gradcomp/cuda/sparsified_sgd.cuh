@@ -54,8 +54,9 @@
 // in one pass, as threshold does, checks every coordinate of e + g for NaN and Inf and reads
 // the verdict back at once (the picks do not depend on the values, so they need not hold the
 // NaN or Inf that e + g holds; the value in the refusal is read before the picks are cleared),
-// then takes each tensor's k indices from on_device(randomk) (the host's draw, copied to the
-// device) and goes on as top-k: the same counts on every rank, the host's bits.
+// then draws every tensor's k indices on the host (randomk::draw, the host step's call_id)
+// into pinned memory, copies them to the device at once, and goes on as top-k: the same
+// counts on every rank, the host's bits.
 //
 // Quantized top-k: with compressor<topk, Q, residual>, Q one of fp16, bf16, qsgd, terngrad and
 // scaled_sign, phase 1 also encodes each tensor's picks on the device (on_device(q).encode,
@@ -146,7 +147,8 @@ concept device_allreduce_communicator =
 
 template <class Compressor, class Exchange, class Comm>
 class device_sparsified_sgd {
-  // The dense path: every coordinate, added by an allreduce (else top-k over sparse_allgather).
+  // The dense path: every coordinate, added by an allreduce (else a sparse selector's picks
+  // over sparse_allgather).
   using selector_t = typename Compressor::selector_type;
   using quantizer_t = typename Compressor::quantizer_type;
   static constexpr bool dense_path = std::is_same_v<selector_t, dense>;
@@ -459,8 +461,8 @@ class device_sparsified_sgd {
       size_outputs();
     }
     // The scratch every call needs (the size queries depend on n and k only). An empty tensor
-    // is left out for top-k and Gaussian-k (its statistics stay 0, the host's for k = 0), not
-    // for threshold (whose statistics name tau whatever the size, as the host's).
+    // is left out for top-k, Gaussian-k and Random-k (its statistics stay 0, the host's for
+    // k = 0), not for threshold (whose statistics name tau whatever the size, as the host's).
     for (std::size_t t = 0; t < nt; ++t) {
       if (tensors_[t].size == 0 && !is_threshold) continue;
       temp_storage q;
@@ -488,7 +490,8 @@ class device_sparsified_sgd {
                        "cudaMemsetAsync");
     if constexpr (is_randomk) {
       // Every coordinate of e + g, read back now, before gather_and_clear zeroes the picks in
-      // e (the refusal's message reads its value there): a wait of its own.
+      // e (the refusal's message reads its value there): a wait of its own, after which the
+      // stream is idle for the draws.
       if (total_) {
         cuda::step_impl::first_nonfinite_kernel<T>
             <<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(e.data(), total_,
@@ -496,6 +499,7 @@ class device_sparsified_sgd {
         cuda::check_launch("first_nonfinite_kernel");
       }
       take_refusal();
+      draw_random_picks(rho);
     }
     for (std::size_t t = 0; t < nt; ++t) {
       if (tensors_[t].size == 0 && !is_threshold) continue;
@@ -563,12 +567,18 @@ class device_sparsified_sgd {
   }
 
   // Tensor t's selection from the staged residual: top-k's or Gaussian-k's of e + g with the
-  // addition fused (e becomes e + g), or threshold's or Random-k's picks of e (already e + g).
-  // Gaussian-k's target is k at density rho (k_[t] is its capacity, the tensor's size, until
-  // the counts come back).
+  // addition fused (e becomes e + g), or threshold's picks of e (already e + g). Gaussian-k's
+  // target is k at density rho (k_[t] is its capacity, the tensor's size, until the counts
+  // come back). Random-k's picks are already in place (draw_random_picks): only its
+  // statistics, the host's (k, threshold 0), are written, for gather_and_clear to read.
   void select_tensor(temp_storage& tmp, device_span<T> e, device_span<const T> grads,
                      std::size_t t, double rho) {
-    if constexpr (accumulates_first) {
+    if constexpr (is_randomk) {
+      if (tmp.is_size_query()) return;  // no scratch
+      cuda::select_impl::write_stats_kernel<<<1, 1, 0, stream()>>>(stats_dev_.data() + t, k_[t],
+                                                                    0.0, 0, false);
+      cuda::check_launch("write_stats_kernel");
+    } else if constexpr (is_threshold) {
       on_device(compressor_.selector())
           .select(tmp, device_span<const T>(tensor(e, t)), context(t, rho), selected_picks(t),
                   stats_dev_.data() + t, stream());
@@ -586,7 +596,8 @@ class device_sparsified_sgd {
   }
 
   // Where tensor t's selection writes its picks and values: their place in the step's buffers
-  // (top-k), or the tensor's own range of the capacity buffers (threshold, Gaussian-k).
+  // (top-k, Random-k), or the tensor's own range of the capacity buffers (threshold,
+  // Gaussian-k).
   device_span<std::uint32_t> selected_picks(std::size_t t) const {
     if constexpr (variable_count) return {cap_picks_.data() + offsets_[t], tensors_[t].size};
     return picks_of(t);
@@ -594,6 +605,30 @@ class device_sparsified_sgd {
   device_span<T> selected_values(std::size_t t) const {
     if constexpr (variable_count) return {cap_values_.data() + offsets_[t], tensors_[t].size};
     return values_of(t);
+  }
+
+  // Random-k: every tensor's k indices, the host's draw (randomk::draw, from the host step's
+  // call_id: they do not depend on the values), into pinned memory at the tensor's place in
+  // picks_, then one asynchronous copy into picks_. The stream is idle (take_refusal waited),
+  // so no earlier copy still reads the pinned buffer when it is written or replaced, and the
+  // wait at the end of compress() sees this one done.
+  void draw_random_picks(double rho) {
+    const std::size_t nt = tensors_.size();
+    const std::size_t picks = k_at_[nt];
+    if (picks == 0) return;
+    if (picks > drawn_capacity_) {
+      void* p = nullptr;
+      detail::cuda_check(cudaMallocHost(&p, picks * sizeof(std::uint32_t)), "cudaMallocHost");
+      drawn_.reset(static_cast<std::byte*>(p));
+      drawn_capacity_ = picks;
+    }
+    auto* drawn = reinterpret_cast<std::uint32_t*>(drawn_.get());
+    for (std::size_t t = 0; t < nt; ++t) {
+      randomk::draw(sampler_, tensors_[t].size, k_[t], context(t, rho).id, drawn + k_at_[t]);
+    }
+    detail::cuda_check(cudaMemcpyAsync(picks_.data(), drawn, picks * sizeof(std::uint32_t),
+                                       cudaMemcpyHostToDevice, stream()),
+                       "cudaMemcpyAsync");
   }
 
   // Tensor t's picks (in picks_) become indices of the flat buffer.
@@ -1131,6 +1166,10 @@ class device_sparsified_sgd {
     void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
   };
   std::unique_ptr<std::byte, free_pinned> pinned_;
+  // Random-k: the step's draws (pinned, drawn_capacity_ indices) and Floyd's scratch.
+  std::unique_ptr<std::byte, free_pinned> drawn_;
+  std::size_t drawn_capacity_ = 0;
+  detail::floyd_sampler sampler_;
   std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, destroy_event> event_;
   step_stats stats_;
   step_stats staged_stats_;
