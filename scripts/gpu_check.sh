@@ -44,8 +44,8 @@ fi
 for name in "${tests[@]}"; do
   exe=$(find_exe "$name") || { summary+=("$name: not built"); status=1; continue; }
   start=$SECONDS
-  # The device step's test runs the host step beside it for 16 configurations (11 before
-  # Gaussian-k and Random-k, when 300 s was set; not yet timed with 16): more time.
+  # The device step's test runs the host step beside it for 17 configurations (11 before
+  # Gaussian-k and Random-k, when 300 s was set; not yet timed with 17): more time.
   limit=120
   [[ $name == cuda_sparsified_sgd_test ]] && limit=420
   timeout "$limit" "$exe" > "$out/$name.log" 2>&1

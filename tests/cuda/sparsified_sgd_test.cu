@@ -86,6 +86,8 @@ struct gaussiank_p : policies<compressor<gaussiank, Q, residual>, sparse_allgath
 // every rank.
 template <class Q>
 using randomk_p = policies<compressor<randomk, Q, residual>, sparse_allgather>;
+// Random-k's values added by one allreduce at the indices every rank shares.
+using randomk_allreduce_p = policies<compressor<randomk, identity, residual>, dense_allreduce>;
 // The top-k configuration's, for the tests that run only it.
 using C = sparse_p::C;
 using device_t = sparse_p::device_t;
@@ -806,4 +808,57 @@ TEST_CASE("device_sparsified_sgd, randomk: a NaN or Inf that is not picked fails
   REQUIRE(std::find(picks.begin(), picks.end(), 1234u) == picks.end());
   check_nonfinite_in_tensor_1<randomk_p<identity>>(0, std::nanf(""));
   check_nonfinite_in_tensor_1<randomk_p<identity>>(1, INFINITY);
+}
+
+TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: the host step bit for bit, P = 1, 2, 4") {
+  // The sum of every rank's values at the shared indices, each divided by P, as the host's
+  // dense_allreduce; the statistics name the exchange.
+  check_bit_for_bit<randomk_allreduce_p>(
+      [](auto&, const setup_t&) {},
+      [](auto& k, const setup_t&) {
+        for (const tensor_stats& ts : k.dev->last_stats().tensors) {
+          CHECK(ts.exchange == "dense_allreduce");
+        }
+      });
+}
+
+TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: a failed step or a lying peer changes nothing on any rank") {
+  // Three collectives: the counts, the hashes of the picks, the allreduce. A lying peer: a
+  // corrupted count (call 0) or a corrupted hash (call 1: as a rank whose indices differ),
+  // refused on every rank naming it, before the allreduce.
+  check_faults_at_2_and_3<randomk_allreduce_p>(1, 3, {0, 1});
+}
+
+TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: a non-finite gradient fails the step on every rank") {
+  check_nonfinite_in_tensor_1<randomk_allreduce_p>(0, INFINITY);
+}
+
+TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: ranks with other seeds are refused before the allreduce") {
+  // Rank 1's seed differs: its indices do too, and every rank refuses the step naming a rank,
+  // with nothing changed.
+  const setup_t s{{1000, 37}, 0.05, {}, 0};
+  using D = randomk_allreduce_p::device_t;
+  const int P = 2;
+  auto ranks = make_ranks<randomk_allreduce_p>(s, P, /*with_host=*/false);
+  sgd_options other = s.opt;
+  other.seed = 12345;
+  ranks[1].dev = std::make_unique<D>(*ranks[1].staged, s.sizes, randomk_allreduce_p::make(),
+                                     dense_allreduce{}, other, density_schedule::constant(s.density));
+  std::vector<snapshot_t> before;
+  for (auto& k : ranks) before.push_back(snapshot(k));
+  const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
+    auto& k = ranks[static_cast<std::size_t>(r)];
+    k.comm->rebind(comm);
+    k.comm->disarm();
+    k.comm->on_throw = nullptr;
+    device_step(k, gradient(total_of(s), s.kind, r, 0));
+  });
+  for (int r = 0; r < P; ++r) {
+    CAPTURE(r);
+    REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
+    const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
+    CAPTURE(what);
+    CHECK(what.find("other Random-k indices") != std::string::npos);
+    check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
+  }
 }

@@ -56,7 +56,11 @@
 // NaN or Inf that e + g holds; the value in the refusal is read before the picks are cleared),
 // then draws every tensor's k indices on the host (randomk::draw, the host step's call_id)
 // into pinned memory, copies them to the device at once, and goes on as top-k: the same
-// counts on every rank, the host's bits.
+// counts on every rank, the host's bits. With dense_allreduce (unquantized), as every rank's
+// indices are the same, phase 2 gathers the counts and statuses, then every rank's hash of
+// each tensor's indices (a rank with another seed, step or layout is refused on every rank
+// before anything is reduced), allreduces the step's values and writes each sum divided by P
+// at its index of the zeroed staged average (the host's dense_allreduce).
 //
 // Quantized top-k: with compressor<topk, Q, residual>, Q one of fp16, bf16, qsgd, terngrad and
 // scaled_sign, phase 1 also encodes each tensor's picks on the device (on_device(q).encode,
@@ -71,8 +75,8 @@
 //
 // So far it runs compressor<S, Q, residual> with S one of topk, gaussiank, threshold and randomk
 // (float, Q any of the six quantizers; quantized Gaussian-k and Random-k as quantized top-k
-// and threshold) with sparse_allgather, and compressor<dense, identity, residual> (float)
-// with dense_allreduce, with nonfinite_policy::error; any other configuration fails to
+// and threshold) with sparse_allgather, and compressor<dense, identity, residual> and
+// compressor<randomk, identity, residual> (float) with dense_allreduce, with nonfinite_policy::error; any other configuration fails to
 // compile with a static_assert that says so (the policy: invalid_argument when the driver is
 // made). Not measured on the device (seconds in step_stats are 0) and not split into phases;
 // the sparse selectors' contraction is NaN (the device selection does not add up
@@ -163,6 +167,9 @@ class device_sparsified_sgd {
   // a NaN or Inf that e + g holds. The others' picks hold one whenever e + g does, and the
   // check reads only them.
   static constexpr bool checks_flat_values = dense_path || is_randomk;
+  // Random-k over dense_allreduce: every rank picks the same indices (the draw depends on the
+  // seed, step, tensor and k alone), so the values are added by one allreduce.
+  static constexpr bool reduces_picks = is_randomk && std::is_same_v<Exchange, dense_allreduce>;
   // threshold and Gaussian-k: each tensor's count is known only once its selection has run on
   // the device.
   static constexpr bool variable_count = is_threshold || is_gaussiank;
@@ -184,13 +191,18 @@ class device_sparsified_sgd {
                 "device_sparsified_sgd<compressor<dense, Q, residual>, ...> runs Q = identity so "
                 "far; quantized dense SGD runs in sparsified_sgd on the host.");
   static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce>
-                           : std::is_same_v<Exchange, sparse_allgather>,
+                           : std::is_same_v<Exchange, sparse_allgather> || reduces_picks,
                 "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather with topk, "
-                "gaussiank, threshold and randomk, and X = dense_allreduce with dense so far.");
+                "gaussiank, threshold and randomk, and X = dense_allreduce with dense and "
+                "randomk so far.");
+  static_assert(!reduces_picks || !quantized,
+                "device_sparsified_sgd<compressor<randomk, Q, residual>, dense_allreduce, ...> "
+                "runs Q = identity so far; fp16 and bf16 sums run in sparsified_sgd on the "
+                "host.");
   static_assert(device_communicator<Comm>,
                 "device_sparsified_sgd<C, X, Comm>: Comm is not a gradcomp::device_communicator "
                 "(nccl_comm, or cuda::staged_comm over a host communicator).");
-  static_assert(!dense_path || device_allreduce_communicator<Comm>,
+  static_assert(!(dense_path || reduces_picks) || device_allreduce_communicator<Comm>,
                 "device_sparsified_sgd<C, dense_allreduce, Comm>: Comm has no allreduce of "
                 "device memory (nccl_comm and cuda::staged_comm have one).");
 
@@ -263,7 +275,11 @@ class device_sparsified_sgd {
       exchange_dense();
     } else {
       compress(grads, rho);
-      exchange_picks();
+      if constexpr (reduces_picks) {
+        exchange_reduced_picks();
+      } else {
+        exchange_picks();
+      }
     }
     staged_ready_ = true;
   }
@@ -615,7 +631,10 @@ class device_sparsified_sgd {
   void draw_random_picks(double rho) {
     const std::size_t nt = tensors_.size();
     const std::size_t picks = k_at_[nt];
-    if (picks == 0) return;
+    if (picks == 0) {
+      pick_hash_.assign(nt, hash_of(nullptr, 0));
+      return;
+    }
     if (picks > drawn_capacity_) {
       void* p = nullptr;
       detail::cuda_check(cudaMallocHost(&p, picks * sizeof(std::uint32_t)), "cudaMallocHost");
@@ -623,12 +642,22 @@ class device_sparsified_sgd {
       drawn_capacity_ = picks;
     }
     auto* drawn = reinterpret_cast<std::uint32_t*>(drawn_.get());
+    pick_hash_.assign(nt, 0);
     for (std::size_t t = 0; t < nt; ++t) {
       randomk::draw(sampler_, tensors_[t].size, k_[t], context(t, rho).id, drawn + k_at_[t]);
+      if constexpr (reduces_picks) pick_hash_[t] = hash_of(drawn + k_at_[t], k_[t]);
     }
     detail::cuda_check(cudaMemcpyAsync(picks_.data(), drawn, picks * sizeof(std::uint32_t),
                                        cudaMemcpyHostToDevice, stream()),
                        "cudaMemcpyAsync");
+  }
+
+  // A tensor's picks (its own indices, before add_offset) as one number, which ranks that
+  // would add their values at the same indices must agree on.
+  static std::uint64_t hash_of(const std::uint32_t* idx, std::size_t k) {
+    std::uint64_t h = detail::mix64(0x5bd1e995u ^ k);
+    for (std::size_t j = 0; j < k; ++j) h = detail::mix64(h ^ idx[j]);
+    return h;
   }
 
   // Tensor t's picks (in picks_) become indices of the flat buffer.
@@ -1004,6 +1033,76 @@ class device_sparsified_sgd {
     staged_stats_.density = total_ ? 1.0 : 0.0;
   }
 
+  // Phase 2 of Random-k over dense_allreduce: the counts and statuses (each rank must announce
+  // this rank's k of every tensor), then each rank's hash of each tensor's picks (which must
+  // be this rank's: a rank with another seed, step or layout would add its values at other
+  // indices), both refused on every rank before the allreduce; one allreduce of the values
+  // (every tensor's k, in the flat buffer's order), each sum divided by the number of ranks
+  // at its index of the zeroed staged average. As the host's dense_allreduce: the sum, then
+  // out[index] = sum / P.
+  void exchange_reduced_picks() {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    const std::size_t row = nt + 1;
+    gather_counts_and_status();
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (std::size_t t = 0; t < nt; ++t) {
+        const std::size_t c = counts_[r * row + t];
+        if (c != k_[t]) {
+          throw communicator_error(detail::concat(
+              "gradcomp::device_sparsified_sgd: rank ", r, " announced ", c, " picks of tensor ",
+              tensors_[t].id, "; dense_allreduce adds every rank's Random-k values at the same "
+              "indices, so allowed: exactly this rank's ", k_[t], ". Nothing was reduced"));
+        }
+      }
+    }
+    comm_->gather_counts(std::span<const std::uint64_t>(pick_hash_), hashes_);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (std::size_t t = 0; t < nt; ++t) {
+        if (hashes_[r * nt + t] != pick_hash_[t]) {
+          throw communicator_error(detail::concat(
+              "gradcomp::device_sparsified_sgd: rank ", r, " picked other Random-k indices of "
+              "tensor ", tensors_[t].id, " than this rank (another seed, step or layout); "
+              "dense_allreduce adds the values at indices every rank shares, so allowed: the "
+              "same indices on every rank. Nothing was reduced"));
+        }
+      }
+    }
+    const std::size_t picks = k_at_[nt];
+    const device_span<T> avg = staged_average();
+    if (total_) {
+      detail::cuda_check(cudaMemsetAsync(avg.data(), 0, total_ * sizeof(T), s), "cudaMemsetAsync");
+    }
+    if (picks) {
+      comm_->allreduce(device_span<T>(values_.data(), picks), reduce_op::sum);
+      cuda::step_impl::scatter_divide_kernel<T, std::uint32_t>
+          <<<cuda::grid_for(picks, threads, max_blocks), threads, 0, s>>>(
+              avg.data(), picks_.data(), values_.data(), picks, static_cast<T>(ranks));
+      cuda::check_launch("scatter_divide_kernel");
+    }
+    for (std::size_t t = 0; t < nt; ++t) {
+      const selection_stats& sel = stats_host()[t];
+      tensor_stats ts;
+      ts.id = tensors_[t].id;
+      ts.n = tensors_[t].size;
+      ts.selected = sel.count;
+      ts.density = ts.n ? static_cast<double>(sel.count) / static_cast<double>(ts.n) : 0.0;
+      ts.threshold = sel.threshold;
+      // The reduced values (as the host's dense_allreduce counts them), 8 bytes a count and 8
+      // a hash.
+      ts.bytes_sent = sizeof(T) * k_[t] + 16;
+      ts.bytes_received = sizeof(T) * k_[t] + 16 * (ranks - 1);
+      ts.exchange = "dense_allreduce";
+      staged_stats_.selected += ts.selected;
+      staged_stats_.bytes_sent += ts.bytes_sent;
+      staged_stats_.bytes_received += ts.bytes_received;
+      staged_stats_.tensors.push_back(ts);
+    }
+    staged_stats_.density =
+        total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
+  }
+
   // Each rank's picks of each tensor: ascending, inside the tensor's range of the flat buffer.
   void validate_received(std::size_t received) {
     if (!received) return;
@@ -1170,6 +1269,8 @@ class device_sparsified_sgd {
   std::unique_ptr<std::byte, free_pinned> drawn_;
   std::size_t drawn_capacity_ = 0;
   detail::floyd_sampler sampler_;
+  std::vector<std::uint64_t> pick_hash_;  // this rank's hash of each tensor's picks
+  std::vector<std::size_t> hashes_;       // every rank's (Random-k over dense_allreduce)
   std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, destroy_event> event_;
   step_stats stats_;
   step_stats staged_stats_;

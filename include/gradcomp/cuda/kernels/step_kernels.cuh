@@ -2,7 +2,7 @@
 // (cuda/sparsified_sgd.cuh) around the selection, feedback and scatter kernels it reuses: the
 // picks' indices into the flat parameter buffer, the non-finite check of the picks, the
 // quantization error kept in the residual, the check of the received payloads, the division
-// of the rank-order sum, and the SGD update. Every arithmetic step is one correctly rounded
+// of the rank-order sum (or of an allreduce's sum at shared indices), and the SGD update. Every arithmetic step is one correctly rounded
 // operation (__fmul_rn, __fadd_rn, ...), never contracted into a fused multiply-add, so that
 // the results are the host's bit for bit. (The kernels are templates, used with float and
 // std::uint32_t, so that the header can be part of several translation units of one program.)
@@ -80,6 +80,17 @@ __global__ void divide_kernel(T* x, std::size_t n, T divisor) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     x[i] = __fdiv_rn(x[i], divisor);
+  }
+}
+
+// avg[idx[j]] = sum[j] / divisor for j < k (the indices distinct, the rest of avg zeroed
+// before): dense_allreduce's average of values summed at indices every rank shares.
+template <class T, class Index>
+__global__ void scatter_divide_kernel(T* avg, const Index* idx, const T* sum, std::size_t k,
+                                      T divisor) {
+  for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < k;
+       j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    avg[idx[j]] = __fdiv_rn(sum[j], divisor);
   }
 }
 
