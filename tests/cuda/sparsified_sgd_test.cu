@@ -835,7 +835,8 @@ TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: a non-finite gra
 
 TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: ranks with other seeds are refused before the allreduce") {
   // Rank 1's seed differs: its indices do too, and every rank refuses the step naming a rank,
-  // with nothing changed.
+  // with nothing changed, after the counts and the hashes (2 collectives) and before the
+  // allreduce.
   const setup_t s{{1000, 37}, 0.05, {}, 0};
   using D = randomk_allreduce_p::device_t;
   const int P = 2;
@@ -859,6 +860,7 @@ TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: ranks with other
     const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
     CAPTURE(what);
     CHECK(what.find("other Random-k indices") != std::string::npos);
+    CHECK(ranks[static_cast<std::size_t>(r)].comm->calls() == 2);
     check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
   }
 }

@@ -60,7 +60,10 @@
 // indices are the same, phase 2 gathers the counts and statuses, then every rank's hash of
 // each tensor's indices (a rank with another seed, step or layout is refused on every rank
 // before anything is reduced), allreduces the step's values and writes each sum divided by P
-// at its index of the zeroed staged average (the host's dense_allreduce).
+// at its index of the zeroed staged average (the host's dense_allreduce, whose bits these are
+// where the communicator adds every element in rank order whatever the length, as for dense).
+// dense_allreduce::check_agreement is not consulted: the counts and hashes are always
+// gathered.
 //
 // Quantized top-k: with compressor<topk, Q, residual>, Q one of fp16, bf16, qsgd, terngrad and
 // scaled_sign, phase 1 also encodes each tensor's picks on the device (on_device(q).encode,
@@ -82,7 +85,8 @@
 // the sparse selectors' contraction is NaN (the device selection does not add up
 // ||e + g||^2; dense's is 1, as the host's). bytes_sent
 // counts 8 bytes a pick (quantized: 4 for its index, then the packed codes and 4 bytes a side
-// value; dense: 4 a value) and 8 a count.
+// value; dense: 4 a value) and 8 a count (Random-k over dense_allreduce: 4 a value, 8 a count
+// and 8 a hash).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -631,8 +635,11 @@ class device_sparsified_sgd {
   void draw_random_picks(double rho) {
     const std::size_t nt = tensors_.size();
     const std::size_t picks = k_at_[nt];
-    if (picks == 0) {
-      pick_hash_.assign(nt, hash_of(nullptr, 0));
+    pick_hash_.assign(nt, 0);
+    if (picks == 0) {  // every tensor empty
+      if constexpr (reduces_picks) {
+        for (std::size_t t = 0; t < nt; ++t) pick_hash_[t] = hash_of(tensors_[t].size, nullptr, 0);
+      }
       return;
     }
     if (picks > drawn_capacity_) {
@@ -642,20 +649,21 @@ class device_sparsified_sgd {
       drawn_capacity_ = picks;
     }
     auto* drawn = reinterpret_cast<std::uint32_t*>(drawn_.get());
-    pick_hash_.assign(nt, 0);
     for (std::size_t t = 0; t < nt; ++t) {
       randomk::draw(sampler_, tensors_[t].size, k_[t], context(t, rho).id, drawn + k_at_[t]);
-      if constexpr (reduces_picks) pick_hash_[t] = hash_of(drawn + k_at_[t], k_[t]);
+      if constexpr (reduces_picks) {
+        pick_hash_[t] = hash_of(tensors_[t].size, drawn + k_at_[t], k_[t]);
+      }
     }
     detail::cuda_check(cudaMemcpyAsync(picks_.data(), drawn, picks * sizeof(std::uint32_t),
                                        cudaMemcpyHostToDevice, stream()),
                        "cudaMemcpyAsync");
   }
 
-  // A tensor's picks (its own indices, before add_offset) as one number, which ranks that
-  // would add their values at the same indices must agree on.
-  static std::uint64_t hash_of(const std::uint32_t* idx, std::size_t k) {
-    std::uint64_t h = detail::mix64(0x5bd1e995u ^ k);
+  // A tensor's size n and picks (its own indices, before add_offset) as one number, which
+  // ranks that would add their values at the same indices must agree on.
+  static std::uint64_t hash_of(std::size_t n, const std::uint32_t* idx, std::size_t k) {
+    std::uint64_t h = detail::mix64(detail::mix64(0x5bd1e995u ^ n) ^ k);
     for (std::size_t j = 0; j < k; ++j) h = detail::mix64(h ^ idx[j]);
     return h;
   }
@@ -1089,6 +1097,8 @@ class device_sparsified_sgd {
       ts.selected = sel.count;
       ts.density = ts.n ? static_cast<double>(sel.count) / static_cast<double>(ts.n) : 0.0;
       ts.threshold = sel.threshold;
+      ts.iterations = sel.iterations;
+      ts.fallback = sel.fallback;
       // The reduced values (as the host's dense_allreduce counts them), 8 bytes a count and 8
       // a hash.
       ts.bytes_sent = sizeof(T) * k_[t] + 16;
@@ -1271,6 +1281,7 @@ class device_sparsified_sgd {
   detail::floyd_sampler sampler_;
   std::vector<std::uint64_t> pick_hash_;  // this rank's hash of each tensor's picks
   std::vector<std::size_t> hashes_;       // every rank's (Random-k over dense_allreduce)
+  static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "the hashes come back as size_t");
   std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, destroy_event> event_;
   step_stats stats_;
   step_stats staged_stats_;
