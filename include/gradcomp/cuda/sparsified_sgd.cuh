@@ -822,27 +822,38 @@ class device_sparsified_sgd {
     }
 
     for (std::size_t t = 0; t < nt; ++t) {
-      const selection_stats& sel = stats_host()[t];
-      tensor_stats ts;
-      ts.id = tensors_[t].id;
-      ts.n = tensors_[t].size;
-      ts.selected = sel.count;
-      ts.density = ts.n ? static_cast<double>(sel.count) / static_cast<double>(ts.n) : 0.0;
-      ts.threshold = sel.threshold;
-      ts.iterations = sel.iterations;
-      ts.fallback = sel.fallback;
+      tensor_stats ts = selection_stats_of(t);
       ts.bytes_sent = wire_bytes(k_[t]);
       for (std::size_t r = 0; r < ranks; ++r) {
         if (r != me) ts.bytes_received += wire_bytes(counts_[r * (nt + 1) + t]);
       }
       ts.exchange = "sparse_allgather";
-      staged_stats_.selected += ts.selected;
-      staged_stats_.bytes_sent += ts.bytes_sent;
-      staged_stats_.bytes_received += ts.bytes_received;
-      staged_stats_.tensors.push_back(ts);
+      add_stats(std::move(ts));
     }
     staged_stats_.density =
         total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
+  }
+
+  // Tensor t's statistics from its selection's (stats_host(), read back in phase 1).
+  tensor_stats selection_stats_of(std::size_t t) const {
+    const selection_stats& sel = stats_host()[t];
+    tensor_stats ts;
+    ts.id = tensors_[t].id;
+    ts.n = tensors_[t].size;
+    ts.selected = sel.count;
+    ts.density = ts.n ? static_cast<double>(sel.count) / static_cast<double>(ts.n) : 0.0;
+    ts.threshold = sel.threshold;
+    ts.iterations = sel.iterations;
+    ts.fallback = sel.fallback;
+    return ts;
+  }
+
+  // A tensor's statistics into the staged step's, and into its totals.
+  void add_stats(tensor_stats ts) {
+    staged_stats_.selected += ts.selected;
+    staged_stats_.bytes_sent += ts.bytes_sent;
+    staged_stats_.bytes_received += ts.bytes_received;
+    staged_stats_.tensors.push_back(std::move(ts));
   }
 
   // What a tensor's c picks cost on the wire: an index and a value each (quantized: an index
@@ -1033,10 +1044,7 @@ class device_sparsified_sgd {
       ts.bytes_sent = sizeof(T) * ts.n + 8;
       ts.bytes_received = sizeof(T) * ts.n + 8 * (ranks - 1);
       ts.exchange = "dense_allreduce";
-      staged_stats_.selected += ts.selected;
-      staged_stats_.bytes_sent += ts.bytes_sent;
-      staged_stats_.bytes_received += ts.bytes_received;
-      staged_stats_.tensors.push_back(ts);
+      add_stats(std::move(ts));
     }
     staged_stats_.density = total_ ? 1.0 : 0.0;
   }
@@ -1090,24 +1098,13 @@ class device_sparsified_sgd {
       cuda::check_launch("scatter_divide_kernel");
     }
     for (std::size_t t = 0; t < nt; ++t) {
-      const selection_stats& sel = stats_host()[t];
-      tensor_stats ts;
-      ts.id = tensors_[t].id;
-      ts.n = tensors_[t].size;
-      ts.selected = sel.count;
-      ts.density = ts.n ? static_cast<double>(sel.count) / static_cast<double>(ts.n) : 0.0;
-      ts.threshold = sel.threshold;
-      ts.iterations = sel.iterations;
-      ts.fallback = sel.fallback;
+      tensor_stats ts = selection_stats_of(t);
       // The reduced values (as the host's dense_allreduce counts them), 8 bytes a count and 8
       // a hash.
       ts.bytes_sent = sizeof(T) * k_[t] + 16;
       ts.bytes_received = sizeof(T) * k_[t] + 16 * (ranks - 1);
       ts.exchange = "dense_allreduce";
-      staged_stats_.selected += ts.selected;
-      staged_stats_.bytes_sent += ts.bytes_sent;
-      staged_stats_.bytes_received += ts.bytes_received;
-      staged_stats_.tensors.push_back(ts);
+      add_stats(std::move(ts));
     }
     staged_stats_.density =
         total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
