@@ -79,14 +79,14 @@
 // So far it runs compressor<S, Q, residual> with S one of topk, gaussiank, threshold and randomk
 // (float, Q any of the six quantizers; quantized Gaussian-k and Random-k as quantized top-k
 // and threshold) with sparse_allgather, and compressor<dense, identity, residual> and
-// compressor<randomk, identity, residual> (float) with dense_allreduce, with nonfinite_policy::error; any other configuration fails to
-// compile with a static_assert that says so (the policy: invalid_argument when the driver is
-// made). Not measured on the device (seconds in step_stats are 0) and not split into phases;
-// the sparse selectors' contraction is NaN (the device selection does not add up
-// ||e + g||^2; dense's is 1, as the host's). bytes_sent
-// counts 8 bytes a pick (quantized: 4 for its index, then the packed codes and 4 bytes a side
-// value; dense: 4 a value) and 8 a count (Random-k over dense_allreduce: 4 a value, 8 a count
-// and 8 a hash).
+// compressor<randomk, identity, residual> (float) with dense_allreduce, with
+// nonfinite_policy::error; any other configuration fails to compile with a static_assert that
+// says so (the policy: invalid_argument when the driver is made). Not measured on the device
+// (seconds in step_stats are 0) and not split into phases; the sparse selectors' contraction
+// is NaN (the device selection does not add up ||e + g||^2; dense's is 1, as the host's).
+// bytes_sent counts 8 bytes a pick (quantized: 4 for its index, then the packed codes and 4
+// bytes a side value; dense: 4 a value) and 8 a count (Random-k over dense_allreduce: 4 a
+// value, 8 a count and 8 a hash).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -436,7 +436,8 @@ class device_sparsified_sgd {
   }
 
   // The step's count of each tensor (top-k's k at density rho, or every coordinate; for
-  // threshold and Gaussian-k, until their counts come back, each tensor's size) into k_, then set_layout().
+  // threshold and Gaussian-k, until their counts come back, each tensor's size) into k_, then
+  // set_layout().
   void set_counts(double rho) {
     const std::size_t nt = tensors_.size();
     k_.resize(nt);
@@ -602,15 +603,11 @@ class device_sparsified_sgd {
       on_device(compressor_.selector())
           .select(tmp, device_span<const T>(tensor(e, t)), context(t, rho), selected_picks(t),
                   stats_dev_.data() + t, stream());
-    } else if constexpr (is_gaussiank) {
-      select_context ctx = context(t, rho);
-      ctx.k = k_for_density(tensors_[t].size, rho);
-      on_device(compressor_.selector())
-          .select_accumulate(tmp, tensor(e, t), tensor(grads, t), ctx, selected_picks(t),
-                             stats_dev_.data() + t, stream());
     } else {
+      select_context ctx = context(t, rho);
+      if constexpr (is_gaussiank) ctx.k = k_for_density(tensors_[t].size, rho);
       on_device(compressor_.selector())
-          .select_accumulate(tmp, tensor(e, t), tensor(grads, t), context(t, rho),
+          .select_accumulate(tmp, tensor(e, t), tensor(grads, t), ctx,
                              selected_picks(t), stats_dev_.data() + t, stream());
     }
   }
@@ -636,12 +633,6 @@ class device_sparsified_sgd {
     const std::size_t nt = tensors_.size();
     const std::size_t picks = k_at_[nt];
     pick_hash_.assign(nt, 0);
-    if (picks == 0) {  // every tensor empty
-      if constexpr (reduces_picks) {
-        for (std::size_t t = 0; t < nt; ++t) pick_hash_[t] = hash_of(tensors_[t].size, nullptr, 0);
-      }
-      return;
-    }
     if (picks > drawn_capacity_) {
       void* p = nullptr;
       detail::cuda_check(cudaMallocHost(&p, picks * sizeof(std::uint32_t)), "cudaMallocHost");
@@ -655,9 +646,11 @@ class device_sparsified_sgd {
         pick_hash_[t] = hash_of(tensors_[t].size, drawn + k_at_[t], k_[t]);
       }
     }
-    detail::cuda_check(cudaMemcpyAsync(picks_.data(), drawn, picks * sizeof(std::uint32_t),
-                                       cudaMemcpyHostToDevice, stream()),
-                       "cudaMemcpyAsync");
+    if (picks) {  // else every tensor is empty (and drawn may be null: nothing is drawn)
+      detail::cuda_check(cudaMemcpyAsync(picks_.data(), drawn, picks * sizeof(std::uint32_t),
+                                         cudaMemcpyHostToDevice, stream()),
+                         "cudaMemcpyAsync");
+    }
   }
 
   // A tensor's size n and picks (its own indices, before add_offset) as one number, which
@@ -677,9 +670,9 @@ class device_sparsified_sgd {
     cuda::check_launch("add_offset_kernel");
   }
 
-  // threshold and Gaussian-k: the counts come back (one wait), become k_, and each tensor's picks and values
-  // move from its range of the capacity buffers to its place in picks_ / values_; then the
-  // offsets, and a quantizer's encoding.
+  // threshold and Gaussian-k: the counts come back (one wait), become k_, and each tensor's
+  // picks and values move from its range of the capacity buffers to its place in picks_ /
+  // values_; then the offsets, and a quantizer's encoding.
   void pack_selected(double rho) {
     const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
@@ -1006,19 +999,10 @@ class device_sparsified_sgd {
     const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
     const auto ranks = static_cast<std::size_t>(comm_->size());
-    const std::size_t row = nt + 1;
     gather_counts_and_status();
-    for (std::size_t r = 0; r < ranks; ++r) {
-      for (std::size_t t = 0; t < nt; ++t) {
-        const std::size_t c = counts_[r * row + t];
-        if (c != tensors_[t].size) {
-          throw communicator_error(detail::concat(
-              "gradcomp::device_sparsified_sgd: rank ", r, " announced ", c, " values of tensor ",
-              tensors_[t].id, "; dense_allreduce adds every rank's whole tensor, so allowed: "
-              "exactly its ", tensors_[t].size, " elements. Nothing was reduced"));
-        }
-      }
-    }
+    // (k_ holds every tensor's size here.)
+    require_own_counts("values", "dense_allreduce adds every rank's whole tensor, so allowed: "
+                       "exactly its ", " elements");
     if (total_) {
       comm_->allreduce(device_span<T>(values_.data(), total_), reduce_op::sum);
       const device_span<T> avg = staged_average();
@@ -1049,6 +1033,26 @@ class device_sparsified_sgd {
     staged_stats_.density = total_ ? 1.0 : 0.0;
   }
 
+  // The allreduce exchanges' check of the gathered counts: every rank must announce this
+  // rank's count (k_) of every tensor, else every rank refuses the step (each holds the same
+  // counts) before anything is reduced. The message: rank r announced c <what> of tensor id;
+  // <rule><k_[t]><unit>.
+  void require_own_counts(std::string_view what, std::string_view rule,
+                          std::string_view unit) const {
+    const std::size_t nt = tensors_.size();
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (std::size_t t = 0; t < nt; ++t) {
+        const std::size_t c = counts_[r * (nt + 1) + t];
+        if (c != k_[t]) {
+          throw communicator_error(detail::concat(
+              "gradcomp::device_sparsified_sgd: rank ", r, " announced ", c, " ", what,
+              " of tensor ", tensors_[t].id, "; ", rule, k_[t], unit, ". Nothing was reduced"));
+        }
+      }
+    }
+  }
+
   // Phase 2 of Random-k over dense_allreduce: the counts and statuses (each rank must announce
   // this rank's k of every tensor), then each rank's hash of each tensor's picks (which must
   // be this rank's: a rank with another seed, step or layout would add its values at other
@@ -1060,19 +1064,9 @@ class device_sparsified_sgd {
     const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
     const auto ranks = static_cast<std::size_t>(comm_->size());
-    const std::size_t row = nt + 1;
     gather_counts_and_status();
-    for (std::size_t r = 0; r < ranks; ++r) {
-      for (std::size_t t = 0; t < nt; ++t) {
-        const std::size_t c = counts_[r * row + t];
-        if (c != k_[t]) {
-          throw communicator_error(detail::concat(
-              "gradcomp::device_sparsified_sgd: rank ", r, " announced ", c, " picks of tensor ",
-              tensors_[t].id, "; dense_allreduce adds every rank's Random-k values at the same "
-              "indices, so allowed: exactly this rank's ", k_[t], ". Nothing was reduced"));
-        }
-      }
-    }
+    require_own_counts("picks", "dense_allreduce adds every rank's Random-k values at the same "
+                       "indices, so allowed: exactly this rank's ", "");
     comm_->gather_counts(std::span<const std::uint64_t>(pick_hash_), hashes_);
     for (std::size_t r = 0; r < ranks; ++r) {
       for (std::size_t t = 0; t < nt; ++t) {

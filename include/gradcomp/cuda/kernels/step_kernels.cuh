@@ -2,10 +2,11 @@
 // (cuda/sparsified_sgd.cuh) around the selection, feedback and scatter kernels it reuses: the
 // picks' indices into the flat parameter buffer, the non-finite check of the picks, the
 // quantization error kept in the residual, the check of the received payloads, the division
-// of the rank-order sum (or of an allreduce's sum at shared indices), and the SGD update. Every arithmetic step is one correctly rounded
-// operation (__fmul_rn, __fadd_rn, ...), never contracted into a fused multiply-add, so that
-// the results are the host's bit for bit. (The kernels are templates, used with float and
-// std::uint32_t, so that the header can be part of several translation units of one program.)
+// of the rank-order sum (or of an allreduce's sum at shared indices), and the SGD update.
+// Every arithmetic step is one correctly rounded operation (__fmul_rn, __fadd_rn, ...), never
+// contracted into a fused multiply-add, so that the results are the host's bit for bit. (The
+// kernels are templates, used with float and std::uint32_t, so that the header can be part of
+// several translation units of one program.)
 #pragma once
 
 #include <cuda_runtime.h>
