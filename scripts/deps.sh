@@ -30,9 +30,10 @@ fi
 
 echo "deps.sh: installing ${missing[*]}"
 # env, not export: sudo would drop an exported DEBIAN_FRONTEND.
-# Without the packages these only recommend (39 of 257 on a fresh machine: Qt, VA/VDPAU drivers,
-# GStreamer, Pillow, Eigen; none is used here), and without dpkg's fsync after every file
-# (--force-unsafe-io: a machine that crashes mid-install is set up again anyway).
+# Without the packages these only recommend (39 of 257 on this project's machine: Qt, VA/VDPAU
+# drivers, GStreamer, Pillow, Eigen; none is used here), and without dpkg's fsync after every
+# file (--force-unsafe-io: should the machine lose power mid-install, reinstall the packages
+# with apt-get install --reinstall).
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
   -o Dpkg::Options::=--force-unsafe-io "${missing[@]}" >/dev/null
