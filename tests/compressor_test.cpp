@@ -434,6 +434,24 @@ TEST_CASE_TEMPLATE("compressor: a staged step refuses NaN, Inf and an overflowin
       auto st = from;
       CHECK_THROWS_AS(c.compress(g2, st, {0.01, call_id{1, 1, 6}}, p), nonfinite_error);
     }
+    // DGC's v + (m u + g) of finite values that overflows: found in ||v||^2, then refused.
+    if constexpr (std::is_same_v<typename C::feedback_type, dgc_momentum>) {
+      from.v[n / 2] = 3e38f;
+      auto g2 = g;
+      g2[n / 2] = 3e38f;
+      const auto u_before = from.u;
+      const auto v_before = from.v;
+      try {
+        c.compress(g2, std::as_const(from), to, {0.01, call_id{1, 1, 6}}, p);
+        FAIL("no exception");
+      } catch (const nonfinite_error& e) {
+        CHECK(std::string(e.what()).find(detail::concat("overflowed to inf at index ", n / 2)) !=
+              std::string::npos);
+      }
+      CHECK(from.u == u_before);
+      CHECK(from.v == v_before);
+      CHECK(p.indices == p_before.indices);
+    }
   }
 }
 

@@ -96,7 +96,8 @@ class compressor {
   // rejected by the selector's check() throws and leaves st as it was. An exception from
   // inside a policy's work (bad_alloc, a custom selector that throws) leaves st valid but
   // holding the accumulated gradient, and so does an accumulated value that overflows to Inf
-  // (e + g of two finite values), which residual feedback's pass finds and refuses afterwards.
+  // (e + g of two finite values, or DGC's v + u), which residual feedback's pass (dgc_momentum's:
+  // its sum of squares) finds and refuses afterwards.
   compress_stats compress(std::span<const T> g, state_type& st, const compress_context& ctx,
                           payload& out) {
     return compress_staged(g, nullptr, st, ctx, out);
@@ -342,7 +343,12 @@ class compressor {
     }
     if constexpr (measures_energy) {
       energy = 0.0;
-      return feedback_.accumulate_into(from ? *from : to, to, g, &energy);
+      const std::span<const T> acc = feedback_.accumulate_into(from ? *from : to, to, g, &energy);
+      // A NaN or Inf in acc (g was checked, or is refused first: an accumulation that
+      // overflowed) makes ||acc||^2 NaN or Inf, so only then is acc read again; the read also
+      // tells a sum of squares that overflowed with every value finite (doubles above 1e154).
+      if (!std::isfinite(energy)) nonfinite = detail::first_nonfinite(acc) != acc.size();
+      return acc;
     }
     return accumulate(g, from, to);
   }
