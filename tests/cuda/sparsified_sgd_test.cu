@@ -2,7 +2,8 @@
 // the same compressor, exchange, options and gradients, run side by side on P = 1, 2 and 4
 // ranks (threads of this process, one stream each, sharing the GPU; the device step's exchange
 // over cuda::staged_comm on the same in-process communicator as the host's). Parameters,
-// averaged gradient, residuals and selection statistics must be the host's bit for bit after
+// averaged gradient, feedback state (the residual, or DGC's u and v) and selection statistics
+// must be the host's bit for bit after
 // every step (Gaussian-k's threshold within float tolerance, on gradients that make its index
 // sets the host's). Then the transaction: a fault in any of the device step's collectives, on any
 // rank, a corrupted count or pick, or a non-finite gradient changes no state on any rank, and
@@ -88,6 +89,26 @@ template <class Q>
 using randomk_p = policies<compressor<randomk, Q, residual>, sparse_allgather>;
 // Random-k's values added by one allreduce at the indices every rank shares.
 using randomk_allreduce_p = policies<compressor<randomk, identity, residual>, dense_allreduce>;
+// DGC's momentum correction (m = 0.9) in place of the residual, with selector S (threshold at
+// tau = 0.75) and quantizer Q. DGC applies momentum itself: the setups' SGD momentum is 0.
+template <class S, class Q>
+struct dgc_p : policies<compressor<S, Q, dgc_momentum>, sparse_allgather> {
+  static constexpr bool applies_momentum = true;
+  static compressor<S, Q, dgc_momentum> make() {
+    S sel{};
+    if constexpr (std::is_same_v<S, threshold>) sel = threshold{0.75};
+    return compressor<S, Q, dgc_momentum>(sel, Q{}, dgc_momentum{0.9, 0.0});
+  }
+};
+// DGC with its local gradient clipping at ||g|| = 1, on gradients of multiples of 1/8, whose
+// squares add up exactly in any order: the device's scale is the host's, bit for bit.
+struct dgc_clip_p : policies<compressor<topk, identity, dgc_momentum>, sparse_allgather> {
+  static constexpr bool applies_momentum = true;
+  static constexpr int gradient_kind = 2;
+  static compressor<topk, identity, dgc_momentum> make() {
+    return compressor<topk, identity, dgc_momentum>(topk{}, identity{}, dgc_momentum{0.9, 1.0});
+  }
+};
 // The top-k configuration's, for the tests that run only it.
 using C = sparse_p::C;
 using device_t = sparse_p::device_t;
@@ -271,7 +292,14 @@ void check_same_state(rank_t<Pol>& k, int r) {
   CHECK(first_difference(down(k.dev->averaged_gradient()), k.host->averaged_gradient()) == -1);
   for (std::size_t t = 0; t < k.dev->tensors().size(); ++t) {
     CAPTURE(t);
-    CHECK(first_difference(down(k.dev->residual(t)), k.host->feedback_state(t).e) == -1);
+    // The residual's e, or DGC's u and v.
+    const auto dev_buffers = k.dev->feedback_buffers(t);
+    const auto host_buffers = k.host->feedback_state(t).buffers();
+    REQUIRE(dev_buffers.size() == host_buffers.size());
+    for (std::size_t b = 0; b < dev_buffers.size(); ++b) {
+      CAPTURE(b);
+      CHECK(first_difference(down(dev_buffers[b]), host_buffers[b]) == -1);
+    }
     const tensor_stats& d = k.dev->last_stats().tensors[t];
     const tensor_stats& h = k.host->last_stats().tensors[t];
     CHECK(d.selected == h.selected);
@@ -349,6 +377,12 @@ void check_bit_for_bit(Start&& start, More&& more, bool small_only = false) {
   std::vector<setup_t> setups = bit_for_bit_setups();
   if constexpr (requires { Pol::gradient_kind; }) {
     for (setup_t& s : setups) s.kind = Pol::gradient_kind;
+  }
+  if constexpr (requires { Pol::applies_momentum; }) {
+    for (setup_t& s : setups) {
+      if (Pol::applies_momentum) s.opt.momentum = 0.0;
+      s.opt.nesterov = s.opt.nesterov && s.opt.momentum > 0.0;
+    }
   }
   const bool small = small_only || std::getenv("GRADCOMP_CUDA_TEST_SMALL") != nullptr;
   for (const int P : {1, 2, 4}) {
@@ -429,13 +463,17 @@ void check_faults_change_nothing(std::vector<rank_t<Pol>>& ranks, const setup_t&
 }
 
 // check_faults_change_nothing on fresh ranks of configuration Pol after one step, at P = 2
-// and 3: three tensors, density 0.05, momentum, gradients of the given kind.
+// and 3: three tensors, density 0.05, momentum (DGC's, where it applies its own), gradients of
+// the given kind.
 template <class Pol>
 void check_faults_at_2_and_3(int kind, std::size_t collectives,
                              const std::vector<std::size_t>& corrupted) {
   sgd_options opt{};
   opt.lr = 0.05;
   opt.momentum = 0.9;
+  if constexpr (requires { Pol::applies_momentum; }) {
+    if (Pol::applies_momentum) opt.momentum = 0.0;  // DGC: its own
+  }
   const setup_t s{{1000, 37, 4096}, 0.05, opt, kind};
   for (const int P : {2, 3}) {
     CAPTURE(P);
@@ -863,4 +901,47 @@ TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: ranks with other
     CHECK(ranks[static_cast<std::size_t>(r)].comm->calls() == 2);
     check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
   }
+}
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, DGC feedback: the host step bit for bit, P = 1, 2, 4", Pol,
+                   dgc_p<topk, identity>, dgc_clip_p, dgc_p<topk, qsgd>, dgc_p<threshold, identity>,
+                   dgc_p<randomk, identity>) {
+  // u and v after every step as the host's (check_same_state), and the checkpoint (u, then v,
+  // per tensor) the host's byte for byte. Quantized (the small layouts), v keeps the error.
+  check_bit_for_bit<Pol>(
+      [](auto&, const setup_t&) {},
+      [](auto& k, const setup_t&) {
+        std::ostringstream host_cp;
+        k.host->save_state(host_cp);
+        CHECK(checkpoint_of(*k.dev) == host_cp.str());
+      },
+      /*small_only=*/!std::is_same_v<typename Pol::C::quantizer_type, identity>);
+}
+
+TEST_CASE("device_sparsified_sgd, DGC feedback: a failed step or a lying peer changes nothing on any rank") {
+  check_faults_at_2_and_3<dgc_p<topk, identity>>(1, 3, {0, 1});
+}
+
+TEST_CASE("device_sparsified_sgd, DGC feedback: a non-finite gradient fails the step on every rank") {
+  // The accumulation pass checks every v it writes: NaN and Inf, picked or not.
+  check_nonfinite_in_tensor_1<dgc_p<topk, identity>>(0, std::nanf(""));
+  check_nonfinite_in_tensor_1<dgc_p<randomk, identity>>(1, -INFINITY);
+}
+
+TEST_CASE("device_sparsified_sgd, DGC feedback: SGD momentum and DGC settings out of range are refused") {
+  const setup_t s{{10, 20}, 0.1, {}, 0};
+  auto ranks = make_ranks<dgc_p<topk, identity>>(s, 1, /*with_host=*/false);
+  using D = dgc_p<topk, identity>::device_t;
+  using DC = dgc_p<topk, identity>::C;
+  const auto schedule = density_schedule::constant(s.density);
+  sgd_options with_momentum{};
+  with_momentum.momentum = 0.9;
+  CHECK_THROWS_WITH_AS(D(*ranks[0].staged, s.sizes, DC{}, sparse_allgather{}, with_momentum, schedule),
+                       doctest::Contains("momentum"), invalid_argument);
+  CHECK_THROWS_WITH_AS(D(*ranks[0].staged, s.sizes, DC(topk{}, identity{}, dgc_momentum{1.0, 0.0}),
+                         sparse_allgather{}, s.opt, schedule),
+                       doctest::Contains("0 <= momentum < 1"), invalid_argument);
+  CHECK_THROWS_WITH_AS(D(*ranks[0].staged, s.sizes, DC(topk{}, identity{}, dgc_momentum{0.9, -1.0}),
+                         sparse_allgather{}, s.opt, schedule),
+                       doctest::Contains("clip_norm"), invalid_argument);
 }

@@ -76,10 +76,22 @@
 // the sender and the tensor, before anything is decoded; then decodes them into the values
 // the scatter-add sums.
 //
-// So far it runs compressor<S, Q, residual> with S one of topk, gaussiank, threshold and randomk
-// (float, Q any of the six quantizers; quantized Gaussian-k and Random-k as quantized top-k
-// and threshold) with sparse_allgather, and compressor<dense, identity, residual> and
-// compressor<randomk, identity, residual> (float) with dense_allreduce, with
+// DGC's momentum correction in place of the residual: compressor<S, Q, dgc_momentum> keeps u and
+// v per coordinate (committed and staged, as the residual), and phase 1 starts with one pass
+// over the flat buffer that writes the staged u = m u + s g and v = v + u from the committed
+// ones (s: the tensor's clipping scale, clip / ||g|| where ||g|| exceeds clip_norm, else 1;
+// ||g||^2 in a fixed order of its own, so the scale is the host's wherever the squares add up
+// exactly and otherwise within its last bit) and refuses a non-finite v (a NaN or Inf in g, or
+// an accumulation that overflowed, both refused by the host too). Every selector then reads v
+// as threshold reads e + g (top-k and Gaussian-k by their plain select), the picks are
+// gathered and cleared in v and cleared in u (momentum factor masking), and a quantizer's
+// error stays in v, as the host's dgc_momentum::update. Its options need momentum 0, as the
+// host's (DGC applies momentum itself); checkpoints hold u and v per tensor, the host's.
+//
+// So far it runs compressor<S, Q, F> with S one of topk, gaussiank, threshold and randomk and F
+// residual or dgc_momentum (float, Q any of the six quantizers; quantized Gaussian-k and
+// Random-k as quantized top-k and threshold) with sparse_allgather, and compressor<dense,
+// identity, residual> and compressor<randomk, identity, residual> (float) with dense_allreduce, with
 // nonfinite_policy::error; any other configuration fails to compile with a static_assert that
 // says so (the policy: invalid_argument when the driver is made). Not measured on the device
 // (seconds in step_stats are 0) and not split into phases; the sparse selectors' contraction
@@ -118,6 +130,7 @@
 #include <gradcomp/error.hpp>
 #include <gradcomp/exchange/dense_allreduce.hpp>
 #include <gradcomp/exchange/sparse_allgather.hpp>
+#include <gradcomp/feedback/dgc_momentum.hpp>
 #include <gradcomp/feedback/residual.hpp>
 #include <gradcomp/quantize.hpp>
 #include <gradcomp/select/dense.hpp>
@@ -159,18 +172,24 @@ class device_sparsified_sgd {
   // over sparse_allgather).
   using selector_t = typename Compressor::selector_type;
   using quantizer_t = typename Compressor::quantizer_type;
+  using feedback_t = typename Compressor::feedback_type;
   static constexpr bool dense_path = std::is_same_v<selector_t, dense>;
+  // DGC's momentum correction (dgc_momentum): the state is u and v; v + (m u + g) is added in
+  // one pass over the flat buffer before any selection, which reads v; the picks are cleared
+  // in v (gather_and_clear, as in a residual) and in u (momentum factor masking).
+  static constexpr bool is_dgc = std::is_same_v<feedback_t, dgc_momentum>;
   static constexpr bool is_threshold = std::is_same_v<selector_t, threshold>;
   static constexpr bool is_gaussiank = std::is_same_v<selector_t, gaussiank>;
   static constexpr bool is_randomk = std::is_same_v<selector_t, randomk>;
   // threshold and Random-k select from e + g added beforehand in one pass over the flat buffer;
   // top-k and Gaussian-k add g into e inside their selection pass (select_accumulate).
-  static constexpr bool accumulates_first = is_threshold || is_randomk;
+  // (With DGC every selector reads v, added beforehand.)
+  static constexpr bool accumulates_first = is_threshold || is_randomk || is_dgc;
   // The check for NaN and Inf reads the flat e + g (position j = flat index j): dense sends
   // every coordinate, and Random-k's picks do not depend on the values, so they need not hold
   // a NaN or Inf that e + g holds. The others' picks hold one whenever e + g does, and the
-  // check reads only them.
-  static constexpr bool checks_flat_values = dense_path || is_randomk;
+  // check reads only them. DGC's accumulation pass checks every v it writes.
+  static constexpr bool checks_flat_values = dense_path || is_randomk || is_dgc;
   // Random-k over dense_allreduce: every rank picks the same indices (the draw depends on the
   // seed, step, tensor and k alone), so the values are added by one allreduce.
   static constexpr bool reduces_picks = is_randomk && std::is_same_v<Exchange, dense_allreduce>;
@@ -180,11 +199,12 @@ class device_sparsified_sgd {
   // Top-k's picks encoded by a quantizer on the device (else sent as floats).
   static constexpr bool quantized = !std::is_same_v<quantizer_t, identity>;
   static_assert((std::is_same_v<selector_t, topk> || variable_count || is_randomk || dense_path) &&
-                    std::is_same_v<typename Compressor::feedback_type, gradcomp::residual> &&
+                    (std::is_same_v<feedback_t, gradcomp::residual> || (is_dgc && !dense_path)) &&
                     std::is_same_v<typename Compressor::value_type, float>,
-                "device_sparsified_sgd<C, X, Comm> runs C = compressor<S, Q, residual> with S "
-                "one of topk, gaussiank, threshold and randomk, or compressor<dense, identity, "
-                "residual> (float) so far; other selectors and feedback run in sparsified_sgd on the host.");
+                "device_sparsified_sgd<C, X, Comm> runs C = compressor<S, Q, F> with S one of "
+                "topk, gaussiank, threshold and randomk and F residual or dgc_momentum, or "
+                "compressor<dense, identity, residual> (float) so far; other selectors and "
+                "feedback run in sparsified_sgd on the host.");
   static_assert(std::is_same_v<quantizer_t, identity> || std::is_same_v<quantizer_t, fp16> ||
                     std::is_same_v<quantizer_t, bf16> || std::is_same_v<quantizer_t, qsgd> ||
                     std::is_same_v<quantizer_t, terngrad> ||
@@ -199,6 +219,10 @@ class device_sparsified_sgd {
                 "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather with topk, "
                 "gaussiank, threshold and randomk, and X = dense_allreduce with dense and "
                 "randomk so far.");
+  static_assert(!reduces_picks || !is_dgc,
+                "device_sparsified_sgd<compressor<randomk, Q, dgc_momentum>, dense_allreduce, "
+                "...> does not run so far (sparse_allgather does); it runs in sparsified_sgd on "
+                "the host.");
   static_assert(!reduces_picks || !quantized,
                 "device_sparsified_sgd<compressor<randomk, Q, residual>, dense_allreduce, ...> "
                 "runs Q = identity so far; fp16 and bf16 sums run in sparsified_sgd on the "
@@ -226,6 +250,14 @@ class device_sparsified_sgd {
       : comm_(&comm), tensors_(tensors.begin(), tensors.end()), compressor_(std::move(c)),
         exchange_(std::move(x)), opt_(opt), schedule_(schedule) {
     detail::check_sgd_options(driver_name, opt_);
+    if constexpr (is_dgc) {
+      compressor_.feedback().check();
+      if (opt_.momentum != 0.0) {
+        detail::throw_invalid_argument(
+            driver_name, "momentum", opt_.momentum,
+            "0 with dgc_momentum feedback (it applies momentum before compression)");
+      }
+    }
     offsets_ = detail::tensor_offsets(driver_name, tensors_);
     for (const tensor_spec& t : tensors_) detail::check_tensor_size(driver_name, t, dense_path);
     total_ = detail::total_size(tensors_);
@@ -242,6 +274,10 @@ class device_sparsified_sgd {
                                      "propagate", "nonfinite_policy::error on the device");
     }
     for (auto& e : residual_) zeroed(e, total_);
+    if constexpr (is_dgc) {
+      for (auto& u : momentum_) zeroed(u, total_);
+      refused_value_.resize(1);
+    }
     for (auto& a : average_) zeroed(a, total_);
     if (opt_.momentum > 0.0) zeroed(velocity_, total_);
     stats_dev_.resize(std::max<std::size_t>(tensors_.size(), 1));
@@ -323,8 +359,20 @@ class device_sparsified_sgd {
   [[nodiscard]] device_span<const T> averaged_gradient() const noexcept {
     return {average_[committed_].data(), total_};
   }
+  // Tensor t's residual (with dgc_momentum feedback: its v).
   [[nodiscard]] device_span<const T> residual(std::size_t tensor_index) const {
     return {residual_[committed_].data() + offsets_.at(tensor_index), tensors_[tensor_index].size};
+  }
+  // Tensor t's feedback state in the order of the host state's buffers(): residual {e},
+  // dgc_momentum {u, v}.
+  [[nodiscard]] std::vector<device_span<const T>> feedback_buffers(std::size_t tensor_index) const {
+    const std::size_t at = offsets_.at(tensor_index), n = tensors_[tensor_index].size;
+    if constexpr (is_dgc) {
+      return {device_span<const T>(momentum_[committed_].data() + at, n),
+              device_span<const T>(residual_[committed_].data() + at, n)};
+    } else {
+      return {device_span<const T>(residual_[committed_].data() + at, n)};
+    }
   }
   [[nodiscard]] device_span<const T> velocity() const noexcept {
     return {velocity_.data(), velocity_.size()};
@@ -334,11 +382,17 @@ class device_sparsified_sgd {
   // counter, every tensor's residual keyed by tensor id, the velocity. Both wait for the stream.
   void save_state(std::ostream& os) const {
     const std::vector<T> e = download(residual_[committed_].data(), total_);
+    const std::vector<T> u = download(momentum_[committed_].data(), is_dgc ? total_ : 0);
     const std::vector<T> v = download(velocity_.data(), velocity_.size());
     detail::save_sgd_checkpoint<T>(
         os, driver_name, step_, tensors_,
-        [&](std::size_t t) {  // residual keeps one buffer
-          return std::vector<std::span<const T>>{{e.data() + offsets_[t], tensors_[t].size}};
+        [&](std::size_t t) {  // residual keeps one buffer, dgc_momentum u and v
+          const std::span<const T> et(e.data() + offsets_[t], tensors_[t].size);
+          if constexpr (is_dgc) {
+            return std::vector<std::span<const T>>{{u.data() + offsets_[t], tensors_[t].size}, et};
+          } else {
+            return std::vector<std::span<const T>>{et};
+          }
         },
         std::span<const T>(v));
   }
@@ -347,15 +401,22 @@ class device_sparsified_sgd {
   // changes nothing unless all of it matches.
   void load_state(std::istream& is) {
     std::vector<T> e(total_);
+    std::vector<T> u(is_dgc ? total_ : 0);
     std::vector<T> v(velocity_.size());
     const std::uint64_t step = detail::load_sgd_checkpoint<T>(
         is, driver_name, tensors_,
         [&](std::size_t t) {
-          return std::vector<std::span<T>>{{e.data() + offsets_[t], tensors_[t].size}};
+          const std::span<T> et(e.data() + offsets_[t], tensors_[t].size);
+          if constexpr (is_dgc) {
+            return std::vector<std::span<T>>{{u.data() + offsets_[t], tensors_[t].size}, et};
+          } else {
+            return std::vector<std::span<T>>{et};
+          }
         },
         std::span<T>(v));
     // Everything read and checked: now the device state.
     upload(residual_[committed_].data(), e);
+    upload(momentum_[committed_].data(), u);
     upload(velocity_.data(), v);
     detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
     step_ = step;
@@ -366,6 +427,9 @@ class device_sparsified_sgd {
   static constexpr std::string_view driver_name = "device_sparsified_sgd";
   static constexpr unsigned threads = 256;
   static constexpr std::size_t max_blocks = 4096;
+  // DGC's clipping: the blocks of each tensor's sum of squares (a fixed grid, so that the sums
+  // are the same in every run).
+  static constexpr unsigned clip_blocks = 256;
 
   void check_size(const char* what, std::size_t n) const {
     if (n != total_) {
@@ -391,6 +455,7 @@ class device_sparsified_sgd {
     }
   }
   device_span<T> staged_residual() const { return {residual_[committed_ ^ 1u].data(), total_}; }
+  device_span<T> staged_momentum() const { return {momentum_[committed_ ^ 1u].data(), total_}; }
   device_span<T> staged_average() const { return {average_[committed_ ^ 1u].data(), total_}; }
 
   template <class U>
@@ -473,7 +538,8 @@ class device_sparsified_sgd {
     const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
     set_counts(rho);
-    const gradcomp::residual& fb = compressor_.feedback();
+    // The picks gathered from e (DGC: v) and cleared there, as a residual's.
+    const gradcomp::residual fb{};
     const device_span<T> e = staged_residual();
     if constexpr (variable_count) {
       cap_picks_.resize(std::max<std::size_t>(total_, 1));
@@ -495,25 +561,29 @@ class device_sparsified_sgd {
       grow_scratch(q.bytes);
       if constexpr (quantized && !variable_count) encode_own(t, rho, /*size_query=*/true);
     }
-    if (total_) {
-      detail::cuda_check(cudaMemcpyAsync(e.data(), residual_[committed_].data(), total_ * sizeof(T),
-                                         cudaMemcpyDeviceToDevice, s),
-                         "cudaMemcpyAsync");
-      // threshold and Random-k select from e + g, added first (top-k and Gaussian-k add it
-      // inside their selection pass).
-      if constexpr (accumulates_first) {
-        cuda::feedback_impl::launch_accumulate(e.data(), grads.data(), total_, s);
-      }
-    }
     detail::cuda_check(cudaMemsetAsync(stats_dev_.data(), 0, nt * sizeof(selection_stats), s),
                        "cudaMemsetAsync");
     detail::cuda_check(cudaMemsetAsync(errors_dev_.data(), 0xff, 2 * sizeof(cuda::error_record), s),
                        "cudaMemsetAsync");
+    if (total_) {
+      if constexpr (is_dgc) {
+        accumulate_dgc(grads);
+      } else {
+        detail::cuda_check(cudaMemcpyAsync(e.data(), residual_[committed_].data(),
+                                           total_ * sizeof(T), cudaMemcpyDeviceToDevice, s),
+                           "cudaMemcpyAsync");
+        // threshold and Random-k select from e + g, added first (top-k and Gaussian-k add it
+        // inside their selection pass).
+        if constexpr (accumulates_first) {
+          cuda::feedback_impl::launch_accumulate(e.data(), grads.data(), total_, s);
+        }
+      }
+    }
     if constexpr (is_randomk) {
       // Every coordinate of e + g, read back now, before gather_and_clear zeroes the picks in
       // e (the refusal's message reads its value there): a wait of its own, after which the
-      // stream is idle for the draws.
-      if (total_) {
+      // stream is idle for the draws. (DGC's accumulation checked v already.)
+      if (total_ && !is_dgc) {
         cuda::step_impl::first_nonfinite_kernel<T>
             <<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(e.data(), total_,
                                                                             errors_dev_.data());
@@ -536,6 +606,15 @@ class device_sparsified_sgd {
     }
     if constexpr (variable_count) pack_selected(rho);
     const std::size_t picks = k_at_[nt];
+    if constexpr (is_dgc) {
+      // Momentum factor masking: u = 0 at the picks (now flat indices).
+      if (picks) {
+        cuda::step_impl::clear_at_kernel<T, std::uint32_t>
+            <<<cuda::grid_for(picks, threads, max_blocks), threads, 0, s>>>(
+                staged_momentum().data(), picks_.data(), picks);
+        cuda::check_launch("clear_at_kernel");
+      }
+    }
     if constexpr (quantized) {
       // e = (e + g) - decoded at the picks (now flat indices), where gather_and_clear left 0.
       if (picks) {
@@ -545,7 +624,7 @@ class device_sparsified_sgd {
         cuda::check_launch("keep_error_kernel");
       }
     }
-    if (picks && !is_randomk) {
+    if (picks && !is_randomk && !is_dgc) {
       cuda::step_impl::first_nonfinite_kernel<T>
           <<<cuda::grid_for(picks, threads, max_blocks), threads, 0, s>>>(values_.data(), picks,
                                                                           errors_dev_.data());
@@ -572,6 +651,47 @@ class device_sparsified_sgd {
     staged_stats_.step = step_;
     staged_stats_.target_density = rho;
     staged_stats_.n = total_;
+  }
+
+  // DGC: the staged u and v from the committed ones and g (dgc_momentum::accumulate_into's
+  // operations), over the flat buffer at once or, clipping, tensor by tensor with its scale
+  // (from two small reductions of its g: the host's rule, its sum of squares in another order,
+  // which is exact where the squares add up exactly, as for multiples of 1/8, and otherwise may
+  // differ in its last bit). The first non-finite v goes to errors_dev_[0] and its value to
+  // refused_value_, before the picks are cleared.
+  void accumulate_dgc(device_span<const T> grads) {
+    const cudaStream_t s = stream();
+    const dgc_momentum& fb = compressor_.feedback();
+    const auto m = static_cast<T>(fb.momentum);
+    const unsigned c = committed_, st = committed_ ^ 1u;
+    const auto launch = [&](std::size_t at, std::size_t n, const T* scale) {
+      cuda::step_impl::dgc_accumulate_kernel<T><<<cuda::grid_for(n, threads, max_blocks), threads, 0, s>>>(
+          momentum_[st].data() + at, residual_[st].data() + at, momentum_[c].data() + at,
+          residual_[c].data() + at, grads.data() + at, n, m, scale, at, errors_dev_.data());
+      cuda::check_launch("dgc_accumulate_kernel");
+    };
+    if (fb.clip_norm > 0.0) {
+      const std::size_t nt = tensors_.size();
+      clip_scales_.resize(nt);
+      clip_partials_.resize(nt * clip_blocks);
+      for (std::size_t t = 0; t < nt; ++t) {
+        const std::size_t n = tensors_[t].size;
+        if (n == 0) continue;
+        double* partial = clip_partials_.data() + t * clip_blocks;
+        cuda::step_impl::square_sum_kernel<T, threads><<<clip_blocks, threads, 0, s>>>(
+            grads.data() + offsets_[t], n, partial);
+        cuda::check_launch("square_sum_kernel");
+        cuda::step_impl::clip_scale_kernel<T, threads><<<1, threads, 0, s>>>(
+            partial, clip_blocks, fb.clip_norm, clip_scales_.data() + t);
+        cuda::check_launch("clip_scale_kernel");
+        launch(offsets_[t], n, clip_scales_.data() + t);
+      }
+    } else {
+      launch(0, total_, nullptr);
+    }
+    cuda::step_impl::keep_reported_kernel<T><<<1, 1, 0, s>>>(residual_[st].data(), errors_dev_.data(),
+                                                             refused_value_.data());
+    cuda::check_launch("keep_reported_kernel");
   }
 
   // The step's output buffers for the counts in k_ (picks, values, and what a quantizer needs).
@@ -602,6 +722,13 @@ class device_sparsified_sgd {
     } else if constexpr (is_threshold) {
       on_device(compressor_.selector())
           .select(tmp, device_span<const T>(tensor(e, t)), context(t, rho), selected_picks(t),
+                  stats_dev_.data() + t, stream());
+    } else if constexpr (is_dgc) {
+      // Top-k or Gaussian-k of v, accumulated beforehand (accumulate_dgc).
+      select_context ctx = context(t, rho);
+      if constexpr (is_gaussiank) ctx.k = k_for_density(tensors_[t].size, rho);
+      on_device(compressor_.selector())
+          .select(tmp, device_span<const T>(tensor(e, t)), ctx, selected_picks(t),
                   stats_dev_.data() + t, stream());
     } else {
       select_context ctx = context(t, rho);
@@ -1183,7 +1310,11 @@ class device_sparsified_sgd {
     if constexpr (checks_flat_values) {
       t = static_cast<std::size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), flat) -
                                    offsets_.begin() - 1);
-      value = download((dense_path ? values_.data() : staged_residual().data()) + j, 1);
+      if constexpr (is_dgc) {
+        value = download(refused_value_.data(), 1);  // kept by accumulate_dgc
+      } else {
+        value = download((dense_path ? values_.data() : staged_residual().data()) + j, 1);
+      }
     } else {
       t = static_cast<std::size_t>(
           std::upper_bound(k_at_.begin(), k_at_.end(), static_cast<std::size_t>(j)) -
@@ -1230,7 +1361,8 @@ class device_sparsified_sgd {
   sgd_options opt_;
   density_schedule schedule_;
   // [committed_]: the state; [committed_ ^ 1]: what a step in flight writes.
-  device_buffer<T> residual_[2];
+  device_buffer<T> residual_[2];  // e (with dgc_momentum: v)
+  device_buffer<T> momentum_[2];  // dgc_momentum's u (else empty)
   device_buffer<T> average_[2];
   unsigned committed_ = 0;
   device_buffer<T> velocity_;
@@ -1259,6 +1391,11 @@ class device_sparsified_sgd {
   device_buffer<T> cap_values_;
   std::vector<std::uint64_t> seg_host_;
   device_buffer<std::uint64_t> seg_dev_;
+  // DGC: each tensor's clipping scale and its partial sums of squares; the value of a refused
+  // (non-finite) v.
+  device_buffer<T> clip_scales_;
+  device_buffer<double> clip_partials_;
+  device_buffer<T> refused_value_;
   struct free_pinned {
     void operator()(std::byte* p) const noexcept { cudaFreeHost(p); }
   };

@@ -1,8 +1,9 @@
 // gradcomp/cuda/kernels/step_kernels.cuh: the kernels of the device-resident SGD step
 // (cuda/sparsified_sgd.cuh) around the selection, feedback and scatter kernels it reuses: the
 // picks' indices into the flat parameter buffer, the non-finite check of the picks, the
-// quantization error kept in the residual, the check of the received payloads, the division
-// of the rank-order sum (or of an allreduce's sum at shared indices), and the SGD update.
+// quantization error kept in the residual, DGC's momentum correction and clipping, the check of
+// the received payloads, the division of the rank-order sum (or of an allreduce's sum at
+// shared indices), and the SGD update.
 // Every arithmetic step is one correctly rounded operation (__fmul_rn, __fadd_rn, ...), never
 // contracted into a fused multiply-add, so that the results are the host's bit for bit. (The
 // kernels are templates, used with float and std::uint32_t, so that the header can be part of
@@ -47,6 +48,86 @@ __global__ void keep_error_kernel(T* e, const Index* idx, const T* values, const
        j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     e[idx[j]] = __fsub_rn(values[j], decoded[j]);
   }
+}
+
+// DGC's momentum correction (dgc_momentum::accumulate_into), operation for operation, from
+// the committed state (u0, v0) into the staged one (u, v):
+//   u = m * u0 + s * g;  v = v0 + u
+// with s the tensor's clipping scale *scale (null: no clipping, where the host's 1 * g is g).
+// errors->first: the first flat index (at + i) where v is NaN or infinite: a non-finite g, or
+// an accumulation of finite values that overflowed (the host refuses both).
+template <class T>
+__global__ void dgc_accumulate_kernel(T* u, T* v, const T* u0, const T* v0, const T* g,
+                                      std::size_t n, T m, const T* scale, std::size_t at,
+                                      error_record* errors) {
+  const T s = scale != nullptr ? *scale : T(1);
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const T gi = scale != nullptr ? __fmul_rn(s, g[i]) : g[i];
+    const T ui = __fadd_rn(__fmul_rn(m, u0[i]), gi);
+    const T vi = __fadd_rn(v0[i], ui);
+    u[i] = ui;
+    v[i] = vi;
+    if (!isfinite(vi)) report_error(errors, at + i);
+  }
+}
+
+// DGC's clipping, pass 1: partial[b] = block b's sum of g[i]^2 in double (each thread adds its
+// grid-stride elements in order, then a fixed tree over the block): the same sums for the same
+// grid, whatever the run.
+template <class T, unsigned Threads>
+__global__ void square_sum_kernel(const T* g, std::size_t n, double* partial) {
+  __shared__ double sums[Threads];
+  double acc = 0.0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(Threads) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * Threads) {
+    const double x = static_cast<double>(g[i]);
+    acc = __dadd_rn(acc, __dmul_rn(x, x));
+  }
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned w = Threads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) sums[threadIdx.x] = __dadd_rn(sums[threadIdx.x], sums[threadIdx.x + w]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
+}
+
+// Pass 2, one block: the partial sums added in a fixed order, and *scale = clip / ||g|| where
+// ||g|| > clip, else 1 (dgc_momentum::accumulate_into's rule, its sqrt and division correctly
+// rounded in double as the host's). The squares are exact in double; only the order of the
+// additions differs from the host's loop, and with it at most the last bit of the sum.
+template <class T, unsigned Threads>
+__global__ void clip_scale_kernel(const double* partial, unsigned blocks, double clip, T* scale) {
+  __shared__ double sums[Threads];
+  double acc = 0.0;
+  for (unsigned b = threadIdx.x; b < blocks; b += Threads) acc = __dadd_rn(acc, partial[b]);
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned w = Threads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) sums[threadIdx.x] = __dadd_rn(sums[threadIdx.x], sums[threadIdx.x + w]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const double norm = __dsqrt_rn(sums[0]);
+    *scale = norm > clip ? static_cast<T>(__ddiv_rn(clip, norm)) : T(1);
+  }
+}
+
+// x[idx[j]] = 0 for j < k: DGC's momentum factor masking at the coordinates sent.
+template <class T, class Index>
+__global__ void clear_at_kernel(T* x, const Index* idx, std::size_t k) {
+  for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < k;
+       j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    x[idx[j]] = T(0);
+  }
+}
+
+// *out = x[errors->first] where an index was reported: the refused value, kept before a later
+// kernel of the step overwrites it.
+template <class T>
+__global__ void keep_reported_kernel(const T* x, const error_record* errors, T* out) {
+  if (errors->first != no_error) *out = x[errors->first];
 }
 
 // The received picks: segment s (rank s / tensors, tensor s % tensors) holds the entries
