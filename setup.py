@@ -8,8 +8,9 @@ with the Python package (python/gradcomp). --no-build-isolation is needed: the e
 built against that torch, not one pip would fetch into an isolated environment.
 
 Where the installed torch has CUDA and the CUDA toolkit is found (CUDA_HOME, or nvcc on PATH),
-the extension also gets the CUDA path of the hook (python/src/cuda_bucket.cu, compiled by nvcc
-for the architectures torch's builder picks: TORCH_CUDA_ARCH_LIST, else the GPUs it sees).
+the extension also gets the CUDA path of the hook (python/src/torch_ext_cuda.cpp, its bindings,
+and python/src/cuda_bucket.cu, compiled by nvcc for the architectures torch's builder picks:
+TORCH_CUDA_ARCH_LIST, else the GPUs it sees).
 Where torch has no CUDA (Debian's python3-torch, CPU only), or no toolkit is found, the
 extension is the CPU one, and this script says so.
 """
@@ -94,13 +95,14 @@ def _extensions() -> tuple:
         nvcc_flags += extra.split()
     ext = cpp_extension.CUDAExtension(
         name="gradcomp._torch_ext",
-        sources=["python/src/torch_ext.cpp", "python/src/cuda_bucket.cu"],
+        sources=["python/src/torch_ext.cpp", "python/src/torch_ext_cuda.cpp",
+                 "python/src/cuda_bucket.cu"],
         depends=headers,
         include_dirs=[str(ROOT / "include")],
         define_macros=[("GRADCOMP_TORCH_CUDA", "1")],
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
     )
-    # ninja compiles the two sources at once where it is installed.
+    # ninja compiles the three sources at once where it is installed.
     return [ext], {"build_ext": cpp_extension.BuildExtension}
 
 

@@ -22,33 +22,14 @@
 #include <gradcomp/torch/process_group.hpp>
 #include <gradcomp/torch/tensor.hpp>
 
-#include "cuda_engine.hpp"  // CudaEngine, where GRADCOMP_TORCH_CUDA is defined (setup.py)
+#include "torch_ext_common.hpp"  // to_dict, run_released; bind_cuda where GRADCOMP_TORCH_CUDA is defined
 
 namespace py = pybind11;
 namespace rt = gradcomp::runtime;
 
 namespace {
 
-py::dict to_dict(const gradcomp::tensor_stats& s) {
-  py::dict d;
-  d["bucket"] = static_cast<std::int64_t>(s.id);
-  d["n"] = s.n;
-  d["selected"] = s.selected;
-  d["density"] = s.density;
-  d["threshold"] = s.threshold;
-  d["contraction"] = s.contraction;
-  d["bytes_sent"] = s.bytes_sent;
-  d["bytes_received"] = s.bytes_received;
-  d["restored"] = s.restored;
-  d["exchange"] = std::string(s.exchange);
-  py::dict sec;
-  sec["accumulate"] = s.accumulate_seconds;
-  sec["select"] = s.select_seconds;
-  sec["encode"] = s.encode_seconds;
-  sec["exchange"] = s.exchange_seconds;
-  d["seconds"] = sec;
-  return d;
-}
+using gradcomp_ext::run_released;
 
 std::vector<at::Tensor> copies(const std::vector<std::span<float>>& buffers) {
   std::vector<at::Tensor> out;
@@ -58,31 +39,6 @@ std::vector<at::Tensor> copies(const std::vector<std::span<float>>& buffers) {
     out.push_back(t);
   }
   return out;
-}
-
-// (name, element count) pairs from Python as the engines' labels.
-std::vector<rt::tensor_label> named_labels(const std::vector<std::pair<std::string, std::size_t>>& labels) {
-  std::vector<rt::tensor_label> named;
-  named.reserve(labels.size());
-  for (const auto& [name, size] : labels) named.push_back({name, size});
-  return named;
-}
-
-// An engine's run() (the host's bucket_engine, or the CUDA engine) with the GIL released,
-// its statistics as a dict. `labels`: (name, element count) of each parameter of the bucket,
-// in order, so that the refusal of a non-finite gradient names the parameter on every rank.
-template <class Engine, class Grad>
-py::dict run_released(Engine& e, std::int64_t bucket, const Grad& grad, std::uint64_t step,
-                      double density, const std::vector<std::pair<std::string, std::size_t>>& labels) {
-  const std::vector<rt::tensor_label> named = named_labels(labels);
-  gradcomp::tensor_stats st;
-  {
-    py::gil_scoped_release no_gil;
-    st = e.run(bucket, grad, step, density, named);
-  }
-  py::dict d = to_dict(st);
-  d["skipped"] = e.skipped();
-  return d;
 }
 
 // One rank's engine over a process group.
@@ -141,30 +97,6 @@ class engine {
   gradcomp::process_group_comm comm_;
   rt::bucket_engine<gradcomp::process_group_comm> engine_;
 };
-
-#ifdef GRADCOMP_TORCH_CUDA
-// One rank's engine for CUDA buckets (cuda_engine.hpp), with Engine's Python interface.
-class cuda_engine_py {
- public:
-  cuda_engine_py(c10::intrusive_ptr<c10d::ProcessGroup> group, rt::engine_config config, int device)
-      : engine_(std::move(group), std::move(config), device) {}
-
-  py::dict run(std::int64_t bucket, const at::Tensor& grad, std::uint64_t step, double density,
-               const std::vector<std::pair<std::string, std::size_t>>& labels) {
-    return run_released(engine_, bucket, grad, step, density, labels);
-  }
-
-  void fail(std::int64_t bucket, std::uint64_t step, const std::string& message) {
-    py::gil_scoped_release no_gil;
-    engine_.fail(bucket, step, message);
-  }
-
-  gradcomp::torch_cuda::cuda_engine& get() { return engine_; }
-
- private:
-  gradcomp::torch_cuda::cuda_engine engine_;
-};
-#endif
 
 // Fails a torch.futures.Future with a std::runtime_error(message) set on its C++ side. DDP reads
 // the hook's future there: a Python exception set with set_exception() is a value that is not a
@@ -242,27 +174,7 @@ PYBIND11_MODULE(_torch_ext, m) {
 
 #ifdef GRADCOMP_TORCH_CUDA
   m.attr("HAS_CUDA") = true;
-  using cuda_engine = gradcomp::torch_cuda::cuda_engine;
-  py::class_<cuda_engine_py>(m, "CudaEngine")
-      .def(py::init<c10::intrusive_ptr<c10d::ProcessGroup>, rt::engine_config, int>(),
-           py::arg("process_group"), py::arg("config"), py::arg("device"))
-      .def("set_stream", [](cuda_engine_py& e, std::uintptr_t s) { e.get().set_stream(s); },
-           py::arg("stream"), "The CUDA stream (its handle) the next run() enqueues on.")
-      .def("run", &cuda_engine_py::run, py::arg("bucket"), py::arg("grad"), py::arg("step"),
-           py::arg("density"), py::arg("labels") = std::vector<std::pair<std::string, std::size_t>>{})
-      .def("fail", &cuda_engine_py::fail, py::arg("bucket"), py::arg("step"), py::arg("message"))
-      .def("state", [](cuda_engine_py& e, std::int64_t b) { return e.get().state(b); }, py::arg("bucket"))
-      .def("set_state", [](cuda_engine_py& e, std::int64_t b, const std::vector<at::Tensor>& v) { e.get().set_state(b, v); },
-           py::arg("bucket"), py::arg("buffers"))
-      .def("clear", [](cuda_engine_py& e) { e.get().clear(); })
-      .def("drop", [](cuda_engine_py& e, std::int64_t b) { e.get().drop(b); }, py::arg("bucket"))
-      .def("commit", [](cuda_engine_py& e) { e.get().commit(); })
-      .def("discard", [](cuda_engine_py& e) { e.get().discard(); })
-      .def_property_readonly("buffer_count", [](cuda_engine_py&) { return cuda_engine::buffer_count(); })
-      .def_property_readonly("rank", [](cuda_engine_py& e) { return e.get().rank(); })
-      .def_property_readonly("size", [](cuda_engine_py& e) { return e.get().size(); });
-  m.def("check_cuda_config", &gradcomp::torch_cuda::check_cuda_config, py::arg("config"),
-        "Raises ValueError when CUDA buckets cannot run this configuration (it names what they run).");
+  gradcomp_ext::bind_cuda(m);
 #else
   m.attr("HAS_CUDA") = false;
 #endif
