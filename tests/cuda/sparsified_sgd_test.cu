@@ -945,3 +945,76 @@ TEST_CASE("device_sparsified_sgd, DGC feedback: SGD momentum and DGC settings ou
                          sparse_allgather{}, s.opt, schedule),
                        doctest::Contains("clip_norm"), invalid_argument);
 }
+
+TEST_CASE("device_sparsified_sgd, DGC feedback: checkpoints move from the host driver to the device driver and back") {
+  using Pol = dgc_p<topk, identity>;
+  const setup_t s{{300, 5000}, 0.02, {}, 1};
+  const auto schedule = density_schedule::constant(s.density);
+  auto ranks = make_ranks<Pol>(s, 1);
+  auto& k = ranks[0];
+  step_both(ranks, s, 0);
+  step_both(ranks, s, 1);
+  // The host's u and v into a fresh device driver, whose steps are then the host's.
+  std::ostringstream host_cp;
+  k.host->save_state(host_cp);
+  auto fresh = std::make_unique<Pol::device_t>(*k.staged, s.sizes, Pol::make(), sparse_allgather{},
+                                               s.opt, schedule);
+  std::istringstream in(host_cp.str());
+  fresh->load_state(in);
+  CHECK(checkpoint_of(*fresh) == host_cp.str());
+  k.dev = std::move(fresh);
+  step_both(ranks, s, 2);
+  check_same_state(k, 0);
+  // The device's into a fresh host driver: the same, the other way.
+  auto fresh_host = std::make_unique<Pol::host_t>(*k.comm, s.sizes, Pol::make(), sparse_allgather{},
+                                                  s.opt, schedule);
+  std::istringstream dev_in(checkpoint_of(*k.dev));
+  fresh_host->load_state(dev_in);
+  k.host = std::move(fresh_host);
+  step_both(ranks, s, 3);
+  check_same_state(k, 0);
+}
+
+TEST_CASE("device_sparsified_sgd, DGC feedback: an accumulation that overflows is refused, as on the host") {
+  // Random-k at density 0.01 picks 20 of tensor 1's 2000 coordinates, drawn without index 1234
+  // in step 0 (checked here): v keeps the 2e38 step 0 adds there. In step 1, g = 1e38 there
+  // gives u = 0.9 * 2e38 + 1e38, finite, and v = 2e38 + u, which overflows.
+  using Pol = dgc_p<randomk, identity>;
+  std::vector<std::uint32_t> picks(20);
+  detail::floyd_sampler sampler;
+  randomk::draw(sampler, 2000, 20, call_id{sgd_options{}.seed, 0, 1, 0}, picks.data());
+  REQUIRE(std::find(picks.begin(), picks.end(), 1234u) == picks.end());
+  const setup_t s{{100, 2000}, 0.01, {}, 0};
+  auto ranks = make_ranks<Pol>(s, 1);
+  auto& k = ranks[0];
+  // One step of the host driver, the device driver or both, g[1234] of tensor 1 = at_1234.
+  const auto step_with = [&](int step, float at_1234, bool host, bool device) {
+    return run_world(1, [&](int r, in_process_comm& comm, in_process_world&) {
+      k.comm->rebind(comm);
+      k.comm->disarm();
+      k.comm->on_throw = nullptr;
+      std::vector<float> g = gradient(total_of(s), s.kind, r, step);
+      g[100 + 1234] = at_1234;
+      if (host) k.host->step(std::span<float>(k.host_params), std::span<const float>(g));
+      if (device) device_step(k, g);
+    });
+  };
+  require_none_threw(step_with(0, 2e38f, true, true));
+  check_same_state(k, 0);
+  const snapshot_t before = snapshot(k);
+  for (const bool host : {false, true}) {
+    CAPTURE(host);
+    const auto errors = step_with(1, 1e38f, host, !host);
+    REQUIRE(errors[0] != nullptr);
+    const std::string what = what_of(errors[0]);
+    CAPTURE(what);
+    CHECK(what.find("tensor 1 ") != std::string::npos);
+    CHECK(what.find(host ? "overflowed to inf at index 1234" : "holds inf at index 1234") !=
+          std::string::npos);
+  }
+  check_unchanged(k, before, 0);
+  // Both drivers' state as it was: the next step is the same on both (g = -2e38 there: u =
+  // 0.9 * 2e38 - 2e38 and v = 2e38 + u, finite).
+  require_none_threw(step_with(1, -2e38f, true, true));
+  check_same_state(k, 0);
+}
