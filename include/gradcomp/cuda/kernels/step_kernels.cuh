@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <cub/block/block_reduce.cuh>
+
 #include <gradcomp/cuda/block/sparse_common.cuh>
 
 namespace gradcomp::cuda::step_impl {
@@ -73,24 +75,20 @@ __global__ void dgc_accumulate_kernel(T* u, T* v, const T* u0, const T* v0, cons
 }
 
 // DGC's clipping, pass 1: partial[b] = block b's sum of g[i]^2 in double (each thread adds its
-// grid-stride elements in order, then a fixed tree over the block): the same sums for the same
-// grid, whatever the run.
+// grid-stride elements in order, then cub::BlockReduce over the block, as Gaussian-k's
+// moments): the same sums for the same grid, whatever the run.
 template <class T, unsigned Threads>
 __global__ void square_sum_kernel(const T* g, std::size_t n, double* partial) {
-  __shared__ double sums[Threads];
+  using reduce_t = cub::BlockReduce<double, static_cast<int>(Threads)>;
+  __shared__ typename reduce_t::TempStorage reduce_sm;
   double acc = 0.0;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(Threads) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * Threads) {
     const double x = static_cast<double>(g[i]);
     acc = __dadd_rn(acc, __dmul_rn(x, x));
   }
-  sums[threadIdx.x] = acc;
-  __syncthreads();
-  for (unsigned w = Threads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) sums[threadIdx.x] = __dadd_rn(sums[threadIdx.x], sums[threadIdx.x + w]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
+  const double sum = reduce_t(reduce_sm).Sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
 // Pass 2, one block: the partial sums added in a fixed order, and *scale = clip / ||g|| where
@@ -99,17 +97,13 @@ __global__ void square_sum_kernel(const T* g, std::size_t n, double* partial) {
 // additions differs from the host's loop, and with it at most the last bit of the sum.
 template <class T, unsigned Threads>
 __global__ void clip_scale_kernel(const double* partial, unsigned blocks, double clip, T* scale) {
-  __shared__ double sums[Threads];
+  using reduce_t = cub::BlockReduce<double, static_cast<int>(Threads)>;
+  __shared__ typename reduce_t::TempStorage reduce_sm;
   double acc = 0.0;
   for (unsigned b = threadIdx.x; b < blocks; b += Threads) acc = __dadd_rn(acc, partial[b]);
-  sums[threadIdx.x] = acc;
-  __syncthreads();
-  for (unsigned w = Threads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) sums[threadIdx.x] = __dadd_rn(sums[threadIdx.x], sums[threadIdx.x + w]);
-    __syncthreads();
-  }
+  const double sum = reduce_t(reduce_sm).Sum(acc);
   if (threadIdx.x == 0) {
-    const double norm = __dsqrt_rn(sums[0]);
+    const double norm = __dsqrt_rn(sum);
     *scale = norm > clip ? static_cast<T>(__ddiv_rn(clip, norm)) : T(1);
   }
 }
