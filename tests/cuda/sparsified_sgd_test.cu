@@ -54,7 +54,12 @@ struct policies {
   static C make() { return C{}; }
 };
 using sparse_p = policies<compressor<topk, identity, residual>, sparse_allgather>;
-using dense_p = policies<compressor<dense, identity, residual>, dense_allreduce>;
+// Dense SGD and Random-k over dense_allreduce, with each summable quantizer.
+template <class Q>
+using summed_dense_p = policies<compressor<dense, Q, residual>, dense_allreduce>;
+template <class Q>
+using summed_randomk_p = policies<compressor<randomk, Q, residual>, dense_allreduce>;
+using dense_p = summed_dense_p<identity>;
 // Top-k with each quantizer that has a device form.
 template <class Q>
 using quantized_p = policies<compressor<topk, Q, residual>, sparse_allgather>;
@@ -88,7 +93,7 @@ struct gaussiank_p : policies<compressor<gaussiank, Q, residual>, sparse_allgath
 template <class Q>
 using randomk_p = policies<compressor<randomk, Q, residual>, sparse_allgather>;
 // Random-k's values added by one allreduce at the indices every rank shares.
-using randomk_allreduce_p = policies<compressor<randomk, identity, residual>, dense_allreduce>;
+using randomk_allreduce_p = summed_randomk_p<identity>;
 // DGC's momentum correction (m = 0.9) in place of the residual, with selector S (threshold at
 // tau = 0.75) and quantizer Q. DGC applies momentum itself: the setups' SGD momentum is 0.
 template <class S, class Q>
@@ -681,10 +686,12 @@ void load_both(std::vector<rank_t<Pol>>& ranks, const setup_t& s, std::uint64_t 
 
 }  // namespace
 
-TEST_CASE("device_sparsified_sgd, dense with dense_allreduce: the host step bit for bit, P = 1, 2, 4") {
+TEST_CASE_TEMPLATE("device_sparsified_sgd, dense with dense_allreduce: the host step bit for bit, P = 1, 2, 4",
+                   Q, identity, fp16, bf16) {
   // The density is not used by the dense selector: every step sends every coordinate. Each
-  // layout starts from a residual that is not 0.
-  check_bit_for_bit<dense_p>(
+  // layout starts from a residual that is not 0. fp16 and bf16: the codes are added (fp16's
+  // divided by P first), and the residual keeps what each code lost, as the host's.
+  check_bit_for_bit<summed_dense_p<Q>>(
       [](auto& ranks, const setup_t& s) { load_both(ranks, s, 0); },
       [](auto& k, const setup_t& s) {
         const step_stats& st = k.dev->last_stats();
@@ -693,11 +700,37 @@ TEST_CASE("device_sparsified_sgd, dense with dense_allreduce: the host step bit 
           CAPTURE(t);
           CHECK(st.tensors[t].exchange == "dense_allreduce");
           CHECK(st.tensors[t].contraction == k.host->last_stats().tensors[t].contraction);
+          // The reduced buffer: 4 bytes a value, 2 a code; and 8 for the count.
+          CHECK(st.tensors[t].bytes_sent == st.tensors[t].n * (std::is_same_v<Q, identity> ? 4 : 2) + 8);
         }
       });
 }
 
-TEST_CASE("device_sparsified_sgd, dense: a failed collective or a lying count changes nothing on any rank") {
+TEST_CASE_TEMPLATE("device_sparsified_sgd, dense with fp16 or bf16: large values are sent as the host sends them, the rest kept in the residual",
+                   Q, fp16, bf16) {
+  // e = 3e38 at one index of one rank: fp16 sends 65504 (it saturates) and keeps the excess in
+  // e; bf16 rounds it to its nearest code. Both drivers alike, at P = 1, 2 and 4.
+  const setup_t s{{100, 2000}, 1.0, {}, 0};
+  const std::size_t at = 100 + 1234;
+  for (const int P : {1, 2, 4}) {
+    CAPTURE(P);
+    auto ranks = make_ranks<summed_dense_p<Q>>(s, P);
+    load_both(ranks, s, 0, P - 1, at);
+    step_both(ranks, s, 0);
+    for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
+    const std::vector<float> e = down(ranks.back().dev->residual(1));
+    CAPTURE(e[1234]);
+    if constexpr (std::is_same_v<Q, fp16>) {
+      CHECK(e[1234] > 1e38f);  // 3e38 + g - 65504
+    } else {
+      CHECK(std::fabs(e[1234]) < 3e38f / 128.0f);  // within bf16's rounding of 3e38
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, dense: a failed collective or a lying count changes nothing on any rank",
+                   Q, identity, fp16, bf16) {
+  using dense_p = summed_dense_p<Q>;
   sgd_options opt{};
   opt.lr = 0.05;
   opt.momentum = 0.9;
@@ -713,7 +746,9 @@ TEST_CASE("device_sparsified_sgd, dense: a failed collective or a lying count ch
   }
 }
 
-TEST_CASE("device_sparsified_sgd, dense: a non-finite gradient or e + g fails the step on every rank") {
+TEST_CASE_TEMPLATE("device_sparsified_sgd, dense: a non-finite gradient or e + g fails the step on every rank",
+                   Q, identity, fp16, bf16) {
+  using dense_p = summed_dense_p<Q>;
   const setup_t s{{100, 2000}, 1.0, {}, 2};
   const std::size_t at = 100 + 1234;  // tensor 1, index 1234
   // An infinite gradient; then e = 3e38 and g = 3e38, whose sum overflows (the retried step's
@@ -848,27 +883,32 @@ TEST_CASE("device_sparsified_sgd, randomk: a NaN or Inf that is not picked fails
   check_nonfinite_in_tensor_1<randomk_p<identity>>(1, INFINITY);
 }
 
-TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: the host step bit for bit, P = 1, 2, 4") {
-  // The sum of every rank's values at the shared indices, each divided by P, as the host's
-  // dense_allreduce; the statistics name the exchange.
-  check_bit_for_bit<randomk_allreduce_p>(
+TEST_CASE_TEMPLATE("device_sparsified_sgd, randomk with dense_allreduce: the host step bit for bit, P = 1, 2, 4",
+                   Q, identity, fp16, bf16) {
+  // The sum of every rank's values (fp16, bf16: codes; fp16's divided by P first) at the
+  // shared indices, each divided by P (fp16: not again), as the host's dense_allreduce; the
+  // statistics name the exchange and count 4 bytes a value or 2 a code, and 16 a tensor.
+  check_bit_for_bit<summed_randomk_p<Q>>(
       [](auto&, const setup_t&) {},
       [](auto& k, const setup_t&) {
         for (const tensor_stats& ts : k.dev->last_stats().tensors) {
           CHECK(ts.exchange == "dense_allreduce");
+          CHECK(ts.bytes_sent == ts.selected * (std::is_same_v<Q, identity> ? 4 : 2) + 16);
         }
       });
 }
 
-TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: a failed step or a lying peer changes nothing on any rank") {
+TEST_CASE_TEMPLATE("device_sparsified_sgd, randomk with dense_allreduce: a failed step or a lying peer changes nothing on any rank",
+                   Q, identity, fp16, bf16) {
   // Three collectives: the counts, the hashes of the picks, the allreduce. A lying peer: a
   // corrupted count (call 0) or a corrupted hash (call 1: as a rank whose indices differ),
   // refused on every rank naming it, before the allreduce.
-  check_faults_at_2_and_3<randomk_allreduce_p>(1, 3, {0, 1});
+  check_faults_at_2_and_3<summed_randomk_p<Q>>(1, 3, {0, 1});
 }
 
-TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: a non-finite gradient fails the step on every rank") {
-  check_nonfinite_in_tensor_1<randomk_allreduce_p>(0, INFINITY);
+TEST_CASE_TEMPLATE("device_sparsified_sgd, randomk with dense_allreduce: a non-finite gradient fails the step on every rank",
+                   Q, identity, fp16) {
+  check_nonfinite_in_tensor_1<summed_randomk_p<Q>>(0, INFINITY);
 }
 
 TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: ranks with other seeds are refused before the allreduce") {

@@ -31,7 +31,11 @@
 // host's), and its phase 2 is the same gather of counts and statuses (each rank must announce
 // every tensor's full size), then one allreduce of the flat buffer (the communicator's order of
 // addition: ncclAllReduce, or the host communicator's through staged_comm, which is the host
-// step's) and the division by the number of ranks.
+// step's) and the division by the number of ranks. With a summable quantizer
+// (compressor<dense, Q, residual>, Q fp16 or bf16) one kernel writes each value's code (fp16's
+// divided by P before the sum, as the host's dense_allreduce does) and the staged residual
+// e + g - decoded, the allreduce adds the codes (gradcomp::half or bfloat16: ncclFloat16 or
+// ncclBfloat16), and the average is float(sum), divided by P for bf16.
 //
 // threshold in place of top-k: compressor<threshold, Q, residual> adds g into the staged
 // residual in one pass over the flat buffer, selects {i : |e_i + g_i| >= tau} per tensor
@@ -56,7 +60,8 @@
 // NaN or Inf that e + g holds; the value in the refusal is read before the picks are cleared),
 // then draws every tensor's k indices on the host (randomk::draw, the host step's call_id)
 // into pinned memory, copies them to the device at once, and goes on as top-k: the same
-// counts on every rank, the host's bits. With dense_allreduce (unquantized), as every rank's
+// counts on every rank, the host's bits. With dense_allreduce (unquantized, fp16 or bf16, whose
+// codes are added as dense's are), as every rank's
 // indices are the same, phase 2 gathers the counts and statuses, then every rank's hash of
 // each tensor's indices (a rank with another seed, step or layout is refused on every rank
 // before anything is reduced), allreduces the step's values and writes each sum divided by P
@@ -94,15 +99,15 @@
 // So far it runs compressor<S, Q, residual> with S one of topk, gaussiank, threshold and
 // randomk, and compressor<S, Q, dgc_momentum> with S one of topk, threshold and randomk (float,
 // Q any of the six quantizers; quantized Gaussian-k and Random-k as quantized top-k and
-// threshold) with sparse_allgather, and compressor<dense, identity, residual> and
-// compressor<randomk, identity, residual> (float) with dense_allreduce, with
+// threshold) with sparse_allgather, and compressor<dense, Q, residual> and
+// compressor<randomk, Q, residual> (float; Q identity, fp16 or bf16) with dense_allreduce, with
 // nonfinite_policy::error; any other configuration fails to compile with a static_assert that
 // says so (the policy: invalid_argument when the driver is made). Not measured on the device
 // (seconds in step_stats are 0) and not split into phases; the sparse selectors' contraction
 // is NaN (the device selection does not add up ||e + g||^2; dense's is 1, as the host's).
 // bytes_sent counts 8 bytes a pick (quantized: 4 for its index, then the packed codes and 4
-// bytes a side value; dense: 4 a value) and 8 a count (Random-k over dense_allreduce: 4 a
-// value, 8 a count and 8 a hash).
+// bytes a side value; dense: 4 a value, 2 a code) and 8 a count (Random-k over
+// dense_allreduce: 4 a value or 2 a code, 8 a count and 8 a hash).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -165,10 +170,25 @@ concept device_communicator =
       c.allgatherv_known(sb, rb, n);
     };
 
-// What dense_allreduce adds: an allreduce (sum) of device memory, in place.
-template <class C>
+// What dense_allreduce adds: an allreduce (sum) of device memory, in place, of floats or of a
+// summable quantizer's sum type W.
+template <class C, class W = float>
 concept device_allreduce_communicator =
-    device_communicator<C> && requires(C& c, device_span<float> x) { c.allreduce(x, reduce_op::sum); };
+    device_communicator<C> && requires(C& c, device_span<W> x) { c.allreduce(x, reduce_op::sum); };
+
+namespace detail {
+// What the allreduce paths add: a summable quantizer's sum_type; float for any other (whose
+// configurations the driver refuses before this is used).
+template <class Q>
+struct device_sum_type {
+  using type = float;
+};
+template <class Q>
+  requires requires { typename Q::sum_type; }
+struct device_sum_type<Q> {
+  using type = typename Q::sum_type;
+};
+}  // namespace detail
 
 template <class Compressor, class Exchange, class Comm>
 class device_sparsified_sgd {
@@ -202,12 +222,19 @@ class device_sparsified_sgd {
   static constexpr bool variable_count = is_threshold || is_gaussiank;
   // Top-k's picks encoded by a quantizer on the device (else sent as floats).
   static constexpr bool quantized = !std::is_same_v<quantizer_t, identity>;
+  // The allreduce paths (dense, Random-k over dense_allreduce) add the values as they travel:
+  // floats, or a summable quantizer's codes (fp16's gradcomp::half, bf16's bfloat16), each
+  // code divided by the number of ranks first where the quantizer says so (fp16).
+  static constexpr bool allreduces = dense_path || reduces_picks;
+  static constexpr bool summable_quantizer =
+      std::is_same_v<quantizer_t, fp16> || std::is_same_v<quantizer_t, bf16>;
+  using sum_t = typename detail::device_sum_type<quantizer_t>::type;
   static_assert((std::is_same_v<selector_t, topk> || variable_count || is_randomk || dense_path) &&
                     (std::is_same_v<feedback_t, gradcomp::residual> || (is_dgc && !dense_path)) &&
                     std::is_same_v<typename Compressor::value_type, float>,
                 "device_sparsified_sgd<C, X, Comm> runs C = compressor<S, Q, F> with S one of "
                 "topk, gaussiank, threshold and randomk and F residual (dgc_momentum: but "
-                "gaussiank), or compressor<dense, identity, residual> (float) so far; other "
+                "gaussiank), or compressor<dense, Q, residual> (float) so far; other "
                 "selectors and feedback run in sparsified_sgd on the host.");
   static_assert(std::is_same_v<quantizer_t, identity> || std::is_same_v<quantizer_t, fp16> ||
                     std::is_same_v<quantizer_t, bf16> || std::is_same_v<quantizer_t, qsgd> ||
@@ -215,9 +242,9 @@ class device_sparsified_sgd {
                     std::is_same_v<quantizer_t, scaled_sign>,
                 "device_sparsified_sgd<C, X, Comm>: C's quantizer has no device form (identity, "
                 "fp16, bf16, qsgd, terngrad and scaled_sign have).");
-  static_assert(!(dense_path && quantized),
-                "device_sparsified_sgd<compressor<dense, Q, residual>, ...> runs Q = identity so "
-                "far; quantized dense SGD runs in sparsified_sgd on the host.");
+  static_assert(!(dense_path && quantized) || summable_quantizer,
+                "device_sparsified_sgd<compressor<dense, Q, residual>, dense_allreduce, ...> "
+                "runs Q = identity, fp16 or bf16 (the summable quantizers) so far.");
   static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce>
                            : std::is_same_v<Exchange, sparse_allgather> || reduces_picks,
                 "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather with topk, "
@@ -231,16 +258,16 @@ class device_sparsified_sgd {
                 "device_sparsified_sgd<compressor<randomk, Q, dgc_momentum>, dense_allreduce, "
                 "...> does not run so far (sparse_allgather does); it runs in sparsified_sgd on "
                 "the host.");
-  static_assert(!reduces_picks || !quantized,
+  static_assert(!reduces_picks || !quantized || summable_quantizer,
                 "device_sparsified_sgd<compressor<randomk, Q, residual>, dense_allreduce, ...> "
-                "runs Q = identity so far; fp16 and bf16 sums run in sparsified_sgd on the "
-                "host.");
+                "needs a summable Q (identity, fp16 or bf16), as the host's dense_allreduce.");
   static_assert(device_communicator<Comm>,
                 "device_sparsified_sgd<C, X, Comm>: Comm is not a gradcomp::device_communicator "
                 "(nccl_comm, or cuda::staged_comm over a host communicator).");
-  static_assert(!(dense_path || reduces_picks) || device_allreduce_communicator<Comm>,
+  static_assert(!allreduces || device_allreduce_communicator<Comm, sum_t>,
                 "device_sparsified_sgd<C, dense_allreduce, Comm>: Comm has no allreduce of "
-                "device memory (nccl_comm and cuda::staged_comm have one).");
+                "device memory of C's sum type (float, or fp16's gradcomp::half, bf16's "
+                "gradcomp::bfloat16; nccl_comm and cuda::staged_comm have them).");
 
  public:
   using value_type = float;
@@ -1100,6 +1127,8 @@ class device_sparsified_sgd {
   // Phase 1 of the dense path: values_ = e + g over the flat buffer (every tensor's coordinates
   // in order, k_ = the tensor sizes), the staged residual e + g - (e + g) = 0, as the host's
   // residual keeps after sending every coordinate; one check of the values for NaN and Inf.
+  // With fp16 or bf16, each value's code into sums_ (divided by P first for fp16) and the
+  // staged residual e + g - decoded, as the host's.
   void compress_dense(device_span<const T> grads, double rho) {
     const cudaStream_t s = stream();
     set_counts(rho);
@@ -1111,8 +1140,13 @@ class device_sparsified_sgd {
                                          total_ * sizeof(T), cudaMemcpyDeviceToDevice, s),
                          "cudaMemcpyAsync");
       cuda::feedback_impl::launch_accumulate(values_.data(), grads.data(), total_, s);
-      detail::cuda_check(cudaMemsetAsync(staged_residual().data(), 0, total_ * sizeof(T), s),
-                         "cudaMemsetAsync");
+      if constexpr (quantized) {
+        sums_.resize(total_);
+        encode_sums(values_.data(), staged_residual().data(), total_);
+      } else {
+        detail::cuda_check(cudaMemsetAsync(staged_residual().data(), 0, total_ * sizeof(T), s),
+                           "cudaMemsetAsync");
+      }
       cuda::step_impl::first_nonfinite_kernel<T>
           <<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(values_.data(), total_,
                                                                           errors_dev_.data());
@@ -1125,9 +1159,32 @@ class device_sparsified_sgd {
     staged_stats_.n = total_;
   }
 
+  // x's codes into sums_ (fp16, bf16: the host's dense_allreduce's contributions) and, with e,
+  // the residual's e = x - decoded.
+  void encode_sums(const T* x, T* e, std::size_t n) {
+    const float prescale = quantizer_t::prescale_before_sum ? static_cast<float>(comm_->size()) : 0.0f;
+    cuda::step_impl::summable_encode_kernel<sum_t, T>
+        <<<cuda::grid_for(n, threads, max_blocks), threads, 0, stream()>>>(x, e, sums_.data(), n,
+                                                                          prescale);
+    cuda::check_launch("summable_encode_kernel");
+  }
+
+  // What the allreduce adds (values_, or the codes in sums_), and what its sum is divided by:
+  // the number of ranks, or 1 where each code was divided before the sum (fp16).
+  sum_t* allreduced() {
+    if constexpr (quantized) {
+      return sums_.data();
+    } else {
+      return values_.data();
+    }
+  }
+  T sum_divisor() const {
+    return quantizer_t::prescale_before_sum ? T(1) : static_cast<T>(comm_->size());
+  }
+
   // Phase 2 of the dense path: the counts and statuses (each rank must announce every tensor's
   // full size, refused on every rank before the allreduce otherwise), one allreduce of the
-  // values, the division by the number of ranks into the staged average.
+  // values (or codes), the division by the number of ranks into the staged average.
   void exchange_dense() {
     const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
@@ -1137,16 +1194,10 @@ class device_sparsified_sgd {
     require_own_counts("values", "dense_allreduce adds every rank's whole tensor, so allowed: "
                        "exactly its ", " elements");
     if (total_) {
-      comm_->allreduce(device_span<T>(values_.data(), total_), reduce_op::sum);
-      const device_span<T> avg = staged_average();
-      detail::cuda_check(cudaMemcpyAsync(avg.data(), values_.data(), total_ * sizeof(T),
-                                         cudaMemcpyDeviceToDevice, s),
-                         "cudaMemcpyAsync");
-      if (ranks > 1) {
-        cuda::step_impl::divide_kernel<T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
-            avg.data(), total_, static_cast<T>(ranks));
-        cuda::check_launch("divide_kernel");
-      }
+      comm_->allreduce(device_span<sum_t>(allreduced(), total_), reduce_op::sum);
+      cuda::step_impl::average_kernel<T, sum_t><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
+          staged_average().data(), allreduced(), total_, sum_divisor());
+      cuda::check_launch("average_kernel");
     }
     for (std::size_t t = 0; t < nt; ++t) {
       tensor_stats ts;
@@ -1158,8 +1209,8 @@ class device_sparsified_sgd {
       ts.density = ts.n ? 1.0 : 0.0;
       ts.contraction = 1.0;
       // The reduced buffer (as the host's dense_allreduce counts it) and 8 bytes a count.
-      ts.bytes_sent = sizeof(T) * ts.n + 8;
-      ts.bytes_received = sizeof(T) * ts.n + 8 * (ranks - 1);
+      ts.bytes_sent = sizeof(sum_t) * ts.n + 8;
+      ts.bytes_received = sizeof(sum_t) * ts.n + 8 * (ranks - 1);
       ts.exchange = "dense_allreduce";
       add_stats(std::move(ts));
     }
@@ -1192,7 +1243,9 @@ class device_sparsified_sgd {
   // indices), both refused on every rank before the allreduce; one allreduce of the values
   // (every tensor's k, in the flat buffer's order), each sum divided by the number of ranks
   // at its index of the zeroed staged average. As the host's dense_allreduce: the sum, then
-  // out[index] = sum / P.
+  // out[index] = sum / P. With fp16 or bf16 the codes are added (their decoded values, which
+  // compression kept, encoded again: the same codes; fp16's divided by P first) and
+  // out[index] = float(sum) (fp16) or float(sum) / P (bf16).
   void exchange_reduced_picks() {
     const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
@@ -1218,18 +1271,22 @@ class device_sparsified_sgd {
       detail::cuda_check(cudaMemsetAsync(avg.data(), 0, total_ * sizeof(T), s), "cudaMemsetAsync");
     }
     if (picks) {
-      comm_->allreduce(device_span<T>(values_.data(), picks), reduce_op::sum);
-      cuda::step_impl::scatter_divide_kernel<T, std::uint32_t>
+      if constexpr (quantized) {
+        sums_.resize(picks);
+        encode_sums(decoded_.data(), nullptr, picks);
+      }
+      comm_->allreduce(device_span<sum_t>(allreduced(), picks), reduce_op::sum);
+      cuda::step_impl::scatter_divide_kernel<T, std::uint32_t, sum_t>
           <<<cuda::grid_for(picks, threads, max_blocks), threads, 0, s>>>(
-              avg.data(), picks_.data(), values_.data(), picks, static_cast<T>(ranks));
+              avg.data(), picks_.data(), allreduced(), picks, sum_divisor());
       cuda::check_launch("scatter_divide_kernel");
     }
     for (std::size_t t = 0; t < nt; ++t) {
       tensor_stats ts = selection_stats_of(t);
-      // The reduced values (as the host's dense_allreduce counts them), 8 bytes a count and 8
-      // a hash.
-      ts.bytes_sent = sizeof(T) * k_[t] + 16;
-      ts.bytes_received = sizeof(T) * k_[t] + 16 * (ranks - 1);
+      // The reduced values or codes (as the host's dense_allreduce counts them), 8 bytes a
+      // count and 8 a hash.
+      ts.bytes_sent = sizeof(sum_t) * k_[t] + 16;
+      ts.bytes_received = sizeof(sum_t) * k_[t] + 16 * (ranks - 1);
       ts.exchange = "dense_allreduce";
       add_stats(std::move(ts));
     }
@@ -1390,6 +1447,8 @@ class device_sparsified_sgd {
   std::size_t recv_bytes_ = 0, recv_sides_ = 0;  // the sums of rank_bytes_ and rank_side_
   device_buffer<std::byte> packed_, recv_packed_;
   device_buffer<float> side_, recv_side_, decoded_;
+  // fp16 and bf16 over dense_allreduce: the codes the allreduce adds.
+  device_buffer<sum_t> sums_;
   device_buffer<cuda::error_record> decode_errors_;  // 3 per rank and tensor
   // threshold and Gaussian-k: each tensor's picks and values at its offset, before they are
   // packed.

@@ -159,14 +159,43 @@ __global__ void divide_kernel(T* x, std::size_t n, T divisor) {
   }
 }
 
-// avg[idx[j]] = sum[j] / divisor for j < k (the indices distinct, the rest of avg zeroed
-// before): dense_allreduce's average of values summed at indices every rank shares.
-template <class T, class Index>
-__global__ void scatter_divide_kernel(T* avg, const Index* idx, const T* sum, std::size_t k,
+// avg[idx[j]] = float(sum[j]) / divisor for j < k (the indices distinct, the rest of avg
+// zeroed before): dense_allreduce's average of values summed at indices every rank shares.
+// W: the sum's type (float, or a summable quantizer's gradcomp::half or bfloat16).
+template <class T, class Index, class W>
+__global__ void scatter_divide_kernel(T* avg, const Index* idx, const W* sum, std::size_t k,
                                       T divisor) {
   for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < k;
        j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    avg[idx[j]] = __fdiv_rn(sum[j], divisor);
+    avg[idx[j]] = __fdiv_rn(static_cast<T>(sum[j]), divisor);
+  }
+}
+
+// avg[i] = float(sum[i]) / divisor for i < n: dense_allreduce's average of every coordinate
+// (the host's static_cast<T>(float(sum)) / divisor; a divisor of 1 leaves the bits as they are).
+template <class T, class W>
+__global__ void average_kernel(T* avg, const W* sum, std::size_t n, T divisor) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    avg[i] = __fdiv_rn(static_cast<T>(sum[i]), divisor);
+  }
+}
+
+// A summable quantizer's contribution to dense_allreduce's sum, the host's operations: the
+// code w = W(x[i]) (fp16's or bf16's, rounded to nearest even, fp16's saturating at +-65504:
+// detail::float_to_half_bits and float_to_bf16_bits, the host encoder's), then sum[i] = w, or
+// W(float(w) / prescale) where the quantizer divides by the number of ranks before the sum
+// (prescale > 0: fp16, whose sums of P large values would overflow). With e, the residual
+// keeps what the code lost: e[i] = x[i] - float(w) (the host residual's e -= decoded on
+// e = x). x and e may be the same buffer.
+template <class W, class T>
+__global__ void summable_encode_kernel(const T* x, T* e, W* sum, std::size_t n, float prescale) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const T v = x[i];
+    const W w(static_cast<float>(v));
+    if (e != nullptr) e[i] = __fsub_rn(v, static_cast<T>(static_cast<float>(w)));
+    sum[i] = prescale > 0.0f ? W(__fdiv_rn(static_cast<float>(w), prescale)) : w;
   }
 }
 
