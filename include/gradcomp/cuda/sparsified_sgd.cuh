@@ -55,11 +55,12 @@
 // of |e + g| between them, and its statistics name the device's threshold.
 //
 // Random-k in place of top-k: compressor<randomk, Q, residual> adds g into the staged residual
-// in one pass, as threshold does, checks every coordinate of e + g for NaN and Inf and reads
-// the verdict back at once (the picks do not depend on the values, so they need not hold the
-// NaN or Inf that e + g holds; the value in the refusal is read before the picks are cleared),
-// then draws every tensor's k indices on the host (randomk::draw, the host step's call_id)
-// into pinned memory, copies them to the device at once, and goes on as top-k: the same
+// in one pass, as threshold does, checks every coordinate of e + g for NaN and Inf (the picks
+// do not depend on the values, so they need not hold the NaN or Inf that e + g holds; the
+// value in the refusal is kept before the picks are cleared, the verdict read back with the
+// statistics: one wait in compression), draws every tensor's k indices on the host meanwhile
+// (randomk::draw, the host step's call_id) into pinned memory, copies them to the device at
+// once, and goes on as top-k: the same
 // counts on every rank, the host's bits. With dense_allreduce (unquantized, fp16 or bf16, whose
 // codes are added as dense's are), as every rank's
 // indices are the same, phase 2 gathers the counts and statuses, then every rank's hash of
@@ -311,8 +312,8 @@ class device_sparsified_sgd {
     for (auto& e : residual_) zeroed(e, total_);
     if constexpr (is_dgc) {
       for (auto& u : momentum_) zeroed(u, total_);
-      refused_value_.resize(1);
     }
+    if constexpr (is_dgc || is_randomk) refused_value_.resize(1);
     for (auto& a : average_) zeroed(a, total_);
     if (opt_.momentum > 0.0) zeroed(velocity_, total_);
     stats_dev_.resize(std::max<std::size_t>(tensors_.size(), 1));
@@ -324,6 +325,11 @@ class device_sparsified_sgd {
     detail::cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
                        "cudaEventCreateWithFlags");
     event_.reset(event);
+    if constexpr (is_randomk) {
+      detail::cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                         "cudaEventCreateWithFlags");
+      drawn_copied_.reset(event);
+    }
     // The zeroed buffers are ready before the first step's work is queued.
     detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
   }
@@ -615,16 +621,19 @@ class device_sparsified_sgd {
       }
     }
     if constexpr (is_randomk) {
-      // Every coordinate of e + g, read back now, before gather_and_clear zeroes the picks in
-      // e (the refusal's message reads its value there): a wait of its own, after which the
-      // stream is idle for the draws. (DGC's accumulation checked v already.)
+      // Every coordinate of e + g is checked, and the first non-finite one's value kept before
+      // gather_and_clear zeroes the picks in e (the refusal's message names it); the verdict
+      // comes back with the statistics, in compression's one wait. (DGC's accumulation checked
+      // v and kept its value already.) The host draws the picks while the device works.
       if (total_ && !is_dgc) {
         cuda::step_impl::first_nonfinite_kernel<T>
             <<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(e.data(), total_,
                                                                             errors_dev_.data());
         cuda::check_launch("first_nonfinite_kernel");
+        cuda::step_impl::keep_reported_kernel<T><<<1, 1, 0, s>>>(e.data(), errors_dev_.data(),
+                                                                 refused_value_.data());
+        cuda::check_launch("keep_reported_kernel");
       }
-      take_refusal();
       draw_random_picks(rho);
     }
     for (std::size_t t = 0; t < nt; ++t) {
@@ -671,11 +680,7 @@ class device_sparsified_sgd {
                                          nt * sizeof(selection_stats), cudaMemcpyDeviceToHost, s),
                          "cudaMemcpyAsync");
     }
-    if constexpr (is_randomk) {
-      wait();  // the statistics (the refusal came back before the picks were cleared)
-    } else {
-      take_refusal();
-    }
+    take_refusal();  // with the statistics: compression's one wait (threshold's and Gaussian-k's second)
     if constexpr (!variable_count) {
       for (std::size_t t = 0; t < nt; ++t) {
         detail::check_invariant(stats_host()[t].count == k_[t],
@@ -786,13 +791,17 @@ class device_sparsified_sgd {
 
   // Random-k: every tensor's k indices, the host's draw (randomk::draw, from the host step's
   // call_id: they do not depend on the values), into pinned memory at the tensor's place in
-  // picks_, then one asynchronous copy into picks_. The stream is idle (take_refusal waited),
-  // so no earlier copy still reads the pinned buffer when it is written or replaced, and the
-  // wait at the end of compress() sees this one done.
+  // picks_, then one asynchronous copy into picks_, after which drawn_copied_ is recorded. The
+  // pinned buffer is written or replaced only once the previous copy out of it is done (that
+  // event; normally long past: the step that queued it waited after it, unless it threw first).
   void draw_random_picks(double rho) {
     const std::size_t nt = tensors_.size();
     const std::size_t picks = k_at_[nt];
     pick_hash_.assign(nt, 0);
+    if (drawn_pending_) {
+      detail::cuda_check(cudaEventSynchronize(drawn_copied_.get()), "cudaEventSynchronize");
+      drawn_pending_ = false;
+    }
     if (picks > drawn_capacity_) {
       void* p = nullptr;
       detail::cuda_check(cudaMallocHost(&p, picks * sizeof(std::uint32_t)), "cudaMallocHost");
@@ -810,6 +819,8 @@ class device_sparsified_sgd {
       detail::cuda_check(cudaMemcpyAsync(picks_.data(), drawn, picks * sizeof(std::uint32_t),
                                          cudaMemcpyHostToDevice, stream()),
                          "cudaMemcpyAsync");
+      detail::cuda_check(cudaEventRecord(drawn_copied_.get(), stream()), "cudaEventRecord");
+      drawn_pending_ = true;
     }
   }
 
@@ -1373,8 +1384,8 @@ class device_sparsified_sgd {
     if constexpr (checks_flat_values) {
       t = static_cast<std::size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), flat) -
                                    offsets_.begin() - 1);
-      if constexpr (is_dgc) {
-        value = download(refused_value_.data(), 1);  // kept by accumulate_dgc
+      if constexpr (is_dgc || is_randomk) {
+        value = download(refused_value_.data(), 1);  // kept by accumulate_dgc or compress
       } else {
         value = download((dense_path ? values_.data() : staged_residual().data()) + j, 1);
       }
@@ -1471,6 +1482,9 @@ class device_sparsified_sgd {
   // Random-k: the step's draws (pinned, drawn_capacity_ indices) and Floyd's scratch.
   std::unique_ptr<std::byte, free_pinned> drawn_;
   std::size_t drawn_capacity_ = 0;
+  // Recorded after the copy out of drawn_; drawn_pending_ until a later step has waited for it.
+  std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, destroy_event> drawn_copied_;
+  bool drawn_pending_ = false;
   detail::floyd_sampler sampler_;
   std::vector<std::uint64_t> pick_hash_;  // this rank's hash of each tensor's picks
   std::vector<std::size_t> hashes_;       // every rank's (Random-k over dense_allreduce)
