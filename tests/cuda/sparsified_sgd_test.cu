@@ -642,7 +642,8 @@ TEST_CASE("device_sparsified_sgd: bad arguments are refused, naming them") {
   }
 }
 
-// ---- the dense path: compressor<dense, identity, residual> with dense_allreduce -------------
+// ---- the dense path: compressor<dense, Q, residual> with dense_allreduce (Q identity, fp16,
+// bf16) ----------------------------------------------------------------------------------------
 // A dense step leaves the residual 0, so each test first loads a checkpoint whose residual is
 // not (the format both drivers load, detail/sgd_checkpoint.hpp): the step then adds e + g
 // with e != 0, and a step that wrongly wrote the committed residual would show.
@@ -708,8 +709,9 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, dense with dense_allreduce: the host 
 
 TEST_CASE_TEMPLATE("device_sparsified_sgd, dense with fp16 or bf16: large values are sent as the host sends them, the rest kept in the residual",
                    Q, fp16, bf16) {
-  // e = 3e38 at one index of one rank: fp16 sends 65504 (it saturates) and keeps the excess in
-  // e; bf16 rounds it to its nearest code. Both drivers alike, at P = 1, 2 and 4.
+  // e = 3e38 at one index of the last rank: fp16 sends 65504 (it saturates) and keeps the
+  // excess in e; bf16 sends its nearest code and keeps the rounding error. Both drivers alike,
+  // at P = 1, 2 and 4, and that residual exactly the expected one.
   const setup_t s{{100, 2000}, 1.0, {}, 0};
   const std::size_t at = 100 + 1234;
   for (const int P : {1, 2, 4}) {
@@ -719,12 +721,14 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, dense with fp16 or bf16: large values
     step_both(ranks, s, 0);
     for (int r = 0; r < P; ++r) check_same_state(ranks[static_cast<std::size_t>(r)], r);
     const std::vector<float> e = down(ranks.back().dev->residual(1));
-    CAPTURE(e[1234]);
-    if constexpr (std::is_same_v<Q, fp16>) {
-      CHECK(e[1234] > 1e38f);  // 3e38 + g - 65504
-    } else {
-      CHECK(std::fabs(e[1234]) < 3e38f / 128.0f);  // within bf16's rounding of 3e38
-    }
+    const float x = 3e38f + gradient(total_of(s), 0, P - 1, 0)[at];  // e + g, what is encoded
+    const float sent = std::is_same_v<Q, fp16>
+                           ? 65504.0f
+                           : detail::bf16_bits_to_float(detail::float_to_bf16_bits(x));
+    CAPTURE(x);
+    CAPTURE(sent);
+    CHECK(e[1234] == x - sent);
+    if constexpr (std::is_same_v<Q, bf16>) CHECK(sent > 2.9e38f);
   }
 }
 
@@ -907,7 +911,7 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, randomk with dense_allreduce: a faile
 }
 
 TEST_CASE_TEMPLATE("device_sparsified_sgd, randomk with dense_allreduce: a non-finite gradient fails the step on every rank",
-                   Q, identity, fp16) {
+                   Q, identity, fp16, bf16) {
   check_nonfinite_in_tensor_1<summed_randomk_p<Q>>(0, INFINITY);
 }
 

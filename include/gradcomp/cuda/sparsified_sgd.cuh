@@ -744,6 +744,9 @@ class device_sparsified_sgd {
       packed_.resize(std::max<std::size_t>(bytes_at_[nt], 1));
       side_.resize(std::max<std::size_t>(side_at_[nt], 1));
       decoded_.resize(std::max<std::size_t>(picks, 1));
+      // Random-k over dense_allreduce: the codes the allreduce adds (sized before any
+      // collective, as every buffer of the step).
+      if constexpr (reduces_picks) sums_.resize(std::max<std::size_t>(picks, 1));
     }
   }
 
@@ -1282,10 +1285,7 @@ class device_sparsified_sgd {
       detail::cuda_check(cudaMemsetAsync(avg.data(), 0, total_ * sizeof(T), s), "cudaMemsetAsync");
     }
     if (picks) {
-      if constexpr (quantized) {
-        sums_.resize(picks);
-        encode_sums(decoded_.data(), nullptr, picks);
-      }
+      if constexpr (quantized) encode_sums(decoded_.data(), nullptr, picks);
       comm_->allreduce(device_span<sum_t>(allreduced(), picks), reduce_op::sum);
       cuda::step_impl::scatter_divide_kernel<T, std::uint32_t, sum_t>
           <<<cuda::grid_for(picks, threads, max_blocks), threads, 0, s>>>(
