@@ -489,8 +489,10 @@ void check_faults_at_2_and_3(int kind, std::size_t collectives,
 }
 
 // Rank bad_rank's gradient holds `bad` at flat index `at` (index `index` of tensor `tensor`):
-// the device step fails on every rank, that rank's error naming the tensor and index, the
-// others' naming the rank, and changes nothing; then the step with finite values is the host's.
+// the device step fails on every rank, that rank's error naming the tensor, the index and the
+// non-finite value (e + g: `bad` itself where e is finite, inf where a finite `bad` overflows
+// it), the others' naming the rank, and changes nothing; then the step with finite values is
+// the host's.
 template <class Pol>
 void check_nonfinite_fails_everywhere(std::vector<rank_t<Pol>>& ranks, const setup_t& s,
                                       int bad_rank, std::size_t at, float bad, int tensor,
@@ -515,6 +517,12 @@ void check_nonfinite_fails_everywhere(std::vector<rank_t<Pol>>& ranks, const set
     if (r == bad_rank) {
       CHECK(what.find("tensor " + std::to_string(tensor) + " ") != std::string::npos);
       CHECK(what.find("index " + std::to_string(index)) != std::string::npos);
+      if (std::isnan(bad)) {  // the sign of a NaN sum is not promised
+        CHECK((what.find("holds nan ") != std::string::npos ||
+               what.find("holds -nan ") != std::string::npos));
+      } else {
+        CHECK(what.find(bad > 0.0f ? "holds inf " : "holds -inf ") != std::string::npos);
+      }
     } else {
       CHECK(what.find("rank " + std::to_string(bad_rank)) != std::string::npos);
     }
@@ -885,6 +893,24 @@ TEST_CASE("device_sparsified_sgd, randomk: a NaN or Inf that is not picked fails
   REQUIRE(std::find(picks.begin(), picks.end(), 1234u) == picks.end());
   check_nonfinite_in_tensor_1<randomk_p<identity>>(0, std::nanf(""));
   check_nonfinite_in_tensor_1<randomk_p<identity>>(1, INFINITY);
+}
+
+TEST_CASE("device_sparsified_sgd, randomk: a NaN or Inf that is picked is refused with its value") {
+  // The faulty step's first pick of tensor 1: gather_and_clear zeroes it in e, so the refusal
+  // names the value the check kept before (as the host's, which reads e + g).
+  std::vector<std::uint32_t> picks(20);
+  detail::floyd_sampler sampler;
+  randomk::draw(sampler, 2000, 20, call_id{sgd_options{}.seed, 1, 1, 0}, picks.data());
+  const setup_t s{{100, 2000}, 0.01, {}, 0};
+  for (const float bad : {-INFINITY, std::nanf("")}) {
+    for (const int P : {1, 2}) {
+      CAPTURE(bad);
+      CAPTURE(P);
+      auto ranks = make_ranks<randomk_p<identity>>(s, P);
+      step_both(ranks, s, 0);
+      check_nonfinite_fails_everywhere(ranks, s, P - 1, 100 + picks[0], bad, 1, picks[0]);
+    }
+  }
 }
 
 TEST_CASE_TEMPLATE("device_sparsified_sgd, randomk with dense_allreduce: the host step bit for bit, P = 1, 2, 4",

@@ -336,7 +336,11 @@ class device_sparsified_sgd {
 
   device_sparsified_sgd(const device_sparsified_sgd&) = delete;
   device_sparsified_sgd& operator=(const device_sparsified_sgd&) = delete;
-  ~device_sparsified_sgd() = default;
+  // A copy out of Random-k's pinned draws may still be queued (a step that threw after it):
+  // the buffer is freed only once it is done.
+  ~device_sparsified_sgd() {
+    if (drawn_pending_) cudaEventSynchronize(drawn_copied_.get());
+  }
 
   // One synchronous step on every rank: exchange_step(grads), then commit_step(params).
   // params and grads: device memory, size() elements, not overlapping.
@@ -822,7 +826,9 @@ class device_sparsified_sgd {
       detail::cuda_check(cudaMemcpyAsync(picks_.data(), drawn, picks * sizeof(std::uint32_t),
                                          cudaMemcpyHostToDevice, stream()),
                          "cudaMemcpyAsync");
-      detail::cuda_check(cudaEventRecord(drawn_copied_.get(), stream()), "cudaEventRecord");
+      const cudaError_t recorded = cudaEventRecord(drawn_copied_.get(), stream());
+      if (recorded != cudaSuccess) cudaStreamSynchronize(stream());  // the copy done, or failed
+      detail::cuda_check(recorded, "cudaEventRecord");
       drawn_pending_ = true;
     }
   }
@@ -1375,8 +1381,9 @@ class device_sparsified_sgd {
 
   // What a non-finite pick at position j of the step's picks is refused with. Where the check
   // reads the flat e + g (checks_flat_values), position j is flat index j: the dense path's
-  // values_ are the whole flat buffer, Random-k's check reads the staged residual (e + g
-  // until gather_and_clear, before which its refusal is read).
+  // values_ are the whole flat buffer; Random-k's check reads the staged residual e + g, and
+  // DGC's v, whose refused value compress() or accumulate_dgc kept in refused_value_ before
+  // gather_and_clear could zero it.
   std::string nonfinite_message(unsigned long long j) const {
     std::size_t flat = static_cast<std::size_t>(j);
     std::size_t t = 0;
