@@ -54,22 +54,20 @@
 // the device step equals the host step bit for bit wherever the two thresholds have no value
 // of |e + g| between them, and its statistics name the device's threshold.
 //
-// Random-k in place of top-k: compressor<randomk, Q, residual> adds g into the staged residual
-// in one pass, as threshold does, checks every coordinate of e + g for NaN and Inf (the picks
-// do not depend on the values, so they need not hold the NaN or Inf that e + g holds; the
-// value in the refusal is kept before the picks are cleared, the verdict read back with the
-// statistics: one wait in compression), draws every tensor's k indices on the host meanwhile
-// (randomk::draw, the host step's call_id) into pinned memory, copies them to the device at
-// once, and goes on as top-k: the same
-// counts on every rank, the host's bits. With dense_allreduce (unquantized, fp16 or bf16, whose
-// codes are added as dense's are), as every rank's
-// indices are the same, phase 2 gathers the counts and statuses, then every rank's hash of
-// each tensor's indices (a rank with another seed, step or layout is refused on every rank
-// before anything is reduced), allreduces the step's values and writes each sum divided by P
-// at its index of the zeroed staged average (the host's dense_allreduce, whose bits these are
-// where the communicator adds every element in rank order whatever the length, as for dense).
-// dense_allreduce::check_agreement is not consulted: the counts and hashes are always
-// gathered.
+// Random-k in place of top-k: compressor<randomk, Q, residual> adds g into the staged residual in
+// one pass, as threshold does, checks every coordinate of e + g for NaN and Inf (the picks do not
+// depend on the values, so they need not hold the NaN or Inf that e + g holds; the value in the
+// refusal is kept before the picks are cleared, the verdict read back with the statistics: one
+// wait in compression), draws every tensor's k indices on the host meanwhile (randomk::draw, the
+// host step's call_id) into pinned memory, copies them to the device at once, and goes on as
+// top-k: the same counts on every rank, the host's bits. With dense_allreduce (unquantized, fp16
+// or bf16, whose codes are added as dense's are), as every rank's indices are the same, phase 2
+// gathers the counts and statuses, then every rank's hash of each tensor's indices (a rank with
+// another seed, step or layout is refused on every rank before anything is reduced), allreduces
+// the step's values and writes each sum divided by P at its index of the zeroed staged average
+// (the host's dense_allreduce, whose bits these are where the communicator adds every element in
+// rank order whatever the length, as for dense). dense_allreduce::check_agreement is not
+// consulted: the counts and hashes are always gathered.
 //
 // Quantized top-k: with compressor<topk, Q, residual>, Q one of fp16, bf16, qsgd, terngrad and
 // scaled_sign, phase 1 also encodes each tensor's picks on the device (on_device(q).encode,
