@@ -225,8 +225,12 @@ class device_sparsified_sgd {
   // floats, or a summable quantizer's codes (fp16's gradcomp::half, bf16's bfloat16), each
   // code divided by the number of ranks first where the quantizer says so (fp16).
   static constexpr bool allreduces = dense_path || reduces_picks;
-  static constexpr bool summable_quantizer =
-      std::is_same_v<quantizer_t, fp16> || std::is_same_v<quantizer_t, bf16>;
+  // Whether each code is divided by the number of ranks before the sum (fp16), and not after.
+  // (false for a quantizer that is not summable, refused below with no follow-on errors.)
+  static constexpr bool prescaled = [] {
+    if constexpr (Compressor::summable) return quantizer_t::prescale_before_sum;
+    return false;
+  }();
   using sum_t = typename detail::device_sum_type<quantizer_t>::type;
   static_assert((std::is_same_v<selector_t, topk> || variable_count || is_randomk || dense_path) &&
                     (std::is_same_v<feedback_t, gradcomp::residual> || (is_dgc && !dense_path)) &&
@@ -241,9 +245,10 @@ class device_sparsified_sgd {
                     std::is_same_v<quantizer_t, scaled_sign>,
                 "device_sparsified_sgd<C, X, Comm>: C's quantizer has no device form (identity, "
                 "fp16, bf16, qsgd, terngrad and scaled_sign have).");
-  static_assert(!(dense_path && quantized) || summable_quantizer,
-                "device_sparsified_sgd<compressor<dense, Q, residual>, dense_allreduce, ...> "
-                "runs Q = identity, fp16 or bf16 (the summable quantizers) so far.");
+  static_assert(!allreduces || Compressor::summable,
+                "device_sparsified_sgd<compressor<S, Q, residual>, dense_allreduce, ...> (S "
+                "dense or randomk) needs a summable Q (identity, fp16 or bf16), as the host's "
+                "dense_allreduce.");
   static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce>
                            : std::is_same_v<Exchange, sparse_allgather> || reduces_picks,
                 "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather with topk, "
@@ -257,9 +262,6 @@ class device_sparsified_sgd {
                 "device_sparsified_sgd<compressor<randomk, Q, dgc_momentum>, dense_allreduce, "
                 "...> does not run so far (sparse_allgather does); it runs in sparsified_sgd on "
                 "the host.");
-  static_assert(!reduces_picks || !quantized || summable_quantizer,
-                "device_sparsified_sgd<compressor<randomk, Q, residual>, dense_allreduce, ...> "
-                "needs a summable Q (identity, fp16 or bf16), as the host's dense_allreduce.");
   static_assert(device_communicator<Comm>,
                 "device_sparsified_sgd<C, X, Comm>: Comm is not a gradcomp::device_communicator "
                 "(nccl_comm, or cuda::staged_comm over a host communicator).");
@@ -1180,7 +1182,7 @@ class device_sparsified_sgd {
   // x's codes into sums_ (fp16, bf16: the host's dense_allreduce's contributions) and, with e,
   // the residual's e = x - decoded.
   void encode_sums(const T* x, T* e, std::size_t n) {
-    const float prescale = quantizer_t::prescale_before_sum ? static_cast<float>(comm_->size()) : 0.0f;
+    const float prescale = prescaled ? static_cast<float>(comm_->size()) : 0.0f;
     cuda::step_impl::summable_encode_kernel<sum_t, T>
         <<<cuda::grid_for(n, threads, max_blocks), threads, 0, stream()>>>(x, e, sums_.data(), n,
                                                                           prescale);
@@ -1197,7 +1199,7 @@ class device_sparsified_sgd {
     }
   }
   T sum_divisor() const {
-    return quantizer_t::prescale_before_sum ? T(1) : static_cast<T>(comm_->size());
+    return prescaled ? T(1) : static_cast<T>(comm_->size());
   }
 
   // Phase 2 of the dense path: the counts and statuses (each rank must announce every tensor's
