@@ -52,6 +52,7 @@ struct policies {
   using host_t = sparsified_sgd<C, X, comm_t>;
   using device_t = device_sparsified_sgd<C, X, staged_t>;
   static C make() { return C{}; }
+  static X make_x() { return X{}; }
 };
 using sparse_p = policies<compressor<topk, identity, residual>, sparse_allgather>;
 // Dense SGD and Random-k over dense_allreduce, with each summable quantizer.
@@ -112,6 +113,24 @@ struct dgc_clip_p : policies<compressor<topk, identity, dgc_momentum>, sparse_al
   static constexpr int gradient_kind = 2;
   static compressor<topk, identity, dgc_momentum> make() {
     return compressor<topk, identity, dgc_momentum>(topk{}, identity{}, dgc_momentum{0.9, 1.0});
+  }
+};
+// gTop-k, its tree's sums (gtopk_values::tree) or the exact ones, with selector S (threshold at
+// tau = 0.75: counts that differ between ranks, k the largest) and quantizer Q.
+template <class S, class Q, bool Exact = false>
+struct gtopk_p : policies<compressor<S, Q, residual>, gtopk> {
+  static compressor<S, Q, residual> make() {
+    S sel{};
+    if constexpr (std::is_same_v<S, threshold>) sel = threshold{0.75};
+    return compressor<S, Q, residual>(sel, Q{}, residual{});
+  }
+  static gtopk make_x() { return gtopk(Exact ? gtopk_values::exact : gtopk_values::tree); }
+};
+// gTop-k with DGC's momentum correction: the picks left out go back into v.
+struct gtopk_dgc_p : policies<compressor<topk, identity, dgc_momentum>, gtopk> {
+  static constexpr bool applies_momentum = true;
+  static compressor<topk, identity, dgc_momentum> make() {
+    return compressor<topk, identity, dgc_momentum>(topk{}, identity{}, dgc_momentum{0.9, 0.0});
   }
 };
 // The top-k configuration's, for the tests that run only it.
@@ -234,10 +253,10 @@ std::vector<rank_t<Pol>> make_ranks(const setup_t& s, int P, bool with_host = tr
     const auto schedule = density_schedule::constant(s.density);
     if (with_host) {
       k.host = std::make_unique<typename Pol::host_t>(*k.comm, s.sizes, Pol::make(),
-                                                      typename Pol::X{}, s.opt, schedule);
+                                                      Pol::make_x(), s.opt, schedule);
     }
     k.dev = std::make_unique<typename Pol::device_t>(*k.staged, s.sizes, Pol::make(),
-                                                     typename Pol::X{}, s.opt, schedule);
+                                                     Pol::make_x(), s.opt, schedule);
     k.host_params = init;
     k.dev_params = gradcomp_test::upload(init);
     k.dev_grad.resize(std::max<std::size_t>(n, 1));
@@ -425,8 +444,9 @@ namespace {
 template <class Pol>
 void check_faults_change_nothing(std::vector<rank_t<Pol>>& ranks, const setup_t& s,
                                  std::size_t collectives,
-                                 const std::vector<std::size_t>& corrupted) {
+                                 const std::vector<std::size_t>& corrupted, int corrupter = -1) {
   const int P = static_cast<int>(ranks.size());
+  if (corrupter < 0) corrupter = P - 1;
   std::vector<snapshot_t> before;
   for (auto& k : ranks) before.push_back(snapshot(k));
   const auto device_only = [&](int faulty, fault_kind kind, std::size_t at) {
@@ -453,13 +473,13 @@ void check_faults_change_nothing(std::vector<rank_t<Pol>>& ranks, const setup_t&
   }
   for (const std::size_t at : corrupted) {
     CAPTURE(at);
-    const auto errors = device_only(P - 1, fault_kind::corrupt, at);
+    const auto errors = device_only(corrupter, fault_kind::corrupt, at);
     for (int r = 0; r < P; ++r) {
       CAPTURE(r);
       REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
       const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
       CAPTURE(what);
-      CHECK(what.find("rank " + std::to_string(P - 1)) != std::string::npos);
+      CHECK(what.find("rank " + std::to_string(corrupter)) != std::string::npos);
       check_unchanged(ranks[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)], r);
     }
   }
@@ -1087,4 +1107,56 @@ TEST_CASE("device_sparsified_sgd, DGC feedback: an accumulation that overflows i
   // 0.9 * 2e38 - 2e38 and v = 2e38 + u, finite).
   require_none_threw(step_with(1, -2e38f, true, true));
   check_same_state(k, 0);
+}
+
+// ---- gTop-k: the merge tree on the device (cuda/gtopk.cuh) -----------------------------------
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, gtopk: the host step bit for bit, P = 1, 2, 4", Pol,
+                   gtopk_p<topk, identity>, gtopk_p<topk, identity, true>, gtopk_p<topk, qsgd>,
+                   gtopk_p<threshold, identity>, gtopk_p<randomk, identity, true>, gtopk_dgc_p) {
+  // The staged average is the tree's (or the exact) sums over P at the host's global indices,
+  // and the residual (DGC: v) holds the picks left out, as the host's restore: every rank's
+  // state is the host's (check_same_state), each tensor's count of restored picks too. At
+  // P = 2 and 4 the ranks pick different indices, so some picks are left out.
+  std::size_t restored = 0;
+  check_bit_for_bit<Pol>(
+      [](auto&, const setup_t&) {},
+      [&restored](auto& k, const setup_t&) {
+        const auto& d = k.dev->last_stats().tensors;
+        const auto& h = k.host->last_stats().tensors;
+        REQUIRE(d.size() == h.size());
+        for (std::size_t t = 0; t < d.size(); ++t) {
+          CAPTURE(t);
+          CHECK(d[t].restored == h[t].restored);
+          CHECK(d[t].exchange == "gtopk");
+          restored += d[t].restored;
+        }
+      },
+      /*small_only=*/!std::is_same_v<typename Pol::C::quantizer_type, identity>);
+  CHECK(restored > 0);
+}
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, gtopk: a failed step or a lying peer changes nothing on any rank",
+                   Pol, gtopk_p<topk, identity>, gtopk_p<topk, identity, true>) {
+  // The collectives: the counts, ceil(log2 P) rounds of the tree, the broadcast, and for the
+  // exact sums an allreduce. A lying peer: a corrupted count (call 0), or the last rank's
+  // message up the tree (its status word: refused by the rank it goes to, and the refusal
+  // broadcast, every rank naming the sender); then rank 0's broadcast of a corrupted set.
+  sgd_options opt{};
+  opt.lr = 0.05;
+  opt.momentum = 0.9;
+  const setup_t s{{1000, 37, 4096}, 0.05, opt, 1};
+  const std::size_t exact = Pol::make_x().values() == gtopk_values::exact ? 1 : 0;
+  for (const int P : {2, 3}) {
+    CAPTURE(P);
+    const std::size_t rounds = detail::ceil_log2(static_cast<std::size_t>(P));
+    auto ranks = make_ranks<Pol>(s, P);
+    step_both(ranks, s, 0);
+    check_faults_change_nothing(ranks, s, 2 + rounds + exact, {0, rounds});
+    check_faults_change_nothing(ranks, s, 0, {1 + rounds}, /*corrupter=*/0);
+  }
+}
+
+TEST_CASE("device_sparsified_sgd, gtopk: a non-finite gradient fails the step on every rank") {
+  check_nonfinite_in_tensor_1<gtopk_p<topk, identity>>(0, std::nanf(""));
 }

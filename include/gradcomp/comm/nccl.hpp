@@ -287,6 +287,17 @@ class nccl_comm {
                        "ncclBroadcast", comm_);
   }
 
+  // Sends send to dest and receives recv.size() elements from source (-1: none): sizes both
+  // sides know, so one ncclSend/ncclRecv group, asynchronous (gtopk's tree on the device).
+  // Returns true: NCCL matches the sizes itself.
+  template <detail::nccl_element T>
+  bool sendrecv_known(device_span<const T> send, int dest, device_span<T> recv, int source) {
+    check_peer(dest);
+    check_peer(source);
+    pair_group(dest, send.data(), source, recv.data(), send.size_bytes(), recv.size_bytes());
+    return true;
+  }
+
   // Sends to dest and receives from source (-1: none); the size travels first.
   template <detail::nccl_element T>
   void sendrecv(device_span<const T> send, int dest, device_buffer<T>& recv, int source) {

@@ -128,6 +128,7 @@
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/cuda/dispatch/launch.cuh>
 #include <gradcomp/cuda/feedback.cuh>
+#include <gradcomp/cuda/gtopk.cuh>
 #include <gradcomp/cuda/kernels/step_kernels.cuh>
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/cuda/quantize.cuh>
@@ -137,6 +138,7 @@
 #include <gradcomp/device.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/exchange/dense_allreduce.hpp>
+#include <gradcomp/exchange/gtopk.hpp>
 #include <gradcomp/exchange/sparse_allgather.hpp>
 #include <gradcomp/feedback/dgc_momentum.hpp>
 #include <gradcomp/feedback/residual.hpp>
@@ -216,6 +218,8 @@ class device_sparsified_sgd {
   // Random-k over dense_allreduce: every rank picks the same indices (the draw depends on the
   // seed, step, tensor and k alone), so the values are added by one allreduce.
   static constexpr bool reduces_picks = is_randomk && std::is_same_v<Exchange, dense_allreduce>;
+  // gTop-k: the picks merged up a tree, the global set broadcast (cuda/gtopk.cuh).
+  static constexpr bool tree_exchange = std::is_same_v<Exchange, gtopk>;
   // threshold and Gaussian-k: each tensor's count is known only once its selection has run on
   // the device.
   static constexpr bool variable_count = is_threshold || is_gaussiank;
@@ -250,9 +254,10 @@ class device_sparsified_sgd {
                 "dense or randomk) needs a summable Q (identity, fp16 or bf16), as the host's "
                 "dense_allreduce.");
   static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce>
-                           : std::is_same_v<Exchange, sparse_allgather> || reduces_picks,
-                "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather with topk, "
-                "gaussiank, threshold and randomk, and X = dense_allreduce with dense and "
+                           : std::is_same_v<Exchange, sparse_allgather> || reduces_picks ||
+                                 tree_exchange,
+                "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather and X = gtopk with "
+                "topk, gaussiank, threshold and randomk, and X = dense_allreduce with dense and "
                 "randomk so far.");
   static_assert(!(is_gaussiank && is_dgc),
                 "device_sparsified_sgd<compressor<gaussiank, Q, dgc_momentum>, ...> does not run "
@@ -265,6 +270,9 @@ class device_sparsified_sgd {
   static_assert(device_communicator<Comm>,
                 "device_sparsified_sgd<C, X, Comm>: Comm is not a gradcomp::device_communicator "
                 "(nccl_comm, or cuda::staged_comm over a host communicator).");
+  static_assert(!tree_exchange || device_tree_communicator<Comm>,
+                "device_sparsified_sgd<C, gtopk, Comm>: Comm has no sendrecv_known, broadcast "
+                "and allreduce of device memory (nccl_comm and cuda::staged_comm have them).");
   static_assert(!allreduces || device_allreduce_communicator<Comm, sum_t>,
                 "device_sparsified_sgd<C, dense_allreduce, Comm>: Comm has no allreduce of "
                 "device memory of C's sum type (float, or fp16's gradcomp::half, bf16's "
@@ -301,6 +309,13 @@ class device_sparsified_sgd {
       detail::throw_invalid_argument(driver_name, "the total of the tensor sizes", total_,
                                      "<= 2^32 (the device step's picks are 32-bit indices "
                                      "into the flat buffer)");
+    }
+    if (tree_exchange && total_ > cuda::device_gtopk::max_total) {
+      detail::throw_invalid_argument(driver_name, "the total of the tensor sizes", total_,
+                                     detail::concat("<= ", cuda::device_gtopk::max_total,
+                                                    " with gtopk (2^30 - 1: its device merge "
+                                                    "sorts up to twice that many picks, counted "
+                                                    "in an int)"));
     }
     if constexpr (requires { compressor_.selector().check(); }) compressor_.selector().check();
     if (compressor_.nonfinite() != nonfinite_policy::error) {
@@ -362,6 +377,8 @@ class device_sparsified_sgd {
       compress(grads, rho);
       if constexpr (reduces_picks) {
         exchange_reduced_picks();
+      } else if constexpr (tree_exchange) {
+        exchange_tree();
       } else {
         exchange_picks();
       }
@@ -933,20 +950,16 @@ class device_sparsified_sgd {
     }
   }
 
-  // Phase 2: every rank's picks into the staged average.
-  void exchange_picks() {
-    const cudaStream_t s = stream();
+  // After gather_counts_and_status: a count above its tensor's size is refused on every rank
+  // (each holds the same counts) before anything is sized by it; each rank's total into
+  // rank_total_.
+  void check_counts_fit() {
     const std::size_t nt = tensors_.size();
     const auto ranks = static_cast<std::size_t>(comm_->size());
-    const auto me = static_cast<std::size_t>(comm_->rank());
-    const std::size_t row = nt + 1;
-    gather_counts_and_status();
-    // A count above its tensor's size is refused on every rank (each holds the same counts)
-    // before anything is sized by it.
     rank_total_.assign(ranks, 0);
     for (std::size_t r = 0; r < ranks; ++r) {
       for (std::size_t t = 0; t < nt; ++t) {
-        const std::size_t c = counts_[r * row + t];
+        const std::size_t c = counts_[r * (nt + 1) + t];
         if (c > tensors_[t].size) {
           throw communicator_error(detail::concat(
               "gradcomp::device_sparsified_sgd: rank ", r, " announced ", c, " picks of tensor ",
@@ -956,6 +969,64 @@ class device_sparsified_sgd {
         rank_total_[r] += c;
       }
     }
+  }
+
+  // Phase 2 with gtopk: the counts and statuses (each tensor's k: the largest count any rank
+  // announced, as the host's), then the device tree (cuda::device_gtopk) over this rank's
+  // picks and their values (decoded, where quantized): the staged average, and the picks left
+  // out given back to the staged feedback.
+  void exchange_tree() {
+    const std::size_t nt = tensors_.size();
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    gather_counts_and_status();
+    check_counts_fit();
+    tree_k_.assign(nt, 0);
+    tree_ids_.resize(nt);
+    tree_sizes_.resize(nt);
+    for (std::size_t t = 0; t < nt; ++t) {
+      for (std::size_t r = 0; r < ranks; ++r) {
+        tree_k_[t] = std::max(tree_k_[t], counts_[r * (nt + 1) + t]);
+      }
+      tree_ids_[t] = tensors_[t].id;
+      tree_sizes_[t] = tensors_[t].size;
+    }
+    cuda::gtopk_step st;
+    st.ids = tree_ids_;
+    st.offsets = offsets_;
+    st.sizes = tree_sizes_;
+    st.k = tree_k_;
+    st.mine_at = std::span<const std::size_t>(k_at_);
+    st.picks = picks_.data();
+    if constexpr (quantized) {
+      st.values = decoded_.data();
+    } else {
+      st.values = values_.data();
+    }
+    st.feedback = staged_residual().data();
+    st.average = staged_average().data();
+    st.total = total_;
+    tree_.run(*comm_, stream(), exchange_.values(), st, tree_results_);
+    for (std::size_t t = 0; t < nt; ++t) {
+      tensor_stats ts = selection_stats_of(t);
+      // 8 bytes a count (and the status) in the first collective, then the tree's.
+      ts.bytes_sent = 8 + tree_results_[t].bytes_sent;
+      ts.bytes_received = 8 * (ranks - 1) + tree_results_[t].bytes_received;
+      ts.restored = tree_results_[t].restored;
+      ts.exchange = "gtopk";
+      add_stats(std::move(ts));
+    }
+    staged_stats_.density =
+        total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
+  }
+
+  // Phase 2: every rank's picks into the staged average.
+  void exchange_picks() {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    const auto me = static_cast<std::size_t>(comm_->rank());
+    gather_counts_and_status();
+    check_counts_fit();
     std::size_t received = 0;
     for (const std::size_t c : rank_total_) received += c;
     recv_picks_.resize(std::max<std::size_t>(received, 1));
@@ -1474,6 +1545,11 @@ class device_sparsified_sgd {
   device_buffer<T> cap_values_;
   std::vector<std::uint64_t> seg_host_;
   device_buffer<std::uint64_t> seg_dev_;
+  // gtopk: the device tree, each tensor's k, id and size, and what the tree cost and restored.
+  cuda::device_gtopk tree_;
+  std::vector<std::size_t> tree_k_, tree_sizes_;
+  std::vector<std::uint32_t> tree_ids_;
+  std::vector<cuda::gtopk_tensor_result> tree_results_;
   // DGC: each tensor's clipping scale and its partial sums of squares; the value of a refused
   // (non-finite) v.
   device_buffer<T> clip_scales_;

@@ -19,6 +19,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/detail/comm_common.hpp>
+#include <gradcomp/detail/exchange_common.hpp>
 #include <gradcomp/device.hpp>
 #include <gradcomp/error.hpp>
 
@@ -109,6 +110,57 @@ class staged_comm {
     detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
 
+  // Sends send to rank dest and receives recv.size() elements from rank source (-1: none),
+  // sizes both sides know (gtopk's tree on the device: every rank calls it every round).
+  // Returns false, recv unwritten, where source sent another number of bytes: the caller
+  // refuses that message in its protocol, so that every rank learns of it (a throw here would
+  // fail this rank alone and leave the others waiting).
+  template <class T>
+  bool sendrecv_known(device_span<const T> send, int dest, device_span<T> recv, int source) {
+    constexpr std::string_view where = "cuda::staged_comm::sendrecv_known";
+    check_peer(where, "dest", dest);
+    check_peer(where, "source", source);
+    send_.resize(dest >= 0 ? send.size_bytes() : 0);
+    if (!send_.empty()) {
+      detail::cuda_check(cudaMemcpyAsync(send_.data(), send.data(), send_.size(),
+                                         cudaMemcpyDeviceToHost, stream_),
+                         "cudaMemcpyAsync (staged_comm, device to host)");
+    }
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    const std::size_t want = source >= 0 ? recv.size_bytes() : 0;
+    detail::pairwise(*host_, std::span<const std::byte>(send_), dest, recv_, source,
+                     receive_limit{want});
+    if (source < 0) return true;
+    if (recv_.size() != want) return false;
+    if (want) {
+      detail::cuda_check(cudaMemcpyAsync(recv.data(), recv_.data(), want, cudaMemcpyHostToDevice,
+                                         stream_),
+                         "cudaMemcpyAsync (staged_comm, host to device)");
+    }
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    return true;
+  }
+
+  // data = root's data on every rank (the host communicator's broadcast). data.size() must be
+  // the same on every rank.
+  template <class T>
+  void broadcast(device_span<T> data, int root) {
+    send_.resize(data.size_bytes());
+    if (!send_.empty() && rank() == root) {
+      detail::cuda_check(cudaMemcpyAsync(send_.data(), data.data(), send_.size(),
+                                         cudaMemcpyDeviceToHost, stream_),
+                         "cudaMemcpyAsync (staged_comm, device to host)");
+    }
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    host_->broadcast(std::span<std::byte>(send_), root);
+    if (!send_.empty()) {
+      detail::cuda_check(cudaMemcpyAsync(data.data(), send_.data(), send_.size(),
+                                         cudaMemcpyHostToDevice, stream_),
+                         "cudaMemcpyAsync (staged_comm, host to device)");
+    }
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
   // data = the elementwise op (sum) of every rank's data, in place: the host communicator's
   // allreduce, so its order of addition (the host step's bits). data.size() must be the same on
   // every rank (the caller agrees on it first: device_sparsified_sgd's counts).
@@ -132,6 +184,13 @@ class staged_comm {
   }
 
  private:
+  void check_peer(std::string_view where, const char* what, int peer) const {
+    if (peer < -1 || peer >= size() || peer == rank()) {
+      detail::throw_invalid_argument(where, what, peer,
+                                     detail::concat("-1 (none) or another rank in [0, ", size(), ")"));
+    }
+  }
+
   HostComm* host_;
   cudaStream_t stream_;
   std::vector<std::byte> send_;
