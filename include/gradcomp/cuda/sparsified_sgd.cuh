@@ -95,10 +95,19 @@
 // dgc_momentum::update. Its options need momentum 0, as the host's (DGC applies momentum
 // itself); checkpoints hold u and v per tensor, the host's.
 //
+// gTop-k in place of sparse_allgather: with gtopk (either gtopk_values), phase 2 gathers the
+// counts and statuses (each tensor's k: the largest count any rank announced), then runs one
+// merge tree for every tensor of the step on the device (cuda/gtopk.cuh: ceil(log2 P) rounds
+// of sendrecv_known, the merges by binary-search placement and two segmented sorts, rank 0's
+// broadcast of the global set, checked by every rank before anything is written): the staged
+// average gets the global sums divided by P, and each rank's picks that are not global go back
+// to the staged residual (DGC: v), as the host's restore. Picks and values are the host's, bit
+// for bit.
+//
 // So far it runs compressor<S, Q, residual> with S one of topk, gaussiank, threshold and
 // randomk, and compressor<S, Q, dgc_momentum> with S one of topk, threshold and randomk (float,
 // Q any of the six quantizers; quantized Gaussian-k and Random-k as quantized top-k and
-// threshold) with sparse_allgather, and compressor<dense, Q, residual> and
+// threshold) with sparse_allgather or gtopk, and compressor<dense, Q, residual> and
 // compressor<randomk, Q, residual> (float; Q identity, fp16 or bf16) with dense_allreduce, with
 // nonfinite_policy::error; any other configuration fails to compile with a static_assert that
 // says so (the policy: invalid_argument when the driver is made). Not measured on the device
@@ -106,7 +115,8 @@
 // is NaN (the device selection does not add up ||e + g||^2; dense's is 1, as the host's).
 // bytes_sent counts 8 bytes a pick (quantized: 4 for its index, then the packed codes and 4
 // bytes a side value; dense: 4 a value, 2 a code) and 8 a count (Random-k over
-// dense_allreduce: 4 a value or 2 a code, 8 a count and 8 a hash).
+// dense_allreduce: 4 a value or 2 a code, 8 a count and 8 a hash; gtopk: 8 a count, then
+// 4 + 8 k a message and a broadcast, and 4 a global pick for the exact sums).
 #pragma once
 
 #include <cuda_runtime.h>

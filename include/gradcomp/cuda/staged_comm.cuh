@@ -4,7 +4,8 @@
 // payloads are copied to host memory, moved by the host communicator, and copied back. For
 // ranks that share one GPU (NCCL refuses two ranks on one device), for threads of one process
 // (in_process_comm) and for MPI ranks without NCCL; nccl_comm offers the same calls on device
-// memory directly. Every call runs on the stream it was given and returns after the host
+// memory directly (and gtopk's tree on the device needs sendrecv_known and broadcast, which
+// both have). Every call runs on the stream it was given and returns after the host
 // communicator has finished (the counts, which the host needs, and the data: the copies wait).
 #pragma once
 
