@@ -289,7 +289,8 @@ class nccl_comm {
 
   // Sends send to dest and receives recv.size() elements from source (-1: none): sizes both
   // sides know, so one ncclSend/ncclRecv group, asynchronous (gtopk's tree on the device).
-  // Returns true: NCCL matches the sizes itself.
+  // Returns true: the sizes are trusted (NCCL does not check that a send and its receive
+  // match; the caller makes them equal on both sides).
   template <detail::nccl_element T>
   bool sendrecv_known(device_span<const T> send, int dest, device_span<T> recv, int source) {
     check_peer(dest);

@@ -26,7 +26,12 @@
 // staged feedback (e += value) and are counted per tensor, as the host's restore.
 // Index sets, sums and their order of addition are the host's, so the result is the host's bit
 // for bit: the tree's merges add two values each (commutative, so the order in the pair does
-// not matter), and the exact allreduce is the communicator's (staged_comm: the host's).
+// not matter). Two exceptions: a sum that is NaN (two picks whose sum overflowed to +Inf and
+// -Inf, added in a later round) has the device's canonical NaN bits, where the host's keeps an
+// operand's; and the exact sums are one allreduce of every tensor's slots (the host's: one per
+// tensor), the host's bits where the communicator adds every element in rank order whatever
+// the length (staged_comm over the host's communicators in-process; NCCL and MPI may not from
+// 3 ranks on, as for the dense step).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -88,8 +93,9 @@ struct gtopk_step {
 };
 
 // What the exchange cost and gave back, per tensor: the bytes of the tree's messages, the
-// broadcast and (exact) the allreduce, tensor t's share being its count word and its slots
-// (the status word, and exact's extra element, counted with tensor 0); the picks restored.
+// broadcast and (exact) the allreduce of every tensor's slots, tensor t's share being its count
+// word and its slots (the status word, and exact's extra element, counted with tensor 0); the
+// picks restored.
 struct gtopk_tensor_result {
   std::size_t bytes_sent = 0;
   std::size_t bytes_received = 0;
@@ -112,7 +118,12 @@ class device_gtopk {
     result.assign(nt_, gtopk_tensor_result{});
     lay_out(st);
     const std::size_t words = 1 + nt_ + 2 * slots_;
-    for (auto& m : msg_) m.resize(words);
+    // Zeroed, so that the padding slots sent are never uninitialized memory.
+    for (auto& m : msg_) {
+      m.resize(words);
+      detail::cuda_check(cudaMemsetAsync(m.data(), 0, words * sizeof(std::uint32_t), s_),
+                         "cudaMemsetAsync");
+    }
     // This rank's set: status 0, its counts, its picks in the capacity layout.
     counts_.assign(nt_ + 1, 0);
     for (std::size_t t = 0; t < nt_; ++t) counts_[t + 1] = static_cast<std::uint32_t>(have_[t]);
@@ -169,33 +180,40 @@ class device_gtopk {
         (r == 0 ? result[t].bytes_sent : result[t].bytes_received) += b;
       }
     }
+    // The verdict on this rank's copy: a refusal in the tree (the status names the rank whose
+    // message was refused), or a copy that is not a global set (a status, count or pick out
+    // of range: a corrupted broadcast). With gtopk_values::exact every rank then joins the
+    // allreduce, whose length every rank knows beforehand, before it throws: so a copy
+    // corrupted on its way to one rank only fails the step on every rank.
     read_header(msg_[global].data());
-    if (!failure.empty()) throw payload_error(failure);
+    std::string tree_failed;  // communicator_error: a message was refused in the tree
+    std::string refused;      // payload_error: this rank's copy of the broadcast is malformed
     const std::uint32_t status = header_[0];
-    if (status != 0) {
-      if (status > static_cast<std::uint32_t>(ranks)) {
-        detail::throw_payload_error("device_gtopk", "rank 0 broadcast the status ", status,
-                                    "; allowed: 0 (a global set) or 1 + a rank (failed)");
-      }
-      throw communicator_error(detail::concat(
+    if (status > static_cast<std::uint32_t>(ranks)) {
+      refused = detail::concat("gradcomp::device_gtopk: malformed payload: rank 0 broadcast the "
+                               "status ", status, "; allowed: 0 (a global set) or 1 + a rank "
+                               "(failed)");
+    } else if (status != 0) {
+      tree_failed = detail::concat(
           "gradcomp::device_gtopk: a rank refused the message rank ", status - 1,
           " sent in the merge tree (the refusing rank's exception says why); no rank applied "
-          "this exchange"));
+          "this exchange");
     }
     global_at_.assign(nt_ + 1, 0);
-    for (std::size_t t = 0; t < nt_; ++t) {
+    for (std::size_t t = 0; t < nt_ && status == 0; ++t) {
       if (header_[t + 1] > st.k[t]) {
-        detail::throw_payload_error("device_gtopk", "rank 0 broadcast a global set of ",
-                                    header_[t + 1], " picks of tensor ", st.ids[t],
-                                    "; at most k = ", st.k[t], " are allowed");
+        refused = detail::concat("gradcomp::device_gtopk: malformed payload: rank 0 broadcast a "
+                                 "global set of ", header_[t + 1], " picks of tensor ", st.ids[t],
+                                 "; at most k = ", st.k[t], " are allowed");
+        global_at_.assign(nt_ + 1, 0);
+        break;
       }
       global_at_[t + 1] = global_at_[t] + header_[t + 1];
     }
     const std::size_t g = global_at_[nt_];
     global_picks_.resize(std::max<std::size_t>(g, 1));
-    global_values_.resize(std::max<std::size_t>(g + 1, 1));
+    global_values_.resize(std::max<std::size_t>(g, 1));
     upload_u64(global_at_off_, global_at_);
-    std::string refused;  // this rank's refusal of the broadcast
     if (g) {
       gtopk_impl::from_message_kernel<float><<<grid(g), threads, 0, s_>>>(
           view(global), dev_u64(cap_off_), dev_u64(global_at_off_), g, global_picks_.data(),
@@ -218,40 +236,47 @@ class device_gtopk {
             "buffer). Nothing was written");
       }
     }
-    if (!refused.empty() && mode == gtopk_values::tree) throw payload_error(refused);
 
-    const float* sums = global_values_.data();
+    float refusals = 0.0f;  // exact: the ranks that could not use their copy
     if (mode == gtopk_values::exact) {
-      // This rank's value at each global index; one more element counts the ranks that refused
-      // the broadcast (a copy corrupted on its way to them only), so that none fails alone.
-      exact_.resize(g + 1);
-      if (g && refused.empty()) {
+      // This rank's value at each global index, in the capacity layout (slots_ + 1 floats on
+      // every rank, whatever its copy says), then one element for this rank's verdict.
+      const bool usable = failure.empty() && tree_failed.empty() && refused.empty();
+      exact_.resize(slots_ + 1);
+      detail::cuda_check(cudaMemsetAsync(exact_.data(), 0, (slots_ + 1) * sizeof(float), s_),
+                         "cudaMemsetAsync");
+      if (g && usable) {
         gtopk_impl::own_values_kernel<float><<<grid(g), threads, 0, s_>>>(
             global_picks_.data(), dev_u64(global_at_off_), g, static_cast<unsigned>(nt_),
-            st.picks, st.values, dev_u64(mine_at_off_), exact_.data());
+            dev_u64(cap_off_), st.picks, st.values, dev_u64(mine_at_off_), exact_.data());
         check_launch("gtopk own_values_kernel");
-      } else if (g) {
-        detail::cuda_check(cudaMemsetAsync(exact_.data(), 0, g * sizeof(float), s_),
-                           "cudaMemsetAsync");
       }
-      const float flag = refused.empty() ? 0.0f : 1.0f;
-      upload(exact_.data() + g, &flag, 1);
-      comm.allreduce(device_span<float>(exact_.data(), g + 1), reduce_op::sum);
+      const float flag = usable ? 0.0f : 1.0f;
+      upload(exact_.data() + slots_, &flag, 1);
+      comm.allreduce(device_span<float>(exact_.data(), slots_ + 1), reduce_op::sum);
       for (std::size_t t = 0; t < nt_; ++t) {
-        const std::size_t b = 4 * (global_at_[t + 1] - global_at_[t]) + (t == 0 ? 4 : 0);
+        const std::size_t b = 4 * st.k[t] + (t == 0 ? 4 : 0);
         result[t].bytes_sent += b;
         result[t].bytes_received += b;
       }
-      float refusals = 0.0f;
-      download(&refusals, exact_.data() + g, 1);
-      if (!refused.empty()) throw payload_error(refused);
-      if (refusals != 0.0f) {
-        throw communicator_error(
-            "gradcomp::device_gtopk: a rank could not use the broadcast global set; no rank "
-            "applied this exchange");
-      }
-      sums = exact_.data();
+      download(&refusals, exact_.data() + slots_, 1);
     }
+    if (!failure.empty()) throw payload_error(failure);
+    if (!refused.empty()) throw payload_error(refused);
+    if (!tree_failed.empty()) throw communicator_error(tree_failed);
+    if (refusals != 0.0f) {
+      throw communicator_error(
+          "gradcomp::device_gtopk: a rank could not use the broadcast global set; no rank "
+          "applied this exchange");
+    }
+    if (mode == gtopk_values::exact && g) {
+      // The sums at the global picks, compact.
+      gtopk_impl::from_capacity_kernel<float><<<grid(g), threads, 0, s_>>>(
+          exact_.data(), dev_u64(cap_off_), dev_u64(global_at_off_), g, static_cast<unsigned>(nt_),
+          global_values_.data());
+      check_launch("gtopk from_capacity_kernel");
+    }
+    const float* sums = global_values_.data();
 
     // Checked everywhere: the staged average, and the picks left out back to the feedback.
     if (st.total) {
@@ -343,6 +368,7 @@ class device_gtopk {
   // The received message (msg_[recv_]) checked and merged with this rank's (msg_[cur_]) into
   // msg_[next_], which becomes this rank's; or the reason it was refused. A message whose
   // status names a rank whose message was refused below sets culprit, and is not merged.
+  // One wait for the header, one for the check and the new counts.
   std::string merge_received(int source, int ranks, const gtopk_step& st, std::uint32_t& culprit) {
     read_header(msg_[recv_].data());
     const std::uint32_t status = header_[0];
@@ -408,7 +434,7 @@ class device_gtopk {
     } else {
       set_word(msg_[next_].data(), 0);
     }
-    const unsigned long long bad = read_error();
+    const unsigned long long bad = read_error_and_header(msg_[next_].data());
     if (bad != no_error) {
       const std::size_t t = tensor_at(cap_, bad);
       return detail::concat("gradcomp::device_gtopk: malformed payload: rank ", source,
@@ -417,7 +443,6 @@ class device_gtopk {
                             "distinct, in [", st.offsets[t], ", ", st.offsets[t] + st.sizes[t],
                             ") (the tensor's range of the flat buffer)");
     }
-    read_header(msg_[next_].data());
     for (std::size_t t = 0; t < nt_; ++t) have_[t] = header_[t + 1];
     const unsigned c = cur_;
     cur_ = next_;
@@ -456,6 +481,23 @@ class device_gtopk {
   void reset_errors() {
     detail::cuda_check(cudaMemsetAsync(errors_.data(), 0xff, sizeof(error_record), s_),
                        "cudaMemsetAsync");
+  }
+  // The check's error record and a message's header (into header_), with one wait.
+  unsigned long long read_error_and_header(const std::uint32_t* words) {
+    const std::size_t hb = (nt_ + 1) * sizeof(std::uint32_t);
+    std::byte* p = pinned_.data(sizeof(error_record) + hb);
+    detail::cuda_check(cudaMemcpyAsync(p, errors_.data(), sizeof(error_record),
+                                       cudaMemcpyDeviceToHost, s_),
+                       "cudaMemcpyAsync");
+    detail::cuda_check(cudaMemcpyAsync(p + sizeof(error_record), words, hb,
+                                       cudaMemcpyDeviceToHost, s_),
+                       "cudaMemcpyAsync");
+    detail::cuda_check(cudaStreamSynchronize(s_), "cudaStreamSynchronize");
+    error_record e{};
+    std::memcpy(&e, p, sizeof(e));
+    header_.resize(nt_ + 1);
+    std::memcpy(header_.data(), p + sizeof(error_record), hb);
+    return e.first;
   }
   unsigned long long read_error() {
     error_record e{};

@@ -102,7 +102,8 @@
 // broadcast of the global set, checked by every rank before anything is written): the staged
 // average gets the global sums divided by P, and each rank's picks that are not global go back
 // to the staged residual (DGC: v), as the host's restore. Picks and values are the host's, bit
-// for bit.
+// for bit, but for a NaN sum's bits and, with the exact sums, a communicator whose order of
+// addition depends on the length (cuda/gtopk.cuh).
 //
 // So far it runs compressor<S, Q, residual> with S one of topk, gaussiank, threshold and
 // randomk, and compressor<S, Q, dgc_momentum> with S one of topk, threshold and randomk (float,
@@ -116,7 +117,7 @@
 // bytes_sent counts 8 bytes a pick (quantized: 4 for its index, then the packed codes and 4
 // bytes a side value; dense: 4 a value, 2 a code) and 8 a count (Random-k over
 // dense_allreduce: 4 a value or 2 a code, 8 a count and 8 a hash; gtopk: 8 a count, then
-// 4 + 8 k a message and a broadcast, and 4 a global pick for the exact sums).
+// 4 + 8 k a message and a broadcast, and 4 k for the exact sums).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -154,20 +154,34 @@ __global__ void from_message_kernel(message m, const std::uint64_t* cap,
   }
 }
 
-// gtopk_values::exact: out[i] = this rank's value at global pick i (its own picks of the same
-// tensor, searched by index), or 0 where it did not pick that index.
+// gtopk_values::exact: this rank's value at global pick i (its own picks of the same tensor,
+// searched by index), or 0 where it did not pick that index, at the pick's slot of the
+// capacity layout (out: cap[tensors] slots, zeroed before).
 template <class V = float>
 __global__ void own_values_kernel(const std::uint32_t* global, const std::uint64_t* global_at,
-                                         std::uint64_t n, unsigned tensors,
-                                         const std::uint32_t* picks, const float* values,
-                                         const std::uint64_t* picks_at, float* out) {
+                                  std::uint64_t n, unsigned tensors, const std::uint64_t* cap,
+                                  const std::uint32_t* picks, const float* values,
+                                  const std::uint64_t* picks_at, float* out) {
   for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     const unsigned t = segment_of(global_at, tensors, i);
     const std::uint32_t* mine = picks + picks_at[t];
     const auto m = static_cast<std::uint32_t>(picks_at[t + 1] - picks_at[t]);
     const std::uint32_t j = find_sorted(mine, m, global[i]);
-    out[i] = j < m ? values[picks_at[t] + j] : 0.0f;
+    out[cap[t] + (i - global_at[t])] = j < m ? values[picks_at[t] + j] : 0.0f;
+  }
+}
+
+// The capacity layout's values of the global picks, compact: out[i] = in[cap[t] + j] for
+// global pick j of tensor t at i.
+template <class V = float>
+__global__ void from_capacity_kernel(const float* in, const std::uint64_t* cap,
+                                     const std::uint64_t* global_at, std::uint64_t n,
+                                     unsigned tensors, float* out) {
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+    const unsigned t = segment_of(global_at, tensors, i);
+    out[i] = in[cap[t] + (i - global_at[t])];
   }
 }
 
