@@ -1141,6 +1141,32 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, gtopk: the host step bit for bit, P =
   }
 }
 
+TEST_CASE("device_sparsified_sgd, gtopk: a tensor whose union is sorted on its own (2^16 picks or more)") {
+  // 2^20 + 3 elements at density 0.1: k = 104858, so each merge's union (up to 2 k) and the k
+  // kept are sorted by cub::DeviceRadixSort, not by the segmented sort; beside a small tensor
+  // that the segmented sort still takes. The host step bit for bit at P = 2 and 4.
+  if (std::getenv("GRADCOMP_CUDA_TEST_SMALL") != nullptr) return;
+  sgd_options opt{};
+  opt.lr = 0.05;
+  opt.momentum = 0.9;
+  const setup_t s{{(std::size_t{1} << 20) + 3, 5000}, 0.1, opt, 1};
+  for (const int P : {2, 4}) {
+    CAPTURE(P);
+    auto ranks = make_ranks<gtopk_p<topk, identity>>(s, P);
+    for (int step = 0; step < 2; ++step) {
+      CAPTURE(step);
+      step_both(ranks, s, step);
+      for (int r = 0; r < P; ++r) {
+        check_same_state(ranks[static_cast<std::size_t>(r)], r);
+        const auto& d = ranks[static_cast<std::size_t>(r)].dev->last_stats().tensors;
+        const auto& h = ranks[static_cast<std::size_t>(r)].host->last_stats().tensors;
+        CHECK(d[0].restored == h[0].restored);
+        CHECK(d[0].restored > 0);
+      }
+    }
+  }
+}
+
 TEST_CASE_TEMPLATE("device_sparsified_sgd, gtopk: a failed step or a lying peer changes nothing on any rank",
                    Pol, gtopk_p<topk, identity>, gtopk_p<topk, identity, true>) {
   // The collectives: the counts, ceil(log2 P) rounds of the tree, the broadcast, and for the

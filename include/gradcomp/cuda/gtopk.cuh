@@ -13,7 +13,9 @@
 //      merges its set with the one received (merge_kernel: equal indices added, a + b as the
 //      host's merge), sorts each tensor's union by gtopk_before's order
 //      (cub::DeviceSegmentedRadixSort on 64-bit keys: NaN, then |value| descending, then the
-//      index), keeps its first k_t, and sorts those by index again (a second segmented sort);
+//      index; a tensor of 2^16 picks or more by cub::DeviceRadixSort on its own, since the
+//      segmented sort gives each segment one block), keeps its first k_t, and sorts those by
+//      index again (a second segmented sort);
 //   3. reads the check and the new counts back (a wait).
 // A message that fails a check is not merged: as on the host, the failure travels up the tree
 // in the status word (1 + the rank whose message was refused), rank 0 broadcasts it, and every
@@ -47,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
 #include <gradcomp/concepts.hpp>
@@ -307,6 +310,9 @@ class device_gtopk {
  private:
   static constexpr unsigned threads = 256;
   static constexpr std::size_t max_blocks = 4096;
+  // A tensor's segment of at least this many picks is sorted by cub::DeviceRadixSort on its own
+  // (a guess: not measured on a GPU yet); the others together by one segmented sort.
+  static constexpr std::size_t large_segment = std::size_t{1} << 16;
 
   static unsigned grid(std::size_t n) { return grid_for(n, threads, max_blocks); }
 
@@ -391,13 +397,15 @@ class device_gtopk {
       len[t] = have_[t] + header_[t + 1];
     }
     // The segments of the two sorts: the union's [2 cap, 2 cap + len), then the first
-    // min(k, len) of each tensor's slots.
+    // min(k, len) of each tensor's slots. A segment of large_segment picks or more is left
+    // empty there and sorted on its own (sort_large).
     sort_ints_.assign(4 * nt_, 0);
     for (std::size_t t = 0; t < nt_; ++t) {
+      const std::size_t kept = std::min(st.k[t], len[t]);
       sort_ints_[t] = static_cast<int>(2 * cap_[t]);
-      sort_ints_[nt_ + t] = static_cast<int>(2 * cap_[t] + len[t]);
+      sort_ints_[nt_ + t] = static_cast<int>(2 * cap_[t] + (len[t] < large_segment ? len[t] : 0));
       sort_ints_[2 * nt_ + t] = static_cast<int>(cap_[t]);
-      sort_ints_[3 * nt_ + t] = static_cast<int>(cap_[t] + std::min(st.k[t], len[t]));
+      sort_ints_[3 * nt_ + t] = static_cast<int>(cap_[t] + (kept < large_segment ? kept : 0));
     }
     int* seg = reinterpret_cast<int*>(table_dev_.data() + sort_off_);
     if (nt_) upload(seg, sort_ints_.data(), sort_ints_.size());
@@ -419,6 +427,13 @@ class device_gtopk {
       // By gtopk_before's order, each tensor's union.
       sort(union_key_[0].data(), union_key_[1].data(), union_value_[0].data(),
            union_value_[1].data(), items, segments, seg, seg + nt_, 64);
+      for (std::size_t t = 0; t < nt_; ++t) {
+        const std::size_t at = 2 * cap_[t];
+        if (len[t] >= large_segment) {
+          sort_large(union_key_[0].data() + at, union_key_[1].data() + at,
+                     union_value_[0].data() + at, union_value_[1].data() + at, len[t], 64);
+        }
+      }
       gtopk_impl::take_kernel<float><<<grid(slots_), threads, 0, s_>>>(
           a, b, cap, union_key_[1].data(), union_value_[1].data(), dups_.data(),
           taken_index_.data(), taken_value_.data());
@@ -426,6 +441,13 @@ class device_gtopk {
       // The k kept, by index (padding last), into the merged message's slots.
       sort(taken_index_.data(), out.index(), taken_value_.data(), out.value(),
            static_cast<int>(slots_), segments, seg + 2 * nt_, seg + 3 * nt_, 32);
+      for (std::size_t t = 0; t < nt_; ++t) {
+        const std::size_t kept = std::min(st.k[t], len[t]);
+        if (kept >= large_segment) {
+          sort_large(taken_index_.data() + cap_[t], out.index() + cap_[t],
+                     taken_value_.data() + cap_[t], out.value() + cap_[t], kept, 32);
+        }
+      }
     }
     if (nt_) {
       gtopk_impl::merged_counts_kernel<float><<<grid(nt_), threads, 0, s_>>>(a, b, cap,
@@ -465,6 +487,23 @@ class device_gtopk {
                            sort_scratch_.data(), bytes, keys_in, keys_out, values_in, values_out,
                            items, segments, begin, end, 0, bits, s_),
                        "cub::DeviceSegmentedRadixSort::SortPairs");
+  }
+
+  // One tensor's segment of large_segment or more, sorted by all of the device's blocks
+  // (cub::DeviceRadixSort; the segmented sort gives each segment one block).
+  template <class K>
+  void sort_large(const K* keys_in, K* keys_out, const std::uint32_t* values_in,
+                  std::uint32_t* values_out, std::size_t items, int bits) {
+    const auto n = static_cast<int>(items);
+    std::size_t bytes = 0;
+    detail::cuda_check(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys_in, keys_out,
+                                                       values_in, values_out, n, 0, bits, s_),
+                       "cub::DeviceRadixSort::SortPairs (size query)");
+    if (bytes > sort_scratch_.size()) sort_scratch_.resize(bytes);
+    detail::cuda_check(cub::DeviceRadixSort::SortPairs(sort_scratch_.data(), bytes, keys_in,
+                                                       keys_out, values_in, values_out, n, 0,
+                                                       bits, s_),
+                       "cub::DeviceRadixSort::SortPairs");
   }
 
   // The tensor whose part of a layout (at: tensors + 1 running sums) holds position j.
