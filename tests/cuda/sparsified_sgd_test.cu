@@ -61,6 +61,10 @@ using summed_dense_p = policies<compressor<dense, Q, residual>, dense_allreduce>
 template <class Q>
 using summed_randomk_p = policies<compressor<randomk, Q, residual>, dense_allreduce>;
 using dense_p = summed_dense_p<identity>;
+// Dense SGD over sparse_allgather: every rank's codes gathered, decoded and added in rank order
+// (the quantizers whose codes cannot be added: qsgd, terngrad, scaled_sign; and identity).
+template <class Q>
+using gathered_dense_p = policies<compressor<dense, Q, residual>, sparse_allgather>;
 // Top-k with each quantizer that has a device form.
 template <class Q>
 using quantized_p = policies<compressor<topk, Q, residual>, sparse_allgather>;
@@ -1190,4 +1194,49 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, gtopk: a failed step or a lying peer 
 
 TEST_CASE("device_sparsified_sgd, gtopk: a non-finite gradient fails the step on every rank") {
   check_nonfinite_in_tensor_1<gtopk_p<topk, identity>>(0, std::nanf(""));
+}
+
+// ---- dense SGD over sparse_allgather (quantizers that are not summable) ----------------------
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, dense with sparse_allgather: the host step bit for bit, P = 1, 2, 4",
+                   Q, identity, qsgd, terngrad, scaled_sign) {
+  // Every coordinate of e + g encoded with the host step's call_id (the same random draws), the
+  // residual keeping e + g - decoded, every rank's codes decoded and added in rank order; no
+  // indices travel (the host's payloads use index_layout::dense). Each layout starts from a
+  // residual that is not 0; the quantizers run the four small layouts.
+  check_bit_for_bit<gathered_dense_p<Q>>(
+      [](auto& ranks, const setup_t& s) { load_both(ranks, s, 0); },
+      [](auto& k, const setup_t& s) {
+        const step_stats& st = k.dev->last_stats();
+        CHECK(st.selected == total_of(s));
+        const auto others = static_cast<std::size_t>(k.staged->size() - 1);
+        for (std::size_t t = 0; t < st.tensors.size(); ++t) {
+          CAPTURE(t);
+          const tensor_stats& ts = st.tensors[t];
+          CHECK(ts.exchange == "sparse_allgather");
+          CHECK(ts.contraction == k.host->last_stats().tensors[t].contraction);
+          // The host encoder's codes and side values for every coordinate, and the count.
+          payload p;
+          Q{}.encode(std::vector<float>(ts.n, 0.5f), call_id{}, p);
+          const std::size_t values = std::is_same_v<Q, identity> ? 4 * ts.n : p.values.size();
+          CHECK(ts.bytes_sent == values + 4 * p.side.size() + 8);
+          CHECK(ts.bytes_received == others * ts.bytes_sent);
+        }
+      },
+      /*small_only=*/!std::is_same_v<Q, identity>);
+}
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, dense with sparse_allgather: a failed step or a lying peer changes nothing on any rank",
+                   Q, identity, qsgd, terngrad, scaled_sign) {
+  // The collectives: the counts, then the values (identity) or the packed codes and the side
+  // values. A lying peer: a corrupted count (call 0: each rank must announce every tensor's
+  // size), or a first side value with its bits inverted (call 2), refused by the decoder's
+  // checks on every rank.
+  constexpr bool quantized = !std::is_same_v<Q, identity>;
+  check_faults_at_2_and_3<gathered_dense_p<Q>>(
+      1, quantized ? 3 : 2, quantized ? std::vector<std::size_t>{0, 2} : std::vector<std::size_t>{0});
+}
+
+TEST_CASE("device_sparsified_sgd, dense with sparse_allgather: a non-finite gradient fails the step on every rank") {
+  check_nonfinite_in_tensor_1<gathered_dense_p<qsgd>>(0, INFINITY);
 }

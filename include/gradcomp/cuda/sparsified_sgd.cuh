@@ -108,7 +108,10 @@
 // So far it runs compressor<S, Q, residual> with S one of topk, gaussiank, threshold and
 // randomk, and compressor<S, Q, dgc_momentum> with S one of topk, threshold and randomk (float,
 // Q any of the six quantizers; quantized Gaussian-k and Random-k as quantized top-k and
-// threshold) with sparse_allgather or gtopk, and compressor<dense, Q, residual> and
+// threshold) with sparse_allgather or gtopk, compressor<dense, Q, residual> (float, Q any of
+// the six) with sparse_allgather (every coordinate's codes gathered, no indices sent: each
+// rank's are every coordinate, written on the device; decoded and added in rank order as
+// quantized top-k's), and compressor<dense, Q, residual> and
 // compressor<randomk, Q, residual> (float; Q identity, fp16 or bf16) with dense_allreduce, with
 // nonfinite_policy::error; any other configuration fails to compile with a static_assert that
 // says so (the policy: invalid_argument when the driver is made). Not measured on the device
@@ -210,6 +213,9 @@ class device_sparsified_sgd {
   using quantizer_t = typename Compressor::quantizer_type;
   using feedback_t = typename Compressor::feedback_type;
   static constexpr bool dense_path = std::is_same_v<selector_t, dense>;
+  // Dense SGD over sparse_allgather (a quantizer whose codes cannot be added: qsgd, terngrad,
+  // scaled_sign; or any other): every rank's codes gathered, decoded and added in rank order.
+  static constexpr bool dense_gathered = dense_path && std::is_same_v<Exchange, sparse_allgather>;
   // DGC's momentum correction (dgc_momentum): the state is u and v; v + (m u + g) is added in
   // one pass over the flat buffer before any selection, which reads v; the picks are cleared
   // in v (gather_and_clear, as in a residual) and in u (momentum factor masking).
@@ -236,12 +242,13 @@ class device_sparsified_sgd {
   static constexpr bool variable_count = is_threshold || is_gaussiank;
   // Top-k's picks encoded by a quantizer on the device (else sent as floats).
   static constexpr bool quantized = !std::is_same_v<quantizer_t, identity>;
-  // The allreduce paths (dense, Random-k over dense_allreduce) add the values as they travel:
+  // The allreduce paths (dense and Random-k over dense_allreduce) add the values as they travel:
   // floats, or a summable quantizer's codes (fp16's gradcomp::half, bf16's bfloat16), each
   // code divided by the number of ranks first where the quantizer says so (fp16).
-  static constexpr bool allreduces = dense_path || reduces_picks;
+  static constexpr bool allreduces = (dense_path && !dense_gathered) || reduces_picks;
   // Whether each code is divided by the number of ranks before the sum (fp16), and not after.
-  // (false for a quantizer that is not summable, refused below with no follow-on errors.)
+  // (false for a quantizer that is not summable: over sparse_allgather its codes are gathered,
+  // not added; over an allreduce it is refused below with no follow-on errors.)
   static constexpr bool prescaled = [] {
     if constexpr (Compressor::summable) return quantizer_t::prescale_before_sum;
     return false;
@@ -263,13 +270,13 @@ class device_sparsified_sgd {
   static_assert(!allreduces || Compressor::summable,
                 "device_sparsified_sgd<compressor<S, Q, residual>, dense_allreduce, ...> (S "
                 "dense or randomk) needs a summable Q (identity, fp16 or bf16), as the host's "
-                "dense_allreduce.");
-  static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce>
+                "dense_allreduce; with another Q the dense step runs over sparse_allgather.");
+  static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce> || dense_gathered
                            : std::is_same_v<Exchange, sparse_allgather> || reduces_picks ||
                                  tree_exchange,
                 "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather and X = gtopk with "
-                "topk, gaussiank, threshold and randomk, and X = dense_allreduce with dense and "
-                "randomk so far.");
+                "topk, gaussiank, threshold and randomk, X = dense_allreduce with dense and "
+                "randomk, and X = sparse_allgather with dense so far.");
   static_assert(!(is_gaussiank && is_dgc),
                 "device_sparsified_sgd<compressor<gaussiank, Q, dgc_momentum>, ...> does not run "
                 "so far (its device threshold is the host's only within float tolerance, and "
@@ -316,7 +323,8 @@ class device_sparsified_sgd {
     offsets_ = detail::tensor_offsets(driver_name, tensors_);
     for (const tensor_spec& t : tensors_) detail::check_tensor_size(driver_name, t, dense_path);
     total_ = detail::total_size(tensors_);
-    if (!dense_path && static_cast<std::uint64_t>(total_) > (std::uint64_t{1} << 32)) {
+    if ((!dense_path || dense_gathered) &&
+        static_cast<std::uint64_t>(total_) > (std::uint64_t{1} << 32)) {
       detail::throw_invalid_argument(driver_name, "the total of the tensor sizes", total_,
                                      "<= 2^32 (the device step's picks are 32-bit indices "
                                      "into the flat buffer)");
@@ -381,7 +389,10 @@ class device_sparsified_sgd {
     staged_ready_ = false;
     check_size("grads.size()", grads.size());
     const double rho = schedule_.at(step_);
-    if constexpr (dense_path) {
+    if constexpr (dense_gathered) {
+      compress_dense(grads, rho);
+      exchange_picks();
+    } else if constexpr (dense_path) {
       compress_dense(grads, rho);
       exchange_dense();
     } else {
@@ -1038,15 +1049,29 @@ class device_sparsified_sgd {
     const auto me = static_cast<std::size_t>(comm_->rank());
     gather_counts_and_status();
     check_counts_fit();
+    if constexpr (dense_gathered) {
+      require_own_counts("values", "sparse_allgather with the dense selector takes every "
+                         "rank's whole tensor, so allowed: exactly its ", " elements");
+    }
     std::size_t received = 0;
     for (const std::size_t c : rank_total_) received += c;
     recv_picks_.resize(std::max<std::size_t>(received, 1));
     recv_values_.resize(std::max<std::size_t>(received, 1));
     if constexpr (quantized) size_encoded();
     const std::size_t picks = k_at_[nt];
-    comm_->allgatherv_known(device_span<const std::uint32_t>(picks_.data(), picks),
-                            device_span<std::uint32_t>(recv_picks_.data(), received),
-                            std::span<const std::size_t>(rank_total_));
+    if constexpr (dense_gathered) {
+      // Every rank's picks are every coordinate: written here, not sent.
+      if (received) {
+        cuda::step_impl::iota_mod_kernel<std::uint32_t>
+            <<<cuda::grid_for(received, threads, max_blocks), threads, 0, s>>>(
+                recv_picks_.data(), received, static_cast<std::uint64_t>(total_));
+        cuda::check_launch("iota_mod_kernel");
+      }
+    } else {
+      comm_->allgatherv_known(device_span<const std::uint32_t>(picks_.data(), picks),
+                              device_span<std::uint32_t>(recv_picks_.data(), received),
+                              std::span<const std::size_t>(rank_total_));
+    }
     if constexpr (quantized) {
       gather_encoded();
     } else {
@@ -1054,7 +1079,7 @@ class device_sparsified_sgd {
                               device_span<T>(recv_values_.data(), received),
                               std::span<const std::size_t>(rank_total_));
     }
-    validate_received(received);
+    if constexpr (!dense_gathered) validate_received(received);
     if constexpr (quantized) decode_received();
 
     const device_span<T> avg = staged_average();
@@ -1077,7 +1102,12 @@ class device_sparsified_sgd {
     }
 
     for (std::size_t t = 0; t < nt; ++t) {
-      tensor_stats ts = selection_stats_of(t);
+      tensor_stats ts;
+      if constexpr (dense_gathered) {
+        ts = dense_stats_of(t);
+      } else {
+        ts = selection_stats_of(t);
+      }
       ts.bytes_sent = wire_bytes(k_[t]);
       for (std::size_t r = 0; r < ranks; ++r) {
         if (r != me) ts.bytes_received += wire_bytes(counts_[r * (nt + 1) + t]);
@@ -1112,14 +1142,28 @@ class device_sparsified_sgd {
   }
 
   // What a tensor's c picks cost on the wire: an index and a value each (quantized: an index
-  // each, the packed codes and the side values), and the count.
+  // each, the packed codes and the side values), and the count. Dense over sparse_allgather
+  // sends no indices.
   std::size_t wire_bytes(std::size_t c) const {
+    const std::size_t index_bytes = dense_gathered ? 0 : 4 * c;
     if constexpr (quantized) {
       const encoded_size z = device_encoded_size(compressor_.quantizer(), c);
-      return 4 * c + z.packed_bytes + sizeof(float) * z.side_count + 8;
+      return index_bytes + z.packed_bytes + sizeof(float) * z.side_count + 8;
     } else {
-      return 8 * c + 8;
+      return index_bytes + 4 * c + 8;
     }
+  }
+
+  // The dense selector's statistics, as the host's: every coordinate (threshold 0, no
+  // fallback, no iterations), and the contraction 1 (a dense payload keeps all of e + g).
+  tensor_stats dense_stats_of(std::size_t t) const {
+    tensor_stats ts;
+    ts.id = tensors_[t].id;
+    ts.n = tensors_[t].size;
+    ts.selected = ts.n;
+    ts.density = ts.n ? 1.0 : 0.0;
+    ts.contraction = 1.0;
+    return ts;
   }
 
   // Every rank's packed codes and side values: their sizes, computed from the gathered counts
@@ -1242,7 +1286,19 @@ class device_sparsified_sgd {
                                          total_ * sizeof(T), cudaMemcpyDeviceToDevice, s),
                          "cudaMemcpyAsync");
       cuda::feedback_impl::launch_accumulate(values_.data(), grads.data(), total_, s);
-      if constexpr (quantized) {
+      if constexpr (dense_gathered && quantized) {
+        // Every tensor's codes (the host encoder's, with the host step's call_id) and its own
+        // decoded values; the residual keeps e + g - decoded.
+        const std::size_t nt = tensors_.size();
+        packed_.resize(std::max<std::size_t>(bytes_at_[nt], 1));
+        side_.resize(std::max<std::size_t>(side_at_[nt], 1));
+        decoded_.resize(total_);
+        for (std::size_t t = 0; t < nt; ++t) encode_own(t, rho, /*size_query=*/true);
+        for (std::size_t t = 0; t < nt; ++t) encode_own(t, rho, /*size_query=*/false);
+        cuda::step_impl::subtract_kernel<T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
+            staged_residual().data(), values_.data(), decoded_.data(), total_);
+        cuda::check_launch("subtract_kernel");
+      } else if constexpr (quantized) {
         sums_.resize(total_);
         encode_sums(values_.data(), staged_residual().data(), total_);
       } else {
@@ -1302,14 +1358,7 @@ class device_sparsified_sgd {
       cuda::check_launch("average_kernel");
     }
     for (std::size_t t = 0; t < nt; ++t) {
-      tensor_stats ts;
-      ts.id = tensors_[t].id;
-      ts.n = tensors_[t].size;
-      // The dense selector's statistics, as the host's: every coordinate (threshold 0, no
-      // fallback, no iterations), and the contraction 1 (a dense payload keeps all of e + g).
-      ts.selected = ts.n;
-      ts.density = ts.n ? 1.0 : 0.0;
-      ts.contraction = 1.0;
+      tensor_stats ts = dense_stats_of(t);
       // The reduced buffer (as the host's dense_allreduce counts it) and 8 bytes a count.
       ts.bytes_sent = sizeof(sum_t) * ts.n + 8;
       ts.bytes_received = sizeof(sum_t) * ts.n + 8 * (ranks - 1);

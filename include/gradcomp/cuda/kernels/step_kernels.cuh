@@ -52,6 +52,26 @@ __global__ void keep_error_kernel(T* e, const Index* idx, const T* values, const
   }
 }
 
+// e[i] = values[i] - decoded[i] for i < n: the dense step's residual keeps what the quantizer
+// lost of every coordinate (the host's residual::update on e = e + g).
+template <class T>
+__global__ void subtract_kernel(T* e, const T* values, const float* decoded, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    e[i] = __fsub_rn(values[i], decoded[i]);
+  }
+}
+
+// idx[j] = j mod n for j < m: every rank's picks when each picks every coordinate (the dense
+// step over sparse_allgather, whose payloads carry no indices).
+template <class Index>
+__global__ void iota_mod_kernel(Index* idx, std::size_t m, std::uint64_t n) {
+  for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < m;
+       j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    idx[j] = static_cast<Index>(j % n);
+  }
+}
+
 // DGC's momentum correction (dgc_momentum::accumulate_into), operation for operation, from
 // the committed state (u0, v0) into the staged one (u, v):
 //   u = m * u0 + s * g;  v = v0 + u
