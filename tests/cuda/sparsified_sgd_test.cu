@@ -137,6 +137,17 @@ struct gtopk_dgc_p : policies<compressor<topk, identity, dgc_momentum>, gtopk> {
     return compressor<topk, identity, dgc_momentum>(topk{}, identity{}, dgc_momentum{0.9, 0.0});
   }
 };
+// The host encoder's payload of n values of quantizer Q (the sizes of its codes and side values
+// depend on n only): what the bytes counted are compared with.
+template <class Q>
+payload host_encoded(std::size_t n) {
+  payload p;
+  p.dense_size = n;
+  p.layout = index_layout::dense;
+  p.count = static_cast<std::uint32_t>(n);
+  Q{}.encode(std::vector<float>(n, 0.5f), call_id{}, p);
+  return p;
+}
 // The top-k configuration's, for the tests that run only it.
 using C = sparse_p::C;
 using device_t = sparse_p::device_t;
@@ -818,8 +829,7 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, quantized top-k: the host step bit fo
           CHECK(ts.exchange == "sparse_allgather");
           // An index each, the host encoder's codes and side values for as many values, and
           // the count; every rank sends as many picks of each tensor.
-          payload p;
-          Q{}.encode(std::vector<float>(ts.selected, 0.5f), call_id{}, p);
+          const payload p = host_encoded<Q>(ts.selected);
           CHECK(ts.bytes_sent == 4 * ts.selected + p.values.size() + 4 * p.side.size() + 8);
           CHECK(ts.bytes_received == others * ts.bytes_sent);
         }
@@ -1215,11 +1225,10 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, dense with sparse_allgather: the host
           const tensor_stats& ts = st.tensors[t];
           CHECK(ts.exchange == "sparse_allgather");
           CHECK(ts.contraction == k.host->last_stats().tensors[t].contraction);
-          // The host encoder's codes and side values for every coordinate, and the count.
-          payload p;
-          Q{}.encode(std::vector<float>(ts.n, 0.5f), call_id{}, p);
-          const std::size_t values = std::is_same_v<Q, identity> ? 4 * ts.n : p.values.size();
-          CHECK(ts.bytes_sent == values + 4 * p.side.size() + 8);
+          // The host encoder's codes (identity: 4 bytes a value) and side values for every
+          // coordinate, and the count.
+          const payload p = host_encoded<Q>(ts.n);
+          CHECK(ts.bytes_sent == p.values.size() + 4 * p.side.size() + 8);
           CHECK(ts.bytes_received == others * ts.bytes_sent);
         }
       },

@@ -13,9 +13,9 @@
 //      merges its set with the one received (merge_kernel: equal indices added, a + b as the
 //      host's merge), sorts each tensor's union by gtopk_before's order
 //      (cub::DeviceSegmentedRadixSort on 64-bit keys: NaN, then |value| descending, then the
-//      index; a tensor of 2^16 picks or more by cub::DeviceRadixSort on its own, since the
-//      segmented sort gives each segment one block), keeps its first k_t, and sorts those by
-//      index again (a second segmented sort);
+//      index), keeps its first k_t, and sorts those by index again (a second segmented sort;
+//      in both sorts a tensor of 2^16 picks or more goes to cub::DeviceRadixSort on its own,
+//      since the segmented sort gives each segment one block);
 //   3. reads the check and the new counts back (a wait).
 // A message that fails a check is not merged: as on the host, the failure travels up the tree
 // in the status word (1 + the rank whose message was refused), rank 0 broadcasts it, and every

@@ -118,7 +118,8 @@
 // (seconds in step_stats are 0) and not split into phases; the sparse selectors' contraction
 // is NaN (the device selection does not add up ||e + g||^2; dense's is 1, as the host's).
 // bytes_sent counts 8 bytes a pick (quantized: 4 for its index, then the packed codes and 4
-// bytes a side value; dense: 4 a value, 2 a code) and 8 a count (Random-k over
+// bytes a side value; dense over dense_allreduce: 4 a value, 2 a code; dense over
+// sparse_allgather: the packed codes and 4 bytes a side value, no indices) and 8 a count (Random-k over
 // dense_allreduce: 4 a value or 2 a code, 8 a count and 8 a hash; gtopk: 8 a count, then
 // 4 + 8 k a message and a broadcast, and 4 k for the exact sums).
 #pragma once
@@ -1055,19 +1056,12 @@ class device_sparsified_sgd {
     }
     std::size_t received = 0;
     for (const std::size_t c : rank_total_) received += c;
-    recv_picks_.resize(std::max<std::size_t>(received, 1));
+    // (Dense: every rank's picks are every coordinate, neither sent nor written.)
+    if constexpr (!dense_gathered) recv_picks_.resize(std::max<std::size_t>(received, 1));
     recv_values_.resize(std::max<std::size_t>(received, 1));
     if constexpr (quantized) size_encoded();
     const std::size_t picks = k_at_[nt];
-    if constexpr (dense_gathered) {
-      // Every rank's picks are every coordinate: written here, not sent.
-      if (received) {
-        cuda::step_impl::iota_mod_kernel<std::uint32_t>
-            <<<cuda::grid_for(received, threads, max_blocks), threads, 0, s>>>(
-                recv_picks_.data(), received, static_cast<std::uint64_t>(total_));
-        cuda::check_launch("iota_mod_kernel");
-      }
-    } else {
+    if constexpr (!dense_gathered) {
       comm_->allgatherv_known(device_span<const std::uint32_t>(picks_.data(), picks),
                               device_span<std::uint32_t>(recv_picks_.data(), received),
                               std::span<const std::size_t>(rank_total_));
@@ -1083,22 +1077,32 @@ class device_sparsified_sgd {
     if constexpr (quantized) decode_received();
 
     const device_span<T> avg = staged_average();
-    if (total_) {
-      detail::cuda_check(cudaMemsetAsync(avg.data(), 0, total_ * sizeof(T), s), "cudaMemsetAsync");
-    }
-    if (received) {
-      const device_span<const std::uint32_t> idx(recv_picks_.data(), received);
-      const device_span<const float> val(recv_values_.data(), received);
-      temp_storage q;
-      cuda::scatter_add_sorted(q, idx, val, avg, s, device_validation::trusted);
-      grow_scratch(q.bytes);
-      temp_storage tmp = scratch();
-      cuda::scatter_add_sorted(tmp, idx, val, avg, s, device_validation::trusted);
-    }
-    if (ranks > 1 && total_) {
-      cuda::step_impl::divide_kernel<T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
-          avg.data(), total_, static_cast<T>(ranks));
-      cuda::check_launch("divide_kernel");
+    if constexpr (dense_gathered) {
+      // Rank r's values of the flat buffer at [r total, (r + 1) total): their sum in rank
+      // order from 0, divided by P, in one pass (the host's order; no sort needed).
+      if (total_) {
+        cuda::step_impl::rank_sum_kernel<T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
+            avg.data(), recv_values_.data(), total_, static_cast<unsigned>(ranks));
+        cuda::check_launch("rank_sum_kernel");
+      }
+    } else {
+      if (total_) {
+        detail::cuda_check(cudaMemsetAsync(avg.data(), 0, total_ * sizeof(T), s), "cudaMemsetAsync");
+      }
+      if (received) {
+        const device_span<const std::uint32_t> idx(recv_picks_.data(), received);
+        const device_span<const float> val(recv_values_.data(), received);
+        temp_storage q;
+        cuda::scatter_add_sorted(q, idx, val, avg, s, device_validation::trusted);
+        grow_scratch(q.bytes);
+        temp_storage tmp = scratch();
+        cuda::scatter_add_sorted(tmp, idx, val, avg, s, device_validation::trusted);
+      }
+      if (ranks > 1 && total_) {
+        cuda::step_impl::divide_kernel<T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
+            avg.data(), total_, static_cast<T>(ranks));
+        cuda::check_launch("divide_kernel");
+      }
     }
 
     for (std::size_t t = 0; t < nt; ++t) {
@@ -1272,9 +1276,11 @@ class device_sparsified_sgd {
 
   // Phase 1 of the dense path: values_ = e + g over the flat buffer (every tensor's coordinates
   // in order, k_ = the tensor sizes), the staged residual e + g - (e + g) = 0, as the host's
-  // residual keeps after sending every coordinate; one check of the values for NaN and Inf.
-  // With fp16 or bf16, each value's code into sums_ (divided by P first for fp16) and the
-  // staged residual e + g - decoded, as the host's.
+  // residual keeps after sending every coordinate; one check of the values for NaN and Inf
+  // (queued after the encoding, which writes staged buffers only; read back before anything
+  // is sent). Over dense_allreduce with fp16 or bf16, each value's code into sums_ (divided
+  // by P first for fp16); over sparse_allgather with a quantizer, each tensor encoded and
+  // decoded (encode_own); either way the staged residual e + g - decoded, as the host's.
   void compress_dense(device_span<const T> grads, double rho) {
     const cudaStream_t s = stream();
     set_counts(rho);
@@ -1382,7 +1388,8 @@ class device_sparsified_sgd {
         if (c != k_[t]) {
           throw communicator_error(detail::concat(
               "gradcomp::device_sparsified_sgd: rank ", r, " announced ", c, " ", what,
-              " of tensor ", tensors_[t].id, "; ", rule, k_[t], unit, ". Nothing was reduced"));
+              " of tensor ", tensors_[t].id, "; ", rule, k_[t], unit, ". Nothing was ",
+              dense_gathered ? "received" : "reduced"));
         }
       }
     }

@@ -62,13 +62,16 @@ __global__ void subtract_kernel(T* e, const T* values, const float* decoded, std
   }
 }
 
-// idx[j] = j mod n for j < m: every rank's picks when each picks every coordinate (the dense
-// step over sparse_allgather, whose payloads carry no indices).
-template <class Index>
-__global__ void iota_mod_kernel(Index* idx, std::size_t m, std::uint64_t n) {
-  for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < m;
-       j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    idx[j] = static_cast<Index>(j % n);
+// avg[i] = (((0 + v[i]) + v[n + i]) + ... + v[(ranks - 1) n + i]) / ranks for i < n (no
+// division for one rank): every rank's values of every coordinate added in rank order, as the
+// host's sparse_allgather adds dense payloads (the dense step over sparse_allgather).
+template <class T>
+__global__ void rank_sum_kernel(T* avg, const T* v, std::size_t n, unsigned ranks) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    T sum = T(0);
+    for (unsigned r = 0; r < ranks; ++r) sum = __fadd_rn(sum, v[r * n + i]);
+    avg[i] = ranks > 1 ? __fdiv_rn(sum, static_cast<T>(ranks)) : sum;
   }
 }
 
