@@ -45,7 +45,7 @@ struct message {
 // counts were checked against the capacities on the host.
 template <class V = float>
 __global__ void validate_kernel(message m, const std::uint64_t* cap, const std::uint64_t* lo,
-                                       const std::uint64_t* hi, error_record* errors) {
+                                const std::uint64_t* hi, error_record* errors) {
   for (std::uint64_t s = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
        s < m.slots; s += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     const unsigned t = segment_of(cap, m.tensors, s);
@@ -91,9 +91,9 @@ __global__ void merge_kernel(message a, message b, const std::uint64_t* cap,
 // union's distinct picks if fewer, else padding (sorted last by index next).
 template <class V = float>
 __global__ void take_kernel(message a, message b, const std::uint64_t* cap,
-                                   const std::uint64_t* key, const std::uint32_t* value,
-                                   const unsigned* dups, std::uint32_t* index_out,
-                                   std::uint32_t* value_out) {
+                            const std::uint64_t* key, const std::uint32_t* value,
+                            const unsigned* dups, std::uint32_t* index_out,
+                            std::uint32_t* value_out) {
   for (std::uint64_t s = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
        s < a.slots; s += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     const unsigned t = segment_of(cap, a.tensors, s);
@@ -115,7 +115,7 @@ __global__ void take_kernel(message a, message b, const std::uint64_t* cap,
 // The merged message's header: status 0, and each tensor's count, min(k_t, distinct picks).
 template <class V = float>
 __global__ void merged_counts_kernel(message a, message b, const std::uint64_t* cap,
-                                            const unsigned* dups, message out) {
+                                     const unsigned* dups, message out) {
   for (unsigned t = blockIdx.x * blockDim.x + threadIdx.x; t < a.tensors;
        t += gridDim.x * blockDim.x) {
     const std::uint64_t k = cap[t + 1] - cap[t];
@@ -129,8 +129,8 @@ __global__ void merged_counts_kernel(message a, message b, const std::uint64_t* 
 // into message m's slots.
 template <class V = float>
 __global__ void to_message_kernel(const std::uint32_t* picks, const float* values,
-                                         const std::uint64_t* at, std::uint64_t n,
-                                         const std::uint64_t* cap, message m) {
+                                  const std::uint64_t* at, std::uint64_t n,
+                                  const std::uint64_t* cap, message m) {
   for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     const unsigned t = segment_of(at, m.tensors, i);
@@ -143,8 +143,8 @@ __global__ void to_message_kernel(const std::uint32_t* picks, const float* value
 // Message m's picks, compact (tensor t's count at [at[t], at[t + 1])), into picks and values.
 template <class V = float>
 __global__ void from_message_kernel(message m, const std::uint64_t* cap,
-                                           const std::uint64_t* at, std::uint64_t n,
-                                           std::uint32_t* picks, float* values) {
+                                    const std::uint64_t* at, std::uint64_t n,
+                                    std::uint32_t* picks, float* values) {
   for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     const unsigned t = segment_of(at, m.tensors, i);
@@ -189,10 +189,10 @@ __global__ void from_capacity_kernel(const float* in, const std::uint64_t* cap,
 // residual::restore and dgc_momentum::restore: e[i] += value), counted per tensor.
 template <class V = float>
 __global__ void restore_kernel(const std::uint32_t* picks, const float* values,
-                                      const std::uint64_t* picks_at, std::uint64_t n,
-                                      unsigned tensors, const std::uint32_t* global,
-                                      const std::uint64_t* global_at, float* e,
-                                      unsigned* restored) {
+                               const std::uint64_t* picks_at, std::uint64_t n,
+                               unsigned tensors, const std::uint32_t* global,
+                               const std::uint64_t* global_at, float* e,
+                               unsigned* restored) {
   for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     const unsigned t = segment_of(picks_at, tensors, i);
