@@ -1314,12 +1314,14 @@ bool any_written(const std::vector<rank_result>& res) {
 // its allgatherv calls (exchange headers, wire payloads; `call` counts them from 0) and the
 // (index, value) pairs of its alltoallv calls (with the count per destination) and of the
 // broadcasts it roots. It stands for a rank whose message was corrupted, or that runs another
-// gradcomp version.
+// gradcomp version. on_received_broadcast edits this rank's copy of a broadcast of pairs it
+// did not root: a copy corrupted on its way to this rank only.
 struct tamper_comm {
   in_process_comm inner;
   std::function<void(int call, std::vector<std::byte>&)> on_bytes;
   std::function<void(std::vector<index_value>&, std::vector<std::size_t>&)> on_pairs;
   std::function<void(std::span<index_value>)> on_broadcast;
+  std::function<void(std::span<index_value>)> on_received_broadcast;
   int byte_calls = 0;
 
   explicit tamper_comm(in_process_comm c) : inner(c) {}
@@ -1363,6 +1365,9 @@ struct tamper_comm {
       if (on_broadcast && root == rank()) on_broadcast(v);
     }
     inner.broadcast(v, root);
+    if constexpr (std::is_same_v<T, index_value>) {
+      if (on_received_broadcast && root != rank()) on_received_broadcast(v);
+    }
   }
   void barrier() { inner.barrier(); }
 };
@@ -1633,6 +1638,40 @@ TEST_CASE_TEMPLATE("bad input: gtopk refuses corrupt pairs in the tree and in th
     });
     REQUIRE(copy.size() >= 3);
     CHECK(kinds(res) == all_payload_error);
+    CHECK_FALSE(any_written(res));
+  }
+}
+
+TEST_CASE("bad input: gtopk's exact sums: a broadcast copy corrupted on its way to one rank "
+          "fails the exchange on every rank, none left waiting") {
+  // Rank 1's own copy of the global set is edited after the broadcast: rank 1 refuses it, and
+  // still joins the allreduce of the exact sums (its length k + 1 known to every rank), its
+  // refusal counted there, so that ranks 0 and 2 fail with it instead of waiting for it.
+  struct edit {
+    const char* name;
+    std::function<void(std::span<index_value>)> apply;
+  };
+  const std::vector<edit> edits = {
+      {"count > k", [](auto v) { v[0].index = static_cast<std::uint32_t>(v.size()); }},
+      {"a failed status", [](auto v) { v[0].value = 1.0f; }},
+      {"index == n", [](auto v) { v[1].index = static_cast<std::uint32_t>(matrix_n); }},
+      {"duplicate index", [](auto v) { v[2].index = v[1].index; }},
+  };
+  for (const edit& e : edits) {
+    CAPTURE(e.name);
+    bool applied = false;
+    const auto res = exchange_run<x_gtopk_exact>(matrix_n, no_spoil, [&](tamper_comm& comm) {
+      if (comm.rank() != 1) return;
+      comm.on_received_broadcast = [&](std::span<index_value> v) {
+        REQUIRE(v.size() >= 3);
+        e.apply(v);
+        applied = true;
+      };
+    });
+    REQUIRE(applied);
+    CHECK(kinds(res) == (std::string(e.name) == "a failed status" ? all_comm_error : rank1_bad_payload));
+    CHECK(contains(res[0].what, "could not use the broadcast"));
+    CHECK(contains(res[2].what, "could not use the broadcast"));
     CHECK_FALSE(any_written(res));
   }
 }

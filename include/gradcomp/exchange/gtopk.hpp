@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,7 +30,9 @@ enum class gtopk_values {
   tree,
   // After the tree, one allreduce of the k values at the global indices: each global value
   // is the sum of all P ranks' values there, so every pick is either applied or restored to
-  // the feedback and nothing is lost. Costs one more allreduce of k values.
+  // the feedback and nothing is lost. Costs one more allreduce of k + 1 values (k the
+  // largest count, known to every rank; the last counts the ranks that refused their copy of
+  // the global set, which still join it, so that none is left waiting).
   exact,
 };
 
@@ -123,7 +126,7 @@ class gtopk {
   // receives this rank's picks whose index is not global, with their decoded values.
   // bytes_sent / bytes_received count the header, the pairs this rank sent / received in the
   // tree, the broadcast of the global set (sent by the root, received by the others) and, for
-  // gtopk_values::exact, the allreduced values.
+  // gtopk_values::exact, the k + 1 allreduced values.
   template <class Compressor, communicator Comm>
   exchange_stats exchange(Comm& comm, const Compressor& c, const payload& p,
                           std::span<typename Compressor::value_type> out, unused_picks& unused) {
@@ -219,31 +222,26 @@ class gtopk {
     comm.broadcast(std::span<index_value>(global_), 0);
     const std::size_t bcast_bytes = global_.size() * sizeof(index_value);
     (r == 0 ? st.bytes_sent : st.bytes_received) += ranks > 1 ? bcast_bytes : 0;
-    if (!failure.empty()) throw payload_error(failure);
-    if (global_[0].value != 0.0f) {
-      throw communicator_error(
-          "gradcomp::gtopk: a rank rejected a message in the merge tree (its own exception says "
-          "which); no rank applied this exchange");
-    }
-    const std::size_t g = global_[0].index;
-    if (g > k) {
-      detail::throw_payload_error("gtopk::exchange", "rank 0 broadcast a global set of ", g,
-                                  " pairs; at most k = ", k, " are allowed");
-    }
-    global_.erase(global_.begin());
-    global_.resize(g);
-    // Checked on every rank before out is written: the indices below are written to.
-    detail::check_received_pairs(global_, out.size(), k, 0);
-
     const T divisor = static_cast<T>(ranks);
     if (values_ == gtopk_values::tree) {
+      const std::size_t g = accept_global(failure, k, out.size());
       std::fill(out.begin(), out.end(), T(0));
-      for (const auto& e : global_) out[e.index] = static_cast<T>(e.value) / divisor;
+      for (std::size_t i = 0; i < g; ++i) out[global_[i].index] = static_cast<T>(global_[i].value) / divisor;
     } else {
-      // This rank's value at each global index, or zero; summed over ranks in rank order. One
-      // more element counts the ranks that could not use the broadcast (a copy corrupted on its
-      // way to them only), so that they do not fail alone.
-      std::vector<T> sums(g + 1, T(0));
+      // Every rank joins the allreduce before it throws, so that a copy of the broadcast
+      // corrupted on its way to one rank only fails the exchange on every rank (none waits in
+      // the allreduce for a rank that left). Its length, k + 1, is known to every rank
+      // whatever its copy says: this rank's value at each global index, or zero (padding after
+      // the g global ones), summed over ranks in rank order; the last element counts the ranks
+      // that could not use their copy.
+      std::size_t g = 0;
+      std::exception_ptr refused;
+      try {
+        g = accept_global(failure, k, out.size());
+      } catch (...) {
+        refused = std::current_exception();
+      }
+      std::vector<T> sums(k + 1, T(0));
       std::size_t j = 0;
       for (std::size_t i = 0; i < g; ++i) {
         while (j < mine_.size() && mine_[j].index < global_[i].index) ++j;
@@ -251,10 +249,12 @@ class gtopk {
           sums[i] = static_cast<T>(mine_[j].value);
         }
       }
+      if (refused) sums[k] = T(1);
       comm.allreduce(std::span<T>(sums), reduce_op::sum);
-      st.bytes_sent += (g + 1) * sizeof(T);
-      st.bytes_received += (g + 1) * sizeof(T);
-      if (sums[g] != T(0)) {
+      st.bytes_sent += (k + 1) * sizeof(T);
+      st.bytes_received += (k + 1) * sizeof(T);
+      if (refused) std::rethrow_exception(refused);
+      if (sums[k] != T(0)) {
         throw communicator_error(
             "gradcomp::gtopk: a rank could not use the broadcast global set; no rank applied "
             "this exchange");
@@ -262,6 +262,7 @@ class gtopk {
       std::fill(out.begin(), out.end(), T(0));
       for (std::size_t i = 0; i < g; ++i) out[global_[i].index] = sums[i] / divisor;
     }
+    const std::size_t g = global_.size();
 
     // Picks whose index is not global go back to the feedback.
     unused.clear();
@@ -281,6 +282,29 @@ class gtopk {
  private:
   static constexpr std::uint32_t status_ok = 0;
   static constexpr std::uint32_t status_failed = 1;
+
+  // The broadcast copy in global_ (a count-and-status pair, then k pairs) checked: this rank's
+  // own refusal of a message in the tree (payload_error), a failure the root broadcast
+  // (communicator_error), a count above k or pairs out of order or range (payload_error);
+  // else global_ becomes the g global pairs, and g is returned.
+  std::size_t accept_global(const std::string& failure, std::size_t k, std::size_t n) {
+    if (!failure.empty()) throw payload_error(failure);
+    if (global_[0].value != 0.0f) {
+      throw communicator_error(
+          "gradcomp::gtopk: a rank rejected a message in the merge tree (its own exception says "
+          "which); no rank applied this exchange");
+    }
+    const std::size_t g = global_[0].index;
+    if (g > k) {
+      detail::throw_payload_error("gtopk::exchange", "rank 0 broadcast a global set of ", g,
+                                  " pairs; at most k = ", k, " are allowed");
+    }
+    global_.erase(global_.begin());
+    global_.resize(g);
+    // Checked before out is written: the indices below are written to.
+    detail::check_received_pairs(global_, n, k, 0);
+    return g;
+  }
 
   gtopk_values values_ = gtopk_values::tree;
   std::vector<std::byte> header_scratch_;
