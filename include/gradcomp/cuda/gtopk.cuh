@@ -142,6 +142,7 @@ class device_gtopk {
     // r % 2step == step, and receives from r + step when r % 2step == 0.
     std::string failure;      // this rank's refusal of a message
     std::uint32_t culprit = 0;  // 1 + the rank whose message was refused (here or below)
+    // A message's (or the broadcast's) bytes, tensor t's share its count word and k_t slots.
     const auto count_message = [&](bool sent) {
       for (std::size_t t = 0; t < nt_; ++t) {
         const std::size_t b = 4 + 8 * st.k[t] + (t == 0 ? 4 : 0);
@@ -178,10 +179,7 @@ class device_gtopk {
     const unsigned global = r == 0 ? cur_ : recv_;
     if (ranks > 1) {
       comm.broadcast(device_span<std::uint32_t>(msg_[global].data(), words), 0);
-      for (std::size_t t = 0; t < nt_; ++t) {
-        const std::size_t b = 4 + 8 * st.k[t] + (t == 0 ? 4 : 0);
-        (r == 0 ? result[t].bytes_sent : result[t].bytes_received) += b;
-      }
+      count_message(/*sent=*/r == 0);
     }
     // The verdict on this rank's copy: a refusal in the tree (the status names the rank whose
     // message was refused), or a copy that is not a global set (a status, count or pick out
@@ -354,7 +352,6 @@ class device_gtopk {
     union_value_[1].resize(std::max<std::size_t>(2 * slots_, 1));
     taken_index_.resize(std::max<std::size_t>(slots_, 1));
     taken_value_.resize(std::max<std::size_t>(slots_, 1));
-    pinned_.resize(nt_ + 1 + 4);
   }
   std::size_t append(std::span<const std::size_t> v) {
     const std::size_t at = table_.size();
@@ -563,7 +560,6 @@ class device_gtopk {
   // Pinned host memory, grown on demand (the header reads and small results).
   class pinned_bytes {
    public:
-    void resize(std::size_t words) { (void)data(words * sizeof(std::uint64_t)); }
     std::byte* data(std::size_t bytes) {
       if (bytes > size_ || !p_) {
         void* p = nullptr;

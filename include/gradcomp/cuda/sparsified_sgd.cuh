@@ -1099,9 +1099,9 @@ class device_sparsified_sgd {
         cuda::scatter_add_sorted(tmp, idx, val, avg, s, device_validation::trusted);
       }
       if (ranks > 1 && total_) {
-        cuda::step_impl::divide_kernel<T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
-            avg.data(), total_, static_cast<T>(ranks));
-        cuda::check_launch("divide_kernel");
+        cuda::step_impl::average_kernel<T, T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
+            avg.data(), avg.data(), total_, static_cast<T>(ranks));
+        cuda::check_launch("average_kernel");
       }
     }
 

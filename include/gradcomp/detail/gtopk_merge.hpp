@@ -26,7 +26,8 @@ inline constexpr std::uint32_t gtopk_padding_index = ~std::uint32_t{0};
 
 // The last segment that starts at or before s, of the `segments` that at[] lays out (at has
 // segments + 1 running sums, s < at[segments]; empty segments share their start, so the
-// segment found is never empty).
+// segment found is never empty). Also the device step's check of received picks
+// (cuda/kernels/step_kernels.cuh) finds each pick's segment with it.
 GRADCOMP_HOST_DEVICE unsigned segment_of(const std::uint64_t* at, unsigned segments,
                                          std::uint64_t s) {
   unsigned a = 0, b = segments;

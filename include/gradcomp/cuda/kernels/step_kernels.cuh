@@ -18,6 +18,7 @@
 #include <cub/block/block_reduce.cuh>
 
 #include <gradcomp/cuda/block/sparse_common.cuh>
+#include <gradcomp/detail/gtopk_merge.hpp>
 
 namespace gradcomp::cuda::step_impl {
 
@@ -159,26 +160,11 @@ __global__ void validate_received_kernel(const Index* idx, std::size_t m,
   for (std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; j < m;
        j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     // The last segment that starts at or before j (empty segments share their start).
-    unsigned a = 0, b = segments;  // start[a] <= j < start[b]
-    while (b - a > 1) {
-      const unsigned mid = a + (b - a) / 2;
-      if (start[mid] <= j) a = mid;
-      else b = mid;
-    }
+    const unsigned a = detail::segment_of(start, segments, j);
     const std::uint64_t i = idx[j];
     const bool in_range = i >= lo[a] && i < hi[a];
     const bool ascending = j == start[a] || idx[j - 1] < idx[j];
     if (!in_range || !ascending) report_error(errors, j);
-  }
-}
-
-// x[i] = x[i] / divisor: the rank-order sum into the mean (the host divides the same way; for
-// a power of two it multiplies by 1 / P, the same number).
-template <class T>
-__global__ void divide_kernel(T* x, std::size_t n, T divisor) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    x[i] = __fdiv_rn(x[i], divisor);
   }
 }
 
@@ -195,7 +181,8 @@ __global__ void scatter_divide_kernel(T* avg, const Index* idx, const W* sum, st
 }
 
 // avg[i] = float(sum[i]) / divisor for i < n: dense_allreduce's average of every coordinate
-// (the host's static_cast<T>(float(sum)) / divisor; a divisor of 1 leaves the bits as they are).
+// (the host's static_cast<T>(float(sum)) / divisor; a divisor of 1 leaves the bits as they are),
+// or, with sum == avg and W = T, the rank-order sum divided in place into the mean.
 template <class T, class W>
 __global__ void average_kernel(T* avg, const W* sum, std::size_t n, T divisor) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
