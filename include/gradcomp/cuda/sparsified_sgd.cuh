@@ -151,6 +151,7 @@
 #include <gradcomp/cuda/sparse.cuh>
 #include <gradcomp/detail/sgd_checkpoint.hpp>
 #include <gradcomp/device.hpp>
+#include <gradcomp/engine/tensor_record.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/exchange/dense_allreduce.hpp>
 #include <gradcomp/exchange/gtopk.hpp>
@@ -1036,10 +1037,9 @@ class device_sparsified_sgd {
       ts.bytes_received = 8 * (ranks - 1) + tree_results_[t].bytes_received;
       ts.restored = tree_results_[t].restored;
       ts.exchange = "gtopk";
-      add_stats(std::move(ts));
+      detail::add_tensor(staged_stats_, ts);
     }
-    staged_stats_.density =
-        total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
+    detail::finish_totals(staged_stats_);
   }
 
   // Phase 2: every rank's picks into the staged average.
@@ -1117,10 +1117,9 @@ class device_sparsified_sgd {
         if (r != me) ts.bytes_received += wire_bytes(counts_[r * (nt + 1) + t]);
       }
       ts.exchange = "sparse_allgather";
-      add_stats(std::move(ts));
+      detail::add_tensor(staged_stats_, ts);
     }
-    staged_stats_.density =
-        total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
+    detail::finish_totals(staged_stats_);
   }
 
   // Tensor t's statistics from its selection's (stats_host(), read back in phase 1).
@@ -1135,14 +1134,6 @@ class device_sparsified_sgd {
     ts.iterations = sel.iterations;
     ts.fallback = sel.fallback;
     return ts;
-  }
-
-  // A tensor's statistics into the staged step's, and into its totals.
-  void add_stats(tensor_stats ts) {
-    staged_stats_.selected += ts.selected;
-    staged_stats_.bytes_sent += ts.bytes_sent;
-    staged_stats_.bytes_received += ts.bytes_received;
-    staged_stats_.tensors.push_back(std::move(ts));
   }
 
   // What a tensor's c picks cost on the wire: an index and a value each (quantized: an index
@@ -1369,9 +1360,9 @@ class device_sparsified_sgd {
       ts.bytes_sent = sizeof(sum_t) * ts.n + 8;
       ts.bytes_received = sizeof(sum_t) * ts.n + 8 * (ranks - 1);
       ts.exchange = "dense_allreduce";
-      add_stats(std::move(ts));
+      detail::add_tensor(staged_stats_, ts);
     }
-    staged_stats_.density = total_ ? 1.0 : 0.0;
+    detail::finish_totals(staged_stats_);
   }
 
   // The allreduce exchanges' check of the gathered counts: every rank must announce this
@@ -1443,10 +1434,9 @@ class device_sparsified_sgd {
       ts.bytes_sent = sizeof(sum_t) * k_[t] + 16;
       ts.bytes_received = sizeof(sum_t) * k_[t] + 16 * (ranks - 1);
       ts.exchange = "dense_allreduce";
-      add_stats(std::move(ts));
+      detail::add_tensor(staged_stats_, ts);
     }
-    staged_stats_.density =
-        total_ ? static_cast<double>(staged_stats_.selected) / static_cast<double>(total_) : 0.0;
+    detail::finish_totals(staged_stats_);
   }
 
   // Each rank's picks of each tensor: ascending, inside the tensor's range of the flat buffer.
