@@ -63,7 +63,9 @@ void bad_arguments(const ncclUniqueId& id) {
 // side values through allgatherv_known, its counts through gather_counts; dense: one
 // ncclAllReduce of the flat buffer, of floats or of fp16 codes) against the host step over
 // the same communicator's host API: the parameters bit for bit after every step (gtopk: its
-// tree's ncclSend/ncclRecv rounds and ncclBroadcast, the merges on the device). The host's
+// tree's ncclSend/ncclRecv rounds and ncclBroadcast, the merges on the device; topk_a2a: its
+// picks through alltoallv_known's ncclSend/ncclRecv group, its shards through
+// allgatherv_known). The host's
 // dense_allreduce reduces tensor by tensor, the device step the whole buffer at once: NCCL may
 // add more than two ranks' values in another order for another length, so from 3 ranks on the
 // dense step is compared within a relative 1e-5, and fp16's dense step (whose half sums may
@@ -81,10 +83,12 @@ void device_step(nccl_comm& comm) {
   constexpr bool dense_step = std::is_same_v<X, dense_allreduce>;
   constexpr bool quantized = !std::is_same_v<typename C::quantizer_type, identity>;
   constexpr bool tree = std::is_same_v<X, gtopk>;
+  constexpr bool a2a = std::is_same_v<X, topk_a2a>;
   const std::string name = dense_step  ? (quantized ? "device_sparsified_sgd (dense, fp16) over NCCL"
                                                     : "device_sparsified_sgd (dense) over NCCL")
                            : quantized ? "device_sparsified_sgd (top-k, qsgd) over NCCL"
                            : tree      ? "device_sparsified_sgd (gtopk) over NCCL"
+                           : a2a       ? "device_sparsified_sgd (topk_a2a) over NCCL"
                                        : "device_sparsified_sgd over NCCL";
   const std::size_t n = dev.size();
   const int me = comm.rank();
@@ -153,6 +157,7 @@ void run_rank(const ncclUniqueId& id, int size, int rank) {
       device_step<compressor<dense, fp16, residual>, dense_allreduce>(comm);
       device_step<compressor<topk, qsgd, residual>, sparse_allgather>(comm);
       device_step<compressor<topk, identity, residual>, gtopk>(comm);
+      device_step<compressor<topk, identity, residual>, topk_a2a>(comm);
     }
     detail::cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   } catch (const std::exception& e) {

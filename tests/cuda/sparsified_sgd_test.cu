@@ -137,6 +137,24 @@ struct gtopk_dgc_p : policies<compressor<topk, identity, dgc_momentum>, gtopk> {
     return compressor<topk, identity, dgc_momentum>(topk{}, identity{}, dgc_momentum{0.9, 0.0});
   }
 };
+// TopK-A2A, with selector S (threshold at tau = 0.75) and quantizer Q; the host fusing its
+// tensors into buckets of `Bucket` elements (0: each alone), the device all into one: the same
+// bits either way.
+template <class S, class Q, std::size_t Bucket = 0>
+struct a2a_p : policies<compressor<S, Q, residual>, topk_a2a> {
+  static compressor<S, Q, residual> make() {
+    S sel{};
+    if constexpr (std::is_same_v<S, threshold>) sel = threshold{0.75};
+    return compressor<S, Q, residual>(sel, Q{}, residual{});
+  }
+  static topk_a2a make_x() { return topk_a2a(Bucket); }
+};
+struct a2a_dgc_p : policies<compressor<topk, identity, dgc_momentum>, topk_a2a> {
+  static constexpr bool applies_momentum = true;
+  static compressor<topk, identity, dgc_momentum> make() {
+    return compressor<topk, identity, dgc_momentum>(topk{}, identity{}, dgc_momentum{0.9, 0.0});
+  }
+};
 // The host encoder's payload of n values of quantizer Q (the sizes of its codes and side values
 // depend on n only): what the bytes counted are compared with.
 template <class Q>
@@ -1248,4 +1266,48 @@ TEST_CASE_TEMPLATE("device_sparsified_sgd, dense with sparse_allgather: a failed
 
 TEST_CASE("device_sparsified_sgd, dense with sparse_allgather: a non-finite gradient fails the step on every rank") {
   check_nonfinite_in_tensor_1<gathered_dense_p<qsgd>>(0, INFINITY);
+}
+
+// ---- TopK-A2A: the picks to their shards' owners (cuda/sparsified_sgd.cuh) -------------------
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd, topk_a2a: the host step bit for bit, P = 1, 2, 4", Pol,
+                   a2a_p<topk, identity>, a2a_p<topk, identity, 1000>, a2a_p<topk, qsgd>,
+                   a2a_p<threshold, identity>, a2a_p<randomk, fp16>, a2a_dgc_p) {
+  // Each owner's shard is the rank-order sum of the picks sent to it, over P, the host's bits;
+  // the host's buckets (here of 1000 elements) change its messages, not its result. The bytes:
+  // over the ranks of one step, the pairs one rank sends another are the pairs that rank
+  // receives, and each shard goes to the P - 1 others, so the totals differ by what every
+  // rank's counts and verdict cost and by the shards: checked once every rank has stepped.
+  std::size_t sent = 0, received = 0;
+  check_bit_for_bit<Pol>(
+      [](auto&, const setup_t&) {},
+      [&](auto& k, const setup_t& s) {
+        const step_stats& st = k.dev->last_stats();
+        for (const tensor_stats& ts : st.tensors) CHECK(ts.exchange == "topk_a2a");
+        sent += st.bytes_sent;
+        received += st.bytes_received;
+        const auto P = static_cast<std::size_t>(k.staged->size());
+        if (static_cast<std::size_t>(k.staged->rank()) + 1 < P) return;
+        const std::size_t nt = s.sizes.size(), n = total_of(s);
+        // Per rank: 8 a tensor's count and 8 (P + 1) for the owners' counts and the verdict,
+        // to the others and from each of them; 4 a shard element out, the others' in.
+        const std::size_t words = 8 * (nt + P + 1);
+        CHECK(sent >= P * words + 4 * n);
+        CHECK(received + P * words + 4 * n == sent + P * (P - 1) * words + 4 * n * (P - 1));
+        sent = received = 0;
+      },
+      /*small_only=*/!std::is_same_v<typename Pol::C::quantizer_type, identity>);
+}
+
+TEST_CASE("device_sparsified_sgd, topk_a2a: a failed step or a lying peer changes nothing on any rank") {
+  // The collectives: the counts (with the counts for the owners), the indices and the values
+  // to the owners, the verdicts, the shards. A lying peer: a corrupted count (call 0),
+  // corrupted indices (call 1: the first pick it sends an owner is then outside that owner's
+  // shard, refused there and the refusal gathered, every rank naming the sender), or a
+  // corrupted verdict (call 3: an unknown one, refused on every rank).
+  check_faults_at_2_and_3<a2a_p<topk, identity>>(1, 5, {0, 1, 3});
+}
+
+TEST_CASE("device_sparsified_sgd, topk_a2a: a non-finite gradient fails the step on every rank") {
+  check_nonfinite_in_tensor_1<a2a_p<topk, identity>>(0, std::nanf(""));
 }

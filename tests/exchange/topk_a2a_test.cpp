@@ -289,3 +289,52 @@ TEST_CASE("topk_a2a: one exchange object over tensors of changing size keeps giv
     CHECK(gradcomp_test::same_bits(got[t][0], want));
   }
 }
+
+TEST_CASE("share_by_size: shares in proportion to the sizes, rounded down, the last taking the rest") {
+  const auto shares = [](std::vector<std::size_t> sizes, std::size_t amount) {
+    std::vector<std::size_t> out(sizes.size(), 12345);
+    share_by_size(sizes, amount, out);
+    std::size_t sum = 0;
+    for (const std::size_t s : out) sum += s;
+    if (!sizes.empty()) CHECK(sum == amount);
+    return out;
+  };
+  CHECK(shares({}, 7).empty());
+  CHECK(shares({5}, 7) == std::vector<std::size_t>{7});
+  CHECK(shares({1, 1, 1}, 10) == std::vector<std::size_t>{3, 3, 4});
+  CHECK(shares({0, 0}, 9) == std::vector<std::size_t>{4, 5});            // equally where all are 0
+  CHECK(shares({0, 3, 1}, 100) == std::vector<std::size_t>{0, 75, 25});
+  CHECK(shares({1000, 37, 4096}, 0) == std::vector<std::size_t>{0, 0, 0});
+  const std::vector<std::size_t> big = shares({(std::size_t{1} << 20) + 3, 17, 65537}, 987654321);
+  CHECK(big[0] == 929542146);  // 987654321 (2^20 + 3) / 1114133, rounded down
+  CHECK(big[1] == 15070);      // 987654321 17 / 1114133, rounded down
+}
+
+TEST_CASE("check_topk_a2a_counts: rows must add up to each rank's picks, entries fit their shard") {
+  // n = 10 over p = 3: shards [0, 3), [3, 6), [6, 10).
+  const std::vector<std::size_t> totals = {4, 0, 10};
+  std::vector<std::size_t> m = {1, 2, 1,   //
+                                0, 0, 0,   //
+                                3, 3, 4};  // every element: the largest row allowed
+  CHECK(check_topk_a2a_counts(m, totals, 10).empty());
+  SUBCASE("an entry beyond its shard, naming the rank, the owner and the shard's length") {
+    m[1] = 4;
+    m[2] = 0;  // the row still adds up to 4
+    const std::string why = check_topk_a2a_counts(m, totals, 10);
+    CHECK(why.find("rank 0 announced 4 picks for rank 1's shard") != std::string::npos);
+    CHECK(why.find("at most its 3 elements") != std::string::npos);
+  }
+  SUBCASE("a row that does not add up to the rank's picks") {
+    m[6] = 2;
+    const std::string why = check_topk_a2a_counts(m, totals, 10);
+    CHECK(why.find("rank 2 announced 9 picks for the shards' owners and 10 picks") != std::string::npos);
+  }
+  SUBCASE("counts that would overflow a sum are refused by the shard bound first") {
+    m[3] = ~std::size_t{0};
+    CHECK(check_topk_a2a_counts(m, totals, 10).find("rank 1 announced") != std::string::npos);
+  }
+  SUBCASE("one rank, an empty buffer") {
+    CHECK(check_topk_a2a_counts(std::vector<std::size_t>{0}, std::vector<std::size_t>{0}, 0).empty());
+    CHECK(!check_topk_a2a_counts(std::vector<std::size_t>{1}, std::vector<std::size_t>{1}, 0).empty());
+  }
+}

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -183,19 +184,10 @@ class nccl_comm {
   void allgatherv_known(device_span<const T> send, device_span<T> recv,
                         std::span<const std::size_t> counts) {
     const auto p = static_cast<std::size_t>(size_);
-    if (counts.size() != p) {
-      detail::throw_invalid_argument("nccl_comm::allgatherv_known", "counts.size()", counts.size(),
-                                     detail::concat("size() = ", p));
-    }
+    check_block_counts("nccl_comm::allgatherv_known", "counts", counts, "recv", recv.size());
     if (send.size() != counts[static_cast<std::size_t>(rank_)]) {
       detail::throw_invalid_argument("nccl_comm::allgatherv_known", "send.size()", send.size(),
                                      detail::concat("counts[rank()] = ", counts[static_cast<std::size_t>(rank_)]));
-    }
-    std::size_t total = 0;
-    for (const std::size_t c : counts) total += c;
-    if (recv.size() != total) {
-      detail::throw_invalid_argument("nccl_comm::allgatherv_known", "recv.size()", recv.size(),
-                                     detail::concat("the sum of counts (", total, ")"));
     }
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
     for (std::size_t r = 0, at = 0; r < p; at += counts[r], ++r) {
@@ -229,33 +221,51 @@ class nccl_comm {
 
   // send holds the blocks for rank 0, 1, ... (send_counts[s] elements for rank s); recv is
   // resized and gets the blocks for this rank in source order. The count matrix is gathered
-  // first, then one group of ncclSend/ncclRecv moves the non-empty blocks.
+  // first, then alltoallv_known moves the blocks.
   template <detail::nccl_element T>
   void alltoallv(device_span<const T> send, std::span<const std::size_t> send_counts,
                  device_buffer<T>& recv, std::vector<std::size_t>& recv_counts) {
     const auto p = static_cast<std::size_t>(size_);
     const auto me = static_cast<std::size_t>(rank_);
-    if (send_counts.size() != p) {
-      detail::throw_invalid_argument("nccl_comm::alltoallv", "send_counts.size()", send_counts.size(),
-                                     detail::concat("size() = ", p));
-    }
+    check_block_counts("nccl_comm::alltoallv", "send_counts", send_counts, "send", send.size());
     std::vector<std::uint64_t> mine(send_counts.begin(), send_counts.end());
-    std::size_t total = 0;
-    for (const auto c : send_counts) total += c;
-    if (total != send.size()) {
-      detail::throw_invalid_argument("nccl_comm::alltoallv", "sum of send_counts", total,
-                                     detail::concat("send.size() = ", send.size()));
-    }
     std::vector<std::size_t> matrix;  // matrix[s * p + d]: what s sends to d
     gather_counts(mine, matrix);
     recv_counts.assign(p, 0);
-    std::vector<std::size_t> rat(p + 1, 0), sat(p + 1, 0);
+    std::size_t total = 0;
     for (std::size_t s = 0; s < p; ++s) {
       recv_counts[s] = matrix[s * p + me];
+      total += recv_counts[s];
+    }
+    recv.resize(total);
+    (void)alltoallv_known(send, send_counts, device_span<T>(recv.data(), total),
+                          std::span<const std::size_t>(recv_counts));
+  }
+
+  // An alltoallv whose counts every rank already holds (the device step's topk_a2a gathers
+  // and checks its count matrix first), so nothing is sized by what a peer announces here:
+  // send holds the blocks for rank 0, 1, ... (send_counts[d] elements for rank d), recv gets
+  // recv_counts[s] elements from each rank s, in source order. This rank's own block is a
+  // device copy; one group of ncclSend/ncclRecv moves the other non-empty blocks;
+  // asynchronous. Returns -1: the sizes are trusted (NCCL does not check that a send and its
+  // receive match; the caller makes them equal on both sides).
+  template <detail::nccl_element T>
+  int alltoallv_known(device_span<const T> send, std::span<const std::size_t> send_counts,
+                      device_span<T> recv, std::span<const std::size_t> recv_counts) {
+    const auto p = static_cast<std::size_t>(size_);
+    const auto me = static_cast<std::size_t>(rank_);
+    check_block_counts("nccl_comm::alltoallv_known", "send_counts", send_counts, "send", send.size());
+    check_block_counts("nccl_comm::alltoallv_known", "recv_counts", recv_counts, "recv", recv.size());
+    std::vector<std::size_t> rat(p + 1, 0), sat(p + 1, 0);
+    for (std::size_t s = 0; s < p; ++s) {
       rat[s + 1] = rat[s] + recv_counts[s];
       sat[s + 1] = sat[s] + send_counts[s];
     }
-    recv.resize(rat[p]);
+    if (send_counts[me] != recv_counts[me]) {
+      detail::throw_invalid_argument("nccl_comm::alltoallv_known", "recv_counts[rank()]",
+                                     recv_counts[me],
+                                     detail::concat("send_counts[rank()] = ", send_counts[me]));
+    }
     if (send_counts[me]) {
       detail::cuda_check(cudaMemcpyAsync(recv.data() + rat[me], send.data() + sat[me],
                                          send_counts[me] * sizeof(T), cudaMemcpyDeviceToDevice, stream_),
@@ -276,6 +286,7 @@ class nccl_comm {
       }
     }
     detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd", comm_);
+    return -1;
   }
 
   template <detail::nccl_element T>
@@ -377,6 +388,21 @@ class nccl_comm {
   }
 
  private:
+  // counts: one per rank, adding up to the buffer's size; else invalid_argument naming them.
+  void check_block_counts(std::string_view where, const char* what,
+                          std::span<const std::size_t> counts, const char* buffer,
+                          std::size_t size) const {
+    if (counts.size() != static_cast<std::size_t>(size_)) {
+      detail::throw_invalid_argument(where, detail::concat(what, ".size()"), counts.size(),
+                                     detail::concat("size() = ", size_));
+    }
+    std::size_t total = 0;
+    for (const std::size_t c : counts) total += c;
+    if (total != size) {
+      detail::throw_invalid_argument(where, detail::concat("the sum of ", what), total,
+                                     detail::concat(buffer, ".size() = ", size));
+    }
+  }
   void check_root(int root) const {
     if (root < 0 || root >= size_) {
       detail::throw_invalid_argument("nccl_comm::broadcast", "root", root,

@@ -105,10 +105,26 @@
 // for bit, but for a NaN sum's bits and, with the exact sums, a communicator whose order of
 // addition depends on the length (cuda/gtopk.cuh).
 //
+// TopK-A2A in place of sparse_allgather: with topk_a2a, every tensor of the step is one fused
+// index space (the flat buffer) split into one shard per rank (topk_a2a_shard_begin), one
+// bucket whatever the exchange's bucket_elements (the result is the same bit for bit; only the
+// host's number of messages depends on it). Where each owner's picks start in this rank's
+// ascending picks is found on the device (split_by_shard_kernel) and read back (a wait); the
+// first collective gathers those P counts with the per-tensor counts and statuses, so that
+// every rank holds the whole count matrix, checks it (check_topk_a2a_counts: each row adds up
+// to the rank's picks, no entry beyond its shard) and sizes nothing by a peer's word beyond
+// that. Then two alltoallv_known (the indices, and the values: decoded floats where quantized,
+// as the host's pairs), a check on the device that each source's picks are ascending and
+// inside this rank's shard, one gather of every rank's verdict (0, or 1 + the source it
+// refused: a refusal fails the step on every rank, naming the sender, before anything is
+// written), the owner's rank-order sum of its shard (the sorted scatter-add, the mean), and
+// one allgatherv_known of the shards into the staged average. The host's bits: each index's
+// values added in rank order, as sparse_allgather's.
+//
 // So far it runs compressor<S, Q, residual> with S one of topk, gaussiank, threshold and
 // randomk, and compressor<S, Q, dgc_momentum> with S one of topk, threshold and randomk (float,
 // Q any of the six quantizers; quantized Gaussian-k and Random-k as quantized top-k and
-// threshold) with sparse_allgather or gtopk, compressor<dense, Q, residual> (float, Q any of
+// threshold) with sparse_allgather, gtopk or topk_a2a, compressor<dense, Q, residual> (float, Q any of
 // the six) with sparse_allgather (every coordinate's codes gathered, no indices sent: each
 // rank's are every coordinate, written on the device; decoded and added in rank order as
 // quantized top-k's), and compressor<dense, Q, residual> and
@@ -121,7 +137,9 @@
 // bytes a side value; dense over dense_allreduce: 4 a value, 2 a code; dense over
 // sparse_allgather: the packed codes and 4 bytes a side value, no indices) and 8 a count (Random-k over
 // dense_allreduce: 4 a value or 2 a code, 8 a count and 8 a hash; gtopk: 8 a count, then
-// 4 + 8 k a message and a broadcast, and 4 k for the exact sums).
+// 4 + 8 k a message and a broadcast, and 4 k for the exact sums; topk_a2a: 8 a count, then
+// for the step 8 for each of the P counts to the owners and the verdict, 8 a pick sent to
+// another rank and 4 an element of this rank's shard, shared among the tensors by size).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -156,6 +174,7 @@
 #include <gradcomp/exchange/dense_allreduce.hpp>
 #include <gradcomp/exchange/gtopk.hpp>
 #include <gradcomp/exchange/sparse_allgather.hpp>
+#include <gradcomp/exchange/topk_a2a.hpp>
 #include <gradcomp/feedback/dgc_momentum.hpp>
 #include <gradcomp/feedback/residual.hpp>
 #include <gradcomp/quantize.hpp>
@@ -192,6 +211,17 @@ concept device_communicator =
 template <class C, class W = float>
 concept device_allreduce_communicator =
     device_communicator<C> && requires(C& c, device_span<W> x) { c.allreduce(x, reduce_op::sum); };
+
+// What topk_a2a adds: an alltoallv of device memory (indices and values) whose counts every
+// rank already holds, returning -1 or the first rank whose block had another size.
+template <class C>
+concept device_a2a_communicator =
+    device_communicator<C> &&
+    requires(C& c, device_span<const std::uint32_t> si, device_span<std::uint32_t> ri,
+             device_span<const float> sf, device_span<float> rf, std::span<const std::size_t> n) {
+      { c.alltoallv_known(si, n, ri, n) } -> std::convertible_to<int>;
+      { c.alltoallv_known(sf, n, rf, n) } -> std::convertible_to<int>;
+    };
 
 namespace detail {
 // What the allreduce paths add: a summable quantizer's sum_type; float for any other (whose
@@ -239,6 +269,8 @@ class device_sparsified_sgd {
   static constexpr bool reduces_picks = is_randomk && std::is_same_v<Exchange, dense_allreduce>;
   // gTop-k: the picks merged up a tree, the global set broadcast (cuda/gtopk.cuh).
   static constexpr bool tree_exchange = std::is_same_v<Exchange, gtopk>;
+  // TopK-A2A: the picks sent to their shards' owners, the owners' sums gathered.
+  static constexpr bool a2a_exchange = std::is_same_v<Exchange, topk_a2a>;
   // threshold and Gaussian-k: each tensor's count is known only once its selection has run on
   // the device.
   static constexpr bool variable_count = is_threshold || is_gaussiank;
@@ -275,9 +307,9 @@ class device_sparsified_sgd {
                 "dense_allreduce; with another Q the dense step runs over sparse_allgather.");
   static_assert(dense_path ? std::is_same_v<Exchange, dense_allreduce> || dense_gathered
                            : std::is_same_v<Exchange, sparse_allgather> || reduces_picks ||
-                                 tree_exchange,
-                "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather and X = gtopk with "
-                "topk, gaussiank, threshold and randomk, X = dense_allreduce with dense and "
+                                 tree_exchange || a2a_exchange,
+                "device_sparsified_sgd<C, X, Comm> runs X = sparse_allgather, gtopk and topk_a2a "
+                "with topk, gaussiank, threshold and randomk, X = dense_allreduce with dense and "
                 "randomk, and X = sparse_allgather with dense so far.");
   static_assert(!(is_gaussiank && is_dgc),
                 "device_sparsified_sgd<compressor<gaussiank, Q, dgc_momentum>, ...> does not run "
@@ -293,6 +325,9 @@ class device_sparsified_sgd {
   static_assert(!tree_exchange || device_tree_communicator<Comm>,
                 "device_sparsified_sgd<C, gtopk, Comm>: Comm has no sendrecv_known, broadcast "
                 "and allreduce of device memory (nccl_comm and cuda::staged_comm have them).");
+  static_assert(!a2a_exchange || device_a2a_communicator<Comm>,
+                "device_sparsified_sgd<C, topk_a2a, Comm>: Comm has no alltoallv_known of device "
+                "memory (nccl_comm and cuda::staged_comm have it).");
   static_assert(!allreduces || device_allreduce_communicator<Comm, sum_t>,
                 "device_sparsified_sgd<C, dense_allreduce, Comm>: Comm has no allreduce of "
                 "device memory of C's sum type (float, or fp16's gradcomp::half, bf16's "
@@ -403,6 +438,8 @@ class device_sparsified_sgd {
         exchange_reduced_picks();
       } else if constexpr (tree_exchange) {
         exchange_tree();
+      } else if constexpr (a2a_exchange) {
+        exchange_a2a();
       } else {
         exchange_picks();
       }
@@ -954,14 +991,17 @@ class device_sparsified_sgd {
   // The first collective of phase 2: every rank's count for each tensor (k_) and its status
   // (1 where it refused its gradient, else 0) into counts_ (row r: rank r's). A rank that
   // refused fails the step on every rank: itself with its own refusal, the others naming it.
-  void gather_counts_and_status() {
+  // The same collective carries `extra` (as many values from every rank; topk_a2a's counts
+  // for the shards' owners), every rank's into extras_ (row r: rank r's).
+  void gather_counts_and_status(std::span<const std::uint64_t> extra = {}) {
     const std::size_t nt = tensors_.size();
     const auto ranks = static_cast<std::size_t>(comm_->size());
     const auto me = static_cast<std::size_t>(comm_->rank());
     mine_.assign(k_.begin(), k_.end());
     mine_.push_back(refusal_.empty() ? 0 : 1);
+    mine_.insert(mine_.end(), extra.begin(), extra.end());
     comm_->gather_counts(std::span<const std::uint64_t>(mine_), counts_);
-    const std::size_t row = nt + 1;
+    const std::size_t row = nt + 1 + extra.size();
     for (std::size_t r = 0; r < ranks; ++r) {
       const std::size_t status = counts_[r * row + nt];
       if (status == 0) continue;
@@ -972,6 +1012,16 @@ class device_sparsified_sgd {
                       : " sent an unknown status",
           "; the step changes nothing on any rank"));
     }
+    if (extra.empty()) return;
+    // Rows of nt + 1 in counts_, as every other reader expects.
+    extras_.resize(ranks * extra.size());
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::copy_n(counts_.begin() + static_cast<std::ptrdiff_t>(r * row + nt + 1), extra.size(),
+                  extras_.begin() + static_cast<std::ptrdiff_t>(r * extra.size()));
+      std::copy_n(counts_.begin() + static_cast<std::ptrdiff_t>(r * row), nt + 1,
+                  counts_.begin() + static_cast<std::ptrdiff_t>(r * (nt + 1)));
+    }
+    counts_.resize(ranks * (nt + 1));
   }
 
   // After gather_counts_and_status: a count above its tensor's size is refused on every rank
@@ -1044,7 +1094,6 @@ class device_sparsified_sgd {
 
   // Phase 2: every rank's picks into the staged average.
   void exchange_picks() {
-    const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
     const auto ranks = static_cast<std::size_t>(comm_->size());
     const auto me = static_cast<std::size_t>(comm_->rank());
@@ -1076,33 +1125,16 @@ class device_sparsified_sgd {
     if constexpr (!dense_gathered) validate_received(received);
     if constexpr (quantized) decode_received();
 
-    const device_span<T> avg = staged_average();
     if constexpr (dense_gathered) {
       // Rank r's values of the flat buffer at [r total, (r + 1) total): their sum in rank
       // order from 0, divided by P, in one pass (the host's order; no sort needed).
       if (total_) {
-        cuda::step_impl::rank_sum_kernel<T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
-            avg.data(), recv_values_.data(), total_, static_cast<unsigned>(ranks));
+        cuda::step_impl::rank_sum_kernel<T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, stream()>>>(
+            staged_average().data(), recv_values_.data(), total_, static_cast<unsigned>(ranks));
         cuda::check_launch("rank_sum_kernel");
       }
     } else {
-      if (total_) {
-        detail::cuda_check(cudaMemsetAsync(avg.data(), 0, total_ * sizeof(T), s), "cudaMemsetAsync");
-      }
-      if (received) {
-        const device_span<const std::uint32_t> idx(recv_picks_.data(), received);
-        const device_span<const float> val(recv_values_.data(), received);
-        temp_storage q;
-        cuda::scatter_add_sorted(q, idx, val, avg, s, device_validation::trusted);
-        grow_scratch(q.bytes);
-        temp_storage tmp = scratch();
-        cuda::scatter_add_sorted(tmp, idx, val, avg, s, device_validation::trusted);
-      }
-      if (ranks > 1 && total_) {
-        cuda::step_impl::average_kernel<T, T><<<cuda::grid_for(total_, threads, max_blocks), threads, 0, s>>>(
-            avg.data(), avg.data(), total_, static_cast<T>(ranks));
-        cuda::check_launch("average_kernel");
-      }
+      sum_received(received, 0, total_);
     }
 
     for (std::size_t t = 0; t < nt; ++t) {
@@ -1117,6 +1149,163 @@ class device_sparsified_sgd {
         if (r != me) ts.bytes_received += wire_bytes(counts_[r * (nt + 1) + t]);
       }
       ts.exchange = "sparse_allgather";
+      detail::add_tensor(staged_stats_, ts);
+    }
+    detail::finish_totals(staged_stats_);
+  }
+
+  // The staged average's [from, from + n) = the mean over the ranks of the `received` picks
+  // and values in recv_picks_ / recv_values_ (checked: every index inside that range), each
+  // index's values added in the order received (the ranks' order) by the deterministic
+  // sorted scatter-add into zeros, then divided by the number of ranks: sparse_allgather's
+  // sum, and topk_a2a's over an owner's shard.
+  void sum_received(std::size_t received, std::size_t from, std::size_t n) {
+    const cudaStream_t s = stream();
+    const device_span<T> avg = staged_average();
+    if (n) {
+      detail::cuda_check(cudaMemsetAsync(avg.data() + from, 0, n * sizeof(T), s), "cudaMemsetAsync");
+    }
+    if (received) {
+      const device_span<const std::uint32_t> idx(recv_picks_.data(), received);
+      const device_span<const float> val(recv_values_.data(), received);
+      temp_storage q;
+      cuda::scatter_add_sorted(q, idx, val, avg, s, device_validation::trusted);
+      grow_scratch(q.bytes);
+      temp_storage tmp = scratch();
+      cuda::scatter_add_sorted(tmp, idx, val, avg, s, device_validation::trusted);
+    }
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    if (ranks > 1 && n) {
+      cuda::step_impl::average_kernel<T, T><<<cuda::grid_for(n, threads, max_blocks), threads, 0, s>>>(
+          avg.data() + from, avg.data() + from, n, static_cast<T>(ranks));
+      cuda::check_launch("average_kernel");
+    }
+  }
+
+  // Phase 2 with topk_a2a (one bucket: every tensor of the step): where each owner's picks
+  // start (on the device, one wait), those counts gathered with the per-tensor counts and
+  // statuses and checked as a matrix on every rank, the picks and their values (decoded,
+  // where quantized) to their shards' owners, the owner's check of what it received and every
+  // rank's verdict gathered, the owner's mean of its shard, and the shards gathered into the
+  // staged average.
+  void exchange_a2a() {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    const auto me = static_cast<std::size_t>(comm_->rank());
+    const std::size_t picks = k_at_[nt];
+    detail::check_invariant(picks < (std::uint64_t{1} << 32),
+                            "device_sparsified_sgd: fewer than 2^32 picks (32-bit counts)");
+    a2a_bounds_.resize(ranks + 1);
+    a2a_shards_.resize(ranks);
+    for (std::size_t j = 0; j <= ranks; ++j) a2a_bounds_[j] = topk_a2a_shard_begin(total_, ranks, j);
+    for (std::size_t j = 0; j < ranks; ++j) a2a_shards_[j] = a2a_bounds_[j + 1] - a2a_bounds_[j];
+    a2a_dev_.resize(2 * (ranks + 1));
+    upload(a2a_dev_.data(), a2a_bounds_);
+    cuda::step_impl::split_by_shard_kernel<std::uint32_t>
+        <<<cuda::grid_for(ranks + 1, threads, max_blocks), threads, 0, s>>>(
+            picks_.data(), static_cast<std::uint32_t>(picks), a2a_dev_.data(),
+            static_cast<unsigned>(ranks), a2a_dev_.data() + ranks + 1);
+    cuda::check_launch("split_by_shard_kernel");
+    const std::vector<std::uint64_t> cut = download(a2a_dev_.data() + ranks + 1, ranks + 1);
+    a2a_send_.resize(ranks);
+    for (std::size_t j = 0; j < ranks; ++j) a2a_send_[j] = cut[j + 1] - cut[j];
+
+    gather_counts_and_status(std::span<const std::uint64_t>(a2a_send_));
+    check_counts_fit();
+    const std::string lie =
+        check_topk_a2a_counts(std::span<const std::size_t>(extras_), rank_total_, total_);
+    if (!lie.empty()) throw communicator_error(lie + ". Nothing was received");
+    a2a_recv_.resize(ranks);
+    std::size_t received = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      a2a_recv_[r] = extras_[r * ranks + me];
+      received += a2a_recv_[r];
+    }
+    const std::span<const std::size_t> send_counts(extras_.data() + me * ranks, ranks);
+    recv_picks_.resize(std::max<std::size_t>(received, 1));
+    recv_values_.resize(std::max<std::size_t>(received, 1));
+    const T* values = values_.data();
+    if constexpr (quantized) values = decoded_.data();
+    const int short_picks = comm_->alltoallv_known(
+        device_span<const std::uint32_t>(picks_.data(), picks), send_counts,
+        device_span<std::uint32_t>(recv_picks_.data(), received), std::span<const std::size_t>(a2a_recv_));
+    const int short_values = comm_->alltoallv_known(
+        device_span<const T>(values, picks), send_counts,
+        device_span<T>(recv_values_.data(), received), std::span<const std::size_t>(a2a_recv_));
+
+    // The owner's verdict: 0, or 1 + the rank whose block it refused.
+    std::string refused;
+    std::uint64_t verdict = 0;
+    const std::uint64_t begin = a2a_bounds_[me], end = a2a_bounds_[me + 1];
+    if (short_picks >= 0 || short_values >= 0) {
+      const int r = short_picks >= 0 ? short_picks : short_values;
+      verdict = 1 + static_cast<std::uint64_t>(r);
+      refused = detail::concat("gradcomp::device_sparsified_sgd (topk_a2a): malformed payload: "
+                               "rank ", r, " sent a block of another size than the ",
+                               a2a_recv_[static_cast<std::size_t>(r)], " picks it announced "
+                               "for rank ", me, ". Nothing was written");
+    } else if (received) {
+      std::uint64_t* start = segment_table(ranks);
+      std::uint64_t* lo = start + ranks + 1;
+      std::uint64_t* hi = lo + ranks;
+      for (std::size_t r = 0, at = 0; r < ranks; at += a2a_recv_[r], ++r) {
+        start[r] = at;
+        lo[r] = begin;
+        hi[r] = end;
+      }
+      start[ranks] = received;
+      const unsigned long long bad = first_bad_pick(received, ranks);
+      if (bad != cuda::no_error) {
+        const std::size_t r = segment_at(ranks, bad);
+        const std::vector<std::uint32_t> got = download(recv_picks_.data() + bad, 1);
+        verdict = 1 + r;
+        refused = detail::concat(
+            "gradcomp::device_sparsified_sgd (topk_a2a): malformed payload: rank ", r,
+            " sent flat index ", got[0], " as its pick ", bad - start[r], " for rank ", me,
+            "; allowed: ascending and distinct, in this rank's shard [", begin, ", ", end,
+            "). Nothing was written");
+      }
+    }
+    const std::uint64_t mine[] = {verdict};
+    comm_->gather_counts(std::span<const std::uint64_t>(mine), a2a_verdicts_);
+    if (!refused.empty()) throw payload_error(refused);
+    for (std::size_t q = 0; q < ranks; ++q) {
+      const std::size_t v = a2a_verdicts_[q];
+      if (v == 0) continue;
+      throw communicator_error(detail::concat(
+          "gradcomp::device_sparsified_sgd (topk_a2a): rank ", q,
+          v > ranks ? detail::concat(" sent the unknown verdict ", v, " on the picks it received")
+                    : detail::concat(" refused the picks rank ", v - 1, " sent it (its own "
+                                     "exception says why)"),
+          "; no rank applied this exchange"));
+    }
+
+    // The owner's mean of its shard, then every shard into every rank's staged average.
+    sum_received(received, begin, end - begin);
+    const device_span<T> avg = staged_average();
+    comm_->allgatherv_known(device_span<const T>(avg.data() + begin, end - begin), avg,
+                            std::span<const std::size_t>(a2a_shards_));
+
+    // The step's messages (the counts for the owners and the verdict, 8 bytes each; the pairs
+    // to and from other ranks, 8 bytes each; this rank's shard out, the others' in), shared
+    // among the tensors by size; each tensor's count on its own.
+    const std::size_t pairs_out = picks - send_counts[me];
+    const std::size_t pairs_in = received - a2a_recv_[me];
+    const std::size_t sent = 8 * (ranks + 1) + 8 * pairs_out + sizeof(T) * (end - begin);
+    const std::size_t got = 8 * (ranks + 1) * (ranks - 1) + 8 * pairs_in +
+                            sizeof(T) * (total_ - (end - begin));
+    a2a_sizes_.resize(nt);
+    for (std::size_t t = 0; t < nt; ++t) a2a_sizes_[t] = tensors_[t].size;
+    a2a_sent_.resize(nt);
+    a2a_got_.resize(nt);
+    share_by_size(a2a_sizes_, sent, a2a_sent_);
+    share_by_size(a2a_sizes_, got, a2a_got_);
+    for (std::size_t t = 0; t < nt; ++t) {
+      tensor_stats ts = selection_stats_of(t);
+      ts.bytes_sent = 8 + a2a_sent_[t];
+      ts.bytes_received = 8 * (ranks - 1) + a2a_got_[t];
+      ts.exchange = "topk_a2a";
       detail::add_tensor(staged_stats_, ts);
     }
     detail::finish_totals(staged_stats_);
@@ -1442,12 +1631,10 @@ class device_sparsified_sgd {
   // Each rank's picks of each tensor: ascending, inside the tensor's range of the flat buffer.
   void validate_received(std::size_t received) {
     if (!received) return;
-    const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
     const std::size_t ranks = rank_total_.size();
     const std::size_t segments = ranks * nt;
-    seg_host_.assign(3 * segments + 1, 0);  // start[0..segments], lo[segments], hi[segments]
-    std::uint64_t* start = seg_host_.data();
+    std::uint64_t* start = segment_table(segments);
     std::uint64_t* lo = start + segments + 1;
     std::uint64_t* hi = lo + segments;
     for (std::size_t r = 0, at = 0; r < ranks; ++r) {
@@ -1460,6 +1647,37 @@ class device_sparsified_sgd {
       }
     }
     start[segments] = received;
+    const unsigned long long bad = first_bad_pick(received, segments);
+    if (bad == cuda::no_error) return;
+    const std::size_t sgm = segment_at(segments, bad);
+    const std::size_t r = sgm / nt, t = sgm % nt;
+    const std::vector<std::uint32_t> got = download(recv_picks_.data() + bad, 1);
+    throw payload_error(detail::concat(
+        "gradcomp::device_sparsified_sgd: the picks of rank ", r, " for tensor ", tensors_[t].id,
+        " are not a selection: its pick ", bad - start[sgm], " is flat index ", got[0],
+        "; allowed: ascending and distinct, in [", lo[sgm], ", ", hi[sgm],
+        ") (the tensor's range of the flat buffer). Nothing was written"));
+  }
+
+  // The table of received segments in seg_host_, zeroed: start[0..segments] (the caller sets
+  // each segment's first entry and, last, the number received), then lo[segments] and
+  // hi[segments] (the range each segment's picks must lie in). Returns start.
+  std::uint64_t* segment_table(std::size_t segments) {
+    seg_host_.assign(3 * segments + 1, 0);
+    return seg_host_.data();
+  }
+  // The segment of received entry j in segment_table's table.
+  std::size_t segment_at(std::size_t segments, std::uint64_t j) const {
+    std::size_t sgm = 0;
+    while (sgm + 1 < segments && seg_host_[sgm + 1] <= j) ++sgm;
+    return sgm;
+  }
+
+  // The first of the `received` picks in recv_picks_ that is outside its segment's range or
+  // not above the one before it in the segment (segment_table's table), or cuda::no_error;
+  // one wait.
+  unsigned long long first_bad_pick(std::size_t received, std::size_t segments) {
+    const cudaStream_t s = stream();
     seg_dev_.resize(seg_host_.size());
     upload(seg_dev_.data(), seg_host_);
     cuda::step_impl::validate_received_kernel<std::uint32_t>
@@ -1472,17 +1690,7 @@ class device_sparsified_sgd {
                                        sizeof(cuda::error_record), cudaMemcpyDeviceToHost, s),
                        "cudaMemcpyAsync");
     wait();
-    const unsigned long long bad = errors_host()[1].first;
-    if (bad == cuda::no_error) return;
-    std::size_t sgm = 0;
-    while (sgm + 1 < segments && start[sgm + 1] <= bad) ++sgm;
-    const std::size_t r = sgm / nt, t = sgm % nt;
-    const std::vector<std::uint32_t> got = download(recv_picks_.data() + bad, 1);
-    throw payload_error(detail::concat(
-        "gradcomp::device_sparsified_sgd: the picks of rank ", r, " for tensor ", tensors_[t].id,
-        " are not a selection: its pick ", bad - start[sgm], " is flat index ", got[0],
-        "; allowed: ascending and distinct, in [", lo[sgm], ", ", hi[sgm],
-        ") (the tensor's range of the flat buffer). Nothing was written"));
+    return errors_host()[1].first;
   }
 
   // Phase 3: params -= lr * update.
@@ -1602,6 +1810,13 @@ class device_sparsified_sgd {
   device_buffer<T> cap_values_;
   std::vector<std::uint64_t> seg_host_;
   device_buffer<std::uint64_t> seg_dev_;
+  // topk_a2a: every rank's counts for the shards' owners (row r: rank r's, from
+  // gather_counts_and_status), the shards' bounds and lengths, this rank's counts out and in,
+  // the verdicts, the device's bounds and cuts, each tensor's size and share of the bytes.
+  std::vector<std::size_t> extras_;
+  std::vector<std::uint64_t> a2a_bounds_, a2a_send_;
+  std::vector<std::size_t> a2a_shards_, a2a_recv_, a2a_verdicts_, a2a_sizes_, a2a_sent_, a2a_got_;
+  device_buffer<std::uint64_t> a2a_dev_;
   // gtopk: the device tree, each tensor's k, id and size, and what the tree cost and restored.
   cuda::device_gtopk tree_;
   std::vector<std::size_t> tree_k_, tree_sizes_;

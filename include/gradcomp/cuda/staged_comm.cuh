@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
@@ -69,22 +70,10 @@ class staged_comm {
     const auto p = static_cast<std::size_t>(size());
     const auto me = static_cast<std::size_t>(rank());
     constexpr std::string_view where = "cuda::staged_comm::allgatherv_known";
-    if (counts.size() != p) {
-      detail::throw_invalid_argument(where, "counts.size()", counts.size(),
-                                     detail::concat("size() = ", p));
-    }
+    const std::size_t most = check_block_counts(where, "counts", counts, "recv", recv.size());
     if (send.size() != counts[me]) {
       detail::throw_invalid_argument(where, "send.size()", send.size(),
                                      detail::concat("counts[rank()] = ", counts[me]));
-    }
-    std::size_t total = 0, most = 0;
-    for (const std::size_t c : counts) {
-      total += c;
-      most = c > most ? c : most;
-    }
-    if (recv.size() != total) {
-      detail::throw_invalid_argument(where, "recv.size()", recv.size(),
-                                     detail::concat("the sum of counts (", total, ")"));
     }
     send_.resize(send.size() * sizeof(T));
     if (!send_.empty()) {
@@ -142,6 +131,45 @@ class staged_comm {
     return true;
   }
 
+  // An alltoallv whose counts every rank already holds (the device step's topk_a2a gathers
+  // and checks its count matrix first): send holds the blocks for rank 0, 1, ...
+  // (send_counts[d] elements for rank d), recv gets recv_counts[s] elements from each rank s,
+  // in source order. Returns -1, or the first rank whose block had another size (recv then
+  // unwritten): the caller refuses that block in its protocol, so that every rank learns of
+  // it (a throw here would fail this rank alone and leave the others waiting).
+  template <class T>
+  int alltoallv_known(device_span<const T> send, std::span<const std::size_t> send_counts,
+                      device_span<T> recv, std::span<const std::size_t> recv_counts) {
+    constexpr std::string_view where = "cuda::staged_comm::alltoallv_known";
+    check_block_counts(where, "send_counts", send_counts, "send", send.size());
+    const std::size_t most = check_block_counts(where, "recv_counts", recv_counts, "recv", recv.size());
+    send_.resize(send.size_bytes());
+    if (!send_.empty()) {
+      detail::cuda_check(cudaMemcpyAsync(send_.data(), send.data(), send_.size(),
+                                         cudaMemcpyDeviceToHost, stream_),
+                         "cudaMemcpyAsync (staged_comm, device to host)");
+    }
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    send_bytes_.resize(send_counts.size());
+    for (std::size_t d = 0; d < send_counts.size(); ++d) send_bytes_[d] = send_counts[d] * sizeof(T);
+    detail::alltoallv_within(*host_, std::span<const std::byte>(send_),
+                             std::span<const std::size_t>(send_bytes_), recv_, recv_counts_,
+                             receive_limit{most * sizeof(T)});
+    for (std::size_t s = 0; s < recv_counts.size(); ++s) {
+      if (s >= recv_counts_.size() || recv_counts_[s] != recv_counts[s] * sizeof(T)) {
+        return static_cast<int>(s);
+      }
+    }
+    if (!recv_.empty()) {
+      detail::cuda_check(cudaMemcpyAsync(recv.data(), recv_.data(), recv_.size(),
+                                         cudaMemcpyHostToDevice, stream_),
+                         "cudaMemcpyAsync (staged_comm, host to device)");
+    }
+    // recv_ is reused by the next call: the copy out of it has to be done.
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    return -1;
+  }
+
   // data = root's data on every rank (the host communicator's broadcast). data.size() must be
   // the same on every rank.
   template <class T>
@@ -185,6 +213,26 @@ class staged_comm {
   }
 
  private:
+  // counts: one per rank, adding up to the buffer's size, else invalid_argument naming them;
+  // returns the largest.
+  std::size_t check_block_counts(std::string_view where, const char* what,
+                                 std::span<const std::size_t> counts, const char* buffer,
+                                 std::size_t size) const {
+    if (counts.size() != static_cast<std::size_t>(this->size())) {
+      detail::throw_invalid_argument(where, detail::concat(what, ".size()"), counts.size(),
+                                     detail::concat("size() = ", this->size()));
+    }
+    std::size_t total = 0, most = 0;
+    for (const std::size_t c : counts) {
+      total += c;
+      most = c > most ? c : most;
+    }
+    if (total != size) {
+      detail::throw_invalid_argument(where, detail::concat("the sum of ", what), total,
+                                     detail::concat(buffer, ".size() = ", size));
+    }
+    return most;
+  }
   void check_peer(std::string_view where, const char* what, int peer) const {
     if (peer < -1 || peer >= size() || peer == rank()) {
       detail::throw_invalid_argument(where, what, peer,
@@ -197,6 +245,7 @@ class staged_comm {
   std::vector<std::byte> send_;
   std::vector<std::byte> recv_;
   std::vector<std::size_t> recv_counts_;
+  std::vector<std::size_t> send_bytes_;
 };
 
 }  // namespace gradcomp::cuda

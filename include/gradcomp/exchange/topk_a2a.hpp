@@ -29,6 +29,60 @@ inline std::uint64_t topk_a2a_shard_begin(std::uint64_t n, std::uint64_t p, std:
   return j * n / p;  // n <= 2^32 and p < 2^31: no overflow
 }
 
+// amount shared among tensors of the given sizes in proportion to them (equally where every
+// size is 0), each share rounded down and the last one taking what the rounding left: how a
+// fused exchange's bytes are counted per tensor (topk_a2a's buckets here, the device step's
+// one bucket in cuda/sparsified_sgd.cuh).
+inline void share_by_size(std::span<const std::size_t> sizes, std::size_t amount,
+                          std::span<std::size_t> out) {
+  detail::check_invariant(out.size() == sizes.size(), "share_by_size: one share per tensor");
+  std::size_t total = 0, given = 0;
+  for (const std::size_t n : sizes) total += n;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    if (t + 1 == sizes.size()) {
+      out[t] = amount - given;
+      break;
+    }
+    const double share = total ? static_cast<double>(sizes[t]) / static_cast<double>(total)
+                               : 1.0 / static_cast<double>(sizes.size());
+    out[t] = static_cast<std::size_t>(static_cast<double>(amount) * share);
+    given += out[t];
+  }
+}
+
+// The device step's check of the count matrix it gathers before anything is sent
+// (cuda/sparsified_sgd.cuh, topk_a2a in one bucket over n elements): matrix[r * p + j] is what
+// rank r announced it sends to shard j's owner, totals[r] its picks of every tensor (announced
+// in the same gather and checked against the tensor sizes). A row must add up to its total
+// (each pick goes to exactly one owner), and no entry may exceed its shard's length (a rank
+// sends an owner at most one pick per element of the shard), so that no receive is sized
+// beyond what the tensors allow. Returns the first problem, naming the rank, or an empty
+// string: every rank holds the same matrix and refuses alike, before anything is received.
+inline std::string check_topk_a2a_counts(std::span<const std::size_t> matrix,
+                                         std::span<const std::size_t> totals, std::uint64_t n) {
+  const std::size_t p = totals.size();
+  detail::check_invariant(matrix.size() == p * p, "check_topk_a2a_counts: a p x p matrix");
+  for (std::size_t r = 0; r < p; ++r) {
+    std::size_t sum = 0;
+    for (std::size_t j = 0; j < p; ++j) {
+      const std::size_t c = matrix[r * p + j];
+      const std::uint64_t shard = topk_a2a_shard_begin(n, p, j + 1) - topk_a2a_shard_begin(n, p, j);
+      if (c > shard) {
+        return detail::concat("gradcomp::topk_a2a: rank ", r, " announced ", c,
+                              " picks for rank ", j, "'s shard; allowed: at most its ", shard,
+                              " elements");
+      }
+      sum += c;
+    }
+    if (sum != totals[r]) {
+      return detail::concat("gradcomp::topk_a2a: rank ", r, " announced ", sum,
+                            " picks for the shards' owners and ", totals[r],
+                            " picks of its tensors; allowed: the same number");
+    }
+  }
+  return {};
+}
+
 // Buckets of consecutive tensors: a tensor joins the current bucket while the bucket's total
 // stays <= bucket_elements; a tensor larger than that is a bucket of its own, and
 // bucket_elements == 0 leaves every tensor alone. Returns the first tensor of each bucket,
@@ -133,7 +187,11 @@ class topk_a2a {
           comm, c, std::span<const payload* const>(ps), std::span<const std::span<T>>(outs.subspan(first, last - first)));
       std::size_t total = 0;
       for (std::size_t t = first; t < last; ++t) total += sizes_[t];
-      std::size_t sent = 0, received = 0;
+      const std::span<const std::size_t> in_bucket(sizes_.data() + first, last - first);
+      sent_.resize(last - first);
+      received_bytes_.resize(last - first);
+      share_by_size(in_bucket, bucket.bytes_sent, sent_);
+      share_by_size(in_bucket, bucket.bytes_received, received_bytes_);
       for (std::size_t t = first; t < last; ++t) {
         const double share = total ? static_cast<double>(sizes_[t]) / static_cast<double>(total)
                                    : 1.0 / static_cast<double>(last - first);
@@ -141,15 +199,8 @@ class topk_a2a {
         s = exchange_stats{};
         s.name = bucket.name;
         s.seconds = bucket.seconds * share;
-        if (t + 1 == last) {
-          s.bytes_sent = bucket.bytes_sent - sent;
-          s.bytes_received = bucket.bytes_received - received;
-        } else {
-          s.bytes_sent = static_cast<std::size_t>(static_cast<double>(bucket.bytes_sent) * share);
-          s.bytes_received = static_cast<std::size_t>(static_cast<double>(bucket.bytes_received) * share);
-          sent += s.bytes_sent;
-          received += s.bytes_received;
-        }
+        s.bytes_sent = sent_[t - first];
+        s.bytes_received = received_bytes_[t - first];
       }
     }
   }
@@ -347,6 +398,7 @@ class topk_a2a {
   std::vector<float> decoded_;
   std::vector<index_value> tensor_pairs_, pairs_, received_;
   std::vector<std::size_t> sizes_, send_counts_, recv_counts_, shard_counts_;
+  std::vector<std::size_t> sent_, received_bytes_;  // a bucket's bytes, per tensor
   buffers<float> float_;
   buffers<double> double_;
 };

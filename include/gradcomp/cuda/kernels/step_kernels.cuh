@@ -235,4 +235,16 @@ __global__ void sgd_kernel(float* p, const float* g, float* v, std::size_t n, fl
   }
 }
 
+// topk_a2a on the device: where each owner's picks start. picks[0..m) are ascending (every
+// tensor's, offset into the flat buffer, in tensor order) and owner j's shard of the flat
+// buffer starts at bounds[j] (< 2^32 for j < p), so owner j gets picks [cut[j], cut[j + 1]):
+// cut[j] = the number of picks below bounds[j] for j < p, cut[p] = m.
+template <class Index>
+__global__ void split_by_shard_kernel(const Index* picks, Index m, const std::uint64_t* bounds,
+                                      unsigned p, std::uint64_t* cut) {
+  const unsigned j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j > p) return;
+  cut[j] = j == p ? m : detail::count_below(picks, m, static_cast<Index>(bounds[j]), false);
+}
+
 }  // namespace gradcomp::cuda::step_impl
