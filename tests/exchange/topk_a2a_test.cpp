@@ -318,6 +318,7 @@ TEST_CASE("check_topk_a2a_counts: rows must add up to each rank's picks, entries
                                 3, 3, 4};  // every element: the largest row allowed
   CHECK(check_topk_a2a_counts(m, totals, 10).empty());
   SUBCASE("an entry beyond its shard, naming the rank, the owner and the shard's length") {
+    m[0] = 0;
     m[1] = 4;
     m[2] = 0;  // the row still adds up to 4
     const std::string why = check_topk_a2a_counts(m, totals, 10);

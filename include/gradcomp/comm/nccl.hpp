@@ -248,10 +248,14 @@ class nccl_comm {
   // recv_counts[s] elements from each rank s, in source order. This rank's own block is a
   // device copy; one group of ncclSend/ncclRecv moves the other non-empty blocks;
   // asynchronous. Returns -1: the sizes are trusted (NCCL does not check that a send and its
-  // receive match; the caller makes them equal on both sides).
+  // receive match; the caller makes them equal on both sides). block_limit (the most elements
+  // a rank may send another, cuda::staged_comm's bound for its host communicator) is not
+  // needed: nothing is sized here.
   template <detail::nccl_element T>
   int alltoallv_known(device_span<const T> send, std::span<const std::size_t> send_counts,
-                      device_span<T> recv, std::span<const std::size_t> recv_counts) {
+                      device_span<T> recv, std::span<const std::size_t> recv_counts,
+                      std::size_t block_limit = 0) {
+    (void)block_limit;
     const auto p = static_cast<std::size_t>(size_);
     const auto me = static_cast<std::size_t>(rank_);
     check_block_counts("nccl_comm::alltoallv_known", "send_counts", send_counts, "send", send.size());

@@ -213,14 +213,16 @@ concept device_allreduce_communicator =
     device_communicator<C> && requires(C& c, device_span<W> x) { c.allreduce(x, reduce_op::sum); };
 
 // What topk_a2a adds: an alltoallv of device memory (indices and values) whose counts every
-// rank already holds, returning -1 or the first rank whose block had another size.
+// rank already holds, with a bound on any block that is the same on every rank, returning -1
+// or the first rank whose block had another size.
 template <class C>
 concept device_a2a_communicator =
     device_communicator<C> &&
     requires(C& c, device_span<const std::uint32_t> si, device_span<std::uint32_t> ri,
-             device_span<const float> sf, device_span<float> rf, std::span<const std::size_t> n) {
-      { c.alltoallv_known(si, n, ri, n) } -> std::convertible_to<int>;
-      { c.alltoallv_known(sf, n, rf, n) } -> std::convertible_to<int>;
+             device_span<const float> sf, device_span<float> rf, std::span<const std::size_t> n,
+             std::size_t limit) {
+      { c.alltoallv_known(si, n, ri, n, limit) } -> std::convertible_to<int>;
+      { c.alltoallv_known(sf, n, rf, n, limit) } -> std::convertible_to<int>;
     };
 
 namespace detail {
@@ -365,6 +367,10 @@ class device_sparsified_sgd {
       detail::throw_invalid_argument(driver_name, "the total of the tensor sizes", total_,
                                      "<= 2^32 (the device step's picks are 32-bit indices "
                                      "into the flat buffer)");
+    }
+    if (a2a_exchange && static_cast<std::uint64_t>(total_) >= (std::uint64_t{1} << 32)) {
+      detail::throw_invalid_argument(driver_name, "the total of the tensor sizes", total_,
+                                     "< 2^32 with topk_a2a (its picks are counted in 32 bits)");
     }
     if (tree_exchange && total_ > cuda::device_gtopk::max_total) {
       detail::throw_invalid_argument(driver_name, "the total of the tensor sizes", total_,
@@ -1018,6 +1024,7 @@ class device_sparsified_sgd {
     for (std::size_t r = 0; r < ranks; ++r) {
       std::copy_n(counts_.begin() + static_cast<std::ptrdiff_t>(r * row + nt + 1), extra.size(),
                   extras_.begin() + static_cast<std::ptrdiff_t>(r * extra.size()));
+      if (r == 0) continue;  // row 0 is in place
       std::copy_n(counts_.begin() + static_cast<std::ptrdiff_t>(r * row), nt + 1,
                   counts_.begin() + static_cast<std::ptrdiff_t>(r * (nt + 1)));
     }
@@ -1168,9 +1175,7 @@ class device_sparsified_sgd {
     if (received) {
       const device_span<const std::uint32_t> idx(recv_picks_.data(), received);
       const device_span<const float> val(recv_values_.data(), received);
-      temp_storage q;
-      cuda::scatter_add_sorted(q, idx, val, avg, s, device_validation::trusted);
-      grow_scratch(q.bytes);
+      reserve_sum(received);
       temp_storage tmp = scratch();
       cuda::scatter_add_sorted(tmp, idx, val, avg, s, device_validation::trusted);
     }
@@ -1180,6 +1185,18 @@ class device_sparsified_sgd {
           avg.data() + from, avg.data() + from, n, static_cast<T>(ranks));
       cuda::check_launch("average_kernel");
     }
+  }
+
+  // The scratch sum_received needs for `received` entries (a size query; allocated here, so
+  // that a caller can do it before a collective after which a failure would be this rank's
+  // alone).
+  void reserve_sum(std::size_t received) {
+    if (!received) return;
+    temp_storage q;
+    cuda::scatter_add_sorted(q, device_span<const std::uint32_t>(recv_picks_.data(), received),
+                             device_span<const float>(recv_values_.data(), received),
+                             staged_average(), stream(), device_validation::trusted);
+    grow_scratch(q.bytes);
   }
 
   // Phase 2 with topk_a2a (one bucket: every tensor of the step): where each owner's picks
@@ -1195,7 +1212,8 @@ class device_sparsified_sgd {
     const auto me = static_cast<std::size_t>(comm_->rank());
     const std::size_t picks = k_at_[nt];
     detail::check_invariant(picks < (std::uint64_t{1} << 32),
-                            "device_sparsified_sgd: fewer than 2^32 picks (32-bit counts)");
+                            "device_sparsified_sgd: fewer than 2^32 picks (the constructor "
+                            "keeps topk_a2a's total below 2^32)");
     a2a_bounds_.resize(ranks + 1);
     a2a_shards_.resize(ranks);
     for (std::size_t j = 0; j <= ranks; ++j) a2a_bounds_[j] = topk_a2a_shard_begin(total_, ranks, j);
@@ -1223,16 +1241,21 @@ class device_sparsified_sgd {
       received += a2a_recv_[r];
     }
     const std::span<const std::size_t> send_counts(extras_.data() + me * ranks, ranks);
+    // No block is longer than the longest shard (check_topk_a2a_counts): a bound every rank
+    // computes alike.
+    const std::size_t block_limit = *std::max_element(a2a_shards_.begin(), a2a_shards_.end());
     recv_picks_.resize(std::max<std::size_t>(received, 1));
     recv_values_.resize(std::max<std::size_t>(received, 1));
     const T* values = values_.data();
     if constexpr (quantized) values = decoded_.data();
     const int short_picks = comm_->alltoallv_known(
         device_span<const std::uint32_t>(picks_.data(), picks), send_counts,
-        device_span<std::uint32_t>(recv_picks_.data(), received), std::span<const std::size_t>(a2a_recv_));
+        device_span<std::uint32_t>(recv_picks_.data(), received), std::span<const std::size_t>(a2a_recv_),
+        block_limit);
     const int short_values = comm_->alltoallv_known(
         device_span<const T>(values, picks), send_counts,
-        device_span<T>(recv_values_.data(), received), std::span<const std::size_t>(a2a_recv_));
+        device_span<T>(recv_values_.data(), received), std::span<const std::size_t>(a2a_recv_),
+        block_limit);
 
     // The owner's verdict: 0, or 1 + the rank whose block it refused.
     std::string refused;
@@ -1267,6 +1290,9 @@ class device_sparsified_sgd {
             "). Nothing was written");
       }
     }
+    // (The owner's sum needs no allocation after the verdicts: a failure there would be this
+    // rank's alone, with the others waiting in the gather of the shards.)
+    reserve_sum(received);
     const std::uint64_t mine[] = {verdict};
     comm_->gather_counts(std::span<const std::uint64_t>(mine), a2a_verdicts_);
     if (!refused.empty()) throw payload_error(refused);

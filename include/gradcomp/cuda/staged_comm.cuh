@@ -134,15 +134,19 @@ class staged_comm {
   // An alltoallv whose counts every rank already holds (the device step's topk_a2a gathers
   // and checks its count matrix first): send holds the blocks for rank 0, 1, ...
   // (send_counts[d] elements for rank d), recv gets recv_counts[s] elements from each rank s,
-  // in source order. Returns -1, or the first rank whose block had another size (recv then
-  // unwritten): the caller refuses that block in its protocol, so that every rank learns of
-  // it (a throw here would fail this rank alone and leave the others waiting).
+  // in source order. block_limit: the most elements any rank may send another, the same on
+  // every rank (a host communicator that checks every rank's counts against it, as mpi_comm
+  // does, then refuses alike on every rank; a limit that differed between ranks would let one
+  // rank throw while another waits). Returns -1, or the first rank whose block had another
+  // size (recv then unwritten): the caller refuses that block in its protocol, so that every
+  // rank learns of it (a throw here would fail this rank alone and leave the others waiting).
   template <class T>
   int alltoallv_known(device_span<const T> send, std::span<const std::size_t> send_counts,
-                      device_span<T> recv, std::span<const std::size_t> recv_counts) {
+                      device_span<T> recv, std::span<const std::size_t> recv_counts,
+                      std::size_t block_limit) {
     constexpr std::string_view where = "cuda::staged_comm::alltoallv_known";
     check_block_counts(where, "send_counts", send_counts, "send", send.size());
-    const std::size_t most = check_block_counts(where, "recv_counts", recv_counts, "recv", recv.size());
+    check_block_counts(where, "recv_counts", recv_counts, "recv", recv.size());
     send_.resize(send.size_bytes());
     if (!send_.empty()) {
       detail::cuda_check(cudaMemcpyAsync(send_.data(), send.data(), send_.size(),
@@ -154,7 +158,7 @@ class staged_comm {
     for (std::size_t d = 0; d < send_counts.size(); ++d) send_bytes_[d] = send_counts[d] * sizeof(T);
     detail::alltoallv_within(*host_, std::span<const std::byte>(send_),
                              std::span<const std::size_t>(send_bytes_), recv_, recv_counts_,
-                             receive_limit{most * sizeof(T)});
+                             receive_limit{block_limit * sizeof(T)});
     for (std::size_t s = 0; s < recv_counts.size(); ++s) {
       if (s >= recv_counts_.size() || recv_counts_[s] != recv_counts[s] * sizeof(T)) {
         return static_cast<int>(s);
