@@ -6,7 +6,9 @@
 #                                                          code for GRADCOMP_CUDA_ARCHITECTURES
 #                                                          (default 80;90); CUDA::cudart
 #   gradcomp::nccl   comm/nccl.hpp                         gradcomp::cuda, gradcomp::mpi, NCCL
-#   gradcomp::torch  torch/*.hpp (module_sgd, ...)         LibTorch
+#   gradcomp::torch  torch/*.hpp (module_sgd, ...)         LibTorch (torch/device_module.hpp
+#                                                          also CUDA::cudart, and a driver
+#                                                          factory made in a .cu file)
 #
 # The same function makes them in gradcomp's own build (CMakeLists.txt: BUILD, an ordinary
 # target with a gradcomp:: alias) and in an installed package (gradcompConfig.cmake: IMPORTED),

@@ -67,8 +67,9 @@ struct module_options {
 template <class T>
 class module_base {
  public:
-  module_base(torch::nn::Module& m, module_layout layout, const std::optional<merge_plan>& groups)
-      : params_(parameters_of<T>(m)), groups_(tensor_groups(params_, groups)), layout_(layout),
+  module_base(torch::nn::Module& m, module_layout layout, const std::optional<merge_plan>& groups,
+              parameter_device where = parameter_device::cpu)
+      : params_(parameters_of<T>(m, where)), groups_(tensor_groups(params_, groups)), layout_(layout),
         flat_(params_, layout_) {}
 
   // Zeroes every gradient in place (the flat layout's views stay).

@@ -60,19 +60,50 @@ enum class module_layout {
   per_parameter,  // the module's tensors stay as they are; steps copy through scratch buffers
 };
 
-// The module's parameters (recursively, in registration order), checked: of dtype T, dense,
-// on the CPU, at least one.
+// Where a module's parameters must be: on the CPU (the host drivers), or all on one CUDA
+// device (device_module_sgd, torch/device_module.hpp).
+enum class parameter_device { cpu, cuda };
+
+// Why t cannot be a parameter on `where` (of dtype T, dense, contiguous; on the CPU, or on a
+// CUDA device, the same as `first`'s where first is defined), or an empty string.
 template <class T>
-std::vector<parameter> parameters_of(torch::nn::Module& m) {
+std::string why_not_parameter(const at::Tensor& t, parameter_device where, const at::Tensor& first) {
+  if (where == parameter_device::cpu) {
+    auto why = torch_views::why_not_viewable<T>(t.contiguous());
+    if (why.empty() && !t.is_contiguous()) why = "the tensor must be contiguous";
+    return why;
+  }
+  if (!t.defined()) return "the tensor is undefined";
+  if (t.layout() != c10::kStrided) return "only dense (strided) tensors can be parameters";
+  if (!t.is_cuda()) return "a CUDA tensor is needed here";
+  if (first.defined() && t.device() != first.device()) {
+    return detail::concat("every parameter must be on one device, the first's (",
+                          first.device().str(), ")");
+  }
+  if (t.scalar_type() != torch_views::scalar_type_of<T>()) {
+    return detail::concat("the dtype must be ", c10::toString(torch_views::scalar_type_of<T>()));
+  }
+  if (!t.is_contiguous()) return "the tensor must be contiguous";
+  return {};
+}
+
+// The module's parameters (recursively, in registration order), checked: of dtype T, dense,
+// contiguous, on the CPU (or all on one CUDA device), at least one.
+template <class T>
+std::vector<parameter> parameters_of(torch::nn::Module& m,
+                                     parameter_device where = parameter_device::cpu) {
   std::vector<parameter> out;
   std::size_t offset = 0;
   for (const auto& item : m.named_parameters(/*recurse=*/true)) {
     const at::Tensor& t = item.value();
-    if (auto why = torch_views::why_not_viewable<T>(t.contiguous()); !why.empty() || !t.is_contiguous()) {
+    const at::Tensor none;
+    if (auto why = why_not_parameter<T>(t, where, out.empty() ? none : out.front().tensor);
+        !why.empty()) {
       throw invalid_argument(detail::concat(
           "gradcomp::torch_module: parameter '", item.key(), "' is ", torch_views::describe(t),
           "; allowed: contiguous ", c10::toString(torch_views::scalar_type_of<T>()),
-          " CPU tensors with the strided layout", why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
+          where == parameter_device::cpu ? " CPU tensors" : " tensors on one CUDA device",
+          " with the strided layout (", why, ")"));
     }
     out.push_back(parameter{item.key(), t, offset, static_cast<std::size_t>(t.numel())});
     offset += static_cast<std::size_t>(t.numel());
@@ -148,7 +179,10 @@ struct flat_buffers {
   flat_buffers(std::vector<parameter>& ps, module_layout layout) {
     std::size_t total = 0;
     for (const parameter& p : ps) total = std::max(total, p.offset + p.size);
-    const auto options = at::TensorOptions().dtype(torch_views::scalar_type_of<T>());
+    // On the parameters' device (parameters_of put them all on one).
+    const auto options = at::TensorOptions()
+                             .dtype(torch_views::scalar_type_of<T>())
+                             .device(ps.front().tensor.device());
     params = at::empty({static_cast<std::int64_t>(total)}, options);
     grads = at::zeros({static_cast<std::int64_t>(total)}, options);
     for (parameter& p : ps) {

@@ -1,0 +1,72 @@
+// gradcomp/cuda/device_driver.cuh: device_sparsified_sgd<C, X, Comm> behind the virtual
+// interface of cuda/device_driver.hpp, and the factory that makes it. Compile with nvcc; hand
+// the factory to host-compiled code (torch/device_module.hpp's device_module_sgd).
+//
+//     // drivers.cu (nvcc):
+//     gradcomp::cuda::device_driver_factory make_driver(gradcomp::nccl_comm& comm) {
+//       return gradcomp::cuda::device_sgd_factory<compressor<topk, identity, residual>,
+//                                                 sparse_allgather>(comm, {}, {}, options, schedule);
+//     }
+#pragma once
+
+#include <memory>
+#include <span>
+#include <utility>
+
+#include <gradcomp/cuda/device_driver.hpp>
+#include <gradcomp/cuda/sparsified_sgd.cuh>
+
+namespace gradcomp::cuda {
+
+// device_sparsified_sgd<C, X, Comm> as a device_step_driver; keeps `owner` (the communicator,
+// where the factory was given it to own) alive as long as the driver.
+template <class C, class X, class Comm>
+class device_sgd_driver final : public device_step_driver {
+ public:
+  using driver_type = device_sparsified_sgd<C, X, Comm>;
+
+  device_sgd_driver(std::shared_ptr<Comm> owner, Comm& comm, std::span<const tensor_spec> tensors,
+                    C c, X x, sgd_options opt, density_schedule schedule)
+      : owner_(std::move(owner)), driver_(comm, tensors, std::move(c), std::move(x), opt, schedule) {}
+
+  const step_stats& step(device_span<float> params, device_span<const float> grads) override {
+    return driver_.step(params, grads);
+  }
+  [[nodiscard]] std::size_t size() const override { return driver_.size(); }
+  [[nodiscard]] cudaStream_t stream() const override { return driver_.stream(); }
+  [[nodiscard]] const step_stats& last_stats() const override { return driver_.last_stats(); }
+  [[nodiscard]] std::uint64_t steps_done() const override { return driver_.steps_done(); }
+  void save_state(std::ostream& os) const override { driver_.save_state(os); }
+  void load_state(std::istream& is) override { driver_.load_state(is); }
+
+  [[nodiscard]] driver_type& driver() noexcept { return driver_; }
+
+ private:
+  std::shared_ptr<Comm> owner_;  // declared first: destroyed after the driver
+  driver_type driver_;
+};
+
+// A factory of device_sparsified_sgd<C, X, Comm> drivers over comm, which the caller keeps
+// alive as long as the drivers it makes.
+template <class C, class X, class Comm>
+device_driver_factory device_sgd_factory(Comm& comm, C c = {}, X x = {}, sgd_options opt = {},
+                                         density_schedule schedule = density_schedule::constant(1.0)) {
+  return [&comm, c, x, opt, schedule](std::span<const tensor_spec> tensors) {
+    return std::unique_ptr<device_step_driver>(
+        std::make_unique<device_sgd_driver<C, X, Comm>>(nullptr, comm, tensors, c, x, opt, schedule));
+  };
+}
+
+// The same over a communicator every driver it makes shares and keeps alive (for example a
+// cuda::staged_comm made for them).
+template <class C, class X, class Comm>
+device_driver_factory device_sgd_factory(std::shared_ptr<Comm> comm, C c = {}, X x = {},
+                                         sgd_options opt = {},
+                                         density_schedule schedule = density_schedule::constant(1.0)) {
+  return [comm, c, x, opt, schedule](std::span<const tensor_spec> tensors) {
+    return std::unique_ptr<device_step_driver>(
+        std::make_unique<device_sgd_driver<C, X, Comm>>(comm, *comm, tensors, c, x, opt, schedule));
+  };
+}
+
+}  // namespace gradcomp::cuda

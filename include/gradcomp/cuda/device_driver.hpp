@@ -1,0 +1,46 @@
+// gradcomp/cuda/device_driver.hpp: the device-resident step behind a virtual interface, so that
+// code compiled by the host compiler alone (a LibTorch training loop: torch/device_module.hpp)
+// can drive it. device_sparsified_sgd<C, X, Comm> launches kernels, so it is compiled by nvcc;
+// LibTorch's headers are not (nvcc 13 in C++20 mode refuses torch 1.13's). The two meet here:
+// a translation unit compiled by nvcc makes a device_driver_factory
+// (cuda/device_driver.cuh: device_sgd_factory<C, X, Comm>), and the host side calls it with
+// its tensors and steps the driver it returns. Needs the CUDA runtime's header only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <istream>
+#include <memory>
+#include <ostream>
+#include <span>
+
+#include <gradcomp/device.hpp>
+#include <gradcomp/sgd.hpp>
+
+namespace gradcomp::cuda {
+
+// What a device step driver offers its host-side caller: device_sparsified_sgd's step,
+// statistics and checkpoints. Every call runs on stream(); step() returns once the step's
+// exchange is done, with the update queued on stream().
+class device_step_driver {
+ public:
+  virtual ~device_step_driver() = default;
+  // params and grads: device memory of size() floats, not overlapping (the gradient ready on
+  // stream()).
+  virtual const step_stats& step(device_span<float> params, device_span<const float> grads) = 0;
+  [[nodiscard]] virtual std::size_t size() const = 0;
+  [[nodiscard]] virtual cudaStream_t stream() const = 0;
+  [[nodiscard]] virtual const step_stats& last_stats() const = 0;
+  [[nodiscard]] virtual std::uint64_t steps_done() const = 0;
+  virtual void save_state(std::ostream& os) const = 0;
+  virtual void load_state(std::istream& is) = 0;
+};
+
+// Makes a driver over the given tensors (their ids and sizes, in the flat buffer's order).
+using device_driver_factory =
+    std::function<std::unique_ptr<device_step_driver>(std::span<const tensor_spec>)>;
+
+}  // namespace gradcomp::cuda

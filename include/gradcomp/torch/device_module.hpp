@@ -1,0 +1,121 @@
+// gradcomp/torch/device_module.hpp: device_module_sgd, module_sgd (torch/module.hpp) for a
+// torch::nn::Module whose parameters are on a CUDA device: the device-resident step
+// (device_sparsified_sgd, cuda/sparsified_sgd.cuh) over the module's flat buffers, which stay on
+// the device; no gradient or parameter passes through host memory.
+//
+//     // drivers.cu, compiled by nvcc (no torch header there):
+//     gradcomp::cuda::device_driver_factory make_driver(gradcomp::nccl_comm& comm) {
+//       return gradcomp::cuda::device_sgd_factory<compressor<topk, identity, residual>,
+//                                                 sparse_allgather>(comm, {}, {}, options, schedule);
+//     }
+//     // train.cpp, compiled by the host compiler with LibTorch:
+//     gradcomp::torch_module::device_module_sgd opt(model, make_driver(comm));
+//     loss.backward();
+//     opt.step();        // every parameter's .grad(), on the device; parameters updated in place
+//     opt.zero_grad();
+//
+// The split is the compilers': the driver launches kernels (nvcc), LibTorch's headers need the
+// host compiler (nvcc 13 in C++20 mode refuses torch 1.13's), and the two meet through the
+// virtual interface of cuda/device_driver.hpp. The tensors, their ids and order, the layouts,
+// merged groups and checkpoints keyed by name are module_sgd's (module_layout.hpp); the
+// driver's options (compressor, exchange, sgd_options, density schedule) are the factory's.
+//
+// Streams: the driver runs on its communicator's stream. step(compute) orders it after the work
+// queued on `compute` (the stream the backward pass ran on: torch's current stream, which is
+// the default stream unless the caller set another) with an event, and the work queued on
+// `compute` afterwards (the next forward pass) after the update, with another: no host wait
+// beyond the driver's own. A step that throws changes no parameter and no state (the driver's
+// transaction); the ordering it queued is harmless.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <istream>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <type_traits>
+
+#include <torch/nn/module.h>
+
+#include <gradcomp/cuda/device_driver.hpp>
+#include <gradcomp/cuda/memory.cuh>  // detail::cuda_check (host code only)
+#include <gradcomp/error.hpp>
+#include <gradcomp/torch/module.hpp>
+
+namespace gradcomp::torch_module {
+
+class device_module_sgd : public module_base<float> {
+  using base = module_base<float>;
+
+ public:
+  // Every parameter of m must be a contiguous float tensor on one CUDA device (refused
+  // otherwise, naming the parameter, before the factory is called); `make` is called once with
+  // the tensors. The current CUDA device must be the parameters' (the driver's buffers are made
+  // there).
+  device_module_sgd(torch::nn::Module& m, const cuda::device_driver_factory& make,
+                    module_layout layout = module_layout::flat,
+                    const std::optional<merge_plan>& groups = {})
+      : base(m, layout, groups, parameter_device::cuda) {
+    if (!make) {
+      detail::throw_invalid_argument("device_module_sgd", "make", "an empty factory",
+                                     "a factory of device drivers (cuda/device_driver.cuh)");
+    }
+    driver_ = make(detail_module::specs(this->groups_));
+    if (!driver_) {
+      detail::throw_invalid_argument("device_module_sgd", "make", "a factory that returned no driver",
+                                     "a factory of device drivers (cuda/device_driver.cuh)");
+    }
+    const auto n = static_cast<std::size_t>(this->flat_.params.numel());
+    if (driver_->size() != n) {
+      detail::throw_invalid_argument("device_module_sgd", "the driver's size()", driver_->size(),
+                                     detail::concat("the module's ", n, " parameter elements"));
+    }
+    cudaEvent_t e = nullptr;
+    detail::cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    event_.reset(e);
+  }
+
+  // One step on every rank: each parameter's .grad() (zero where undefined) is compressed,
+  // exchanged and averaged on the device, and the parameters are updated in place. `compute`:
+  // the stream torch ran the backward pass on and runs the next forward pass on (torch's
+  // current stream; nullptr is the default stream).
+  const step_stats& step(cudaStream_t compute = nullptr) {
+    this->sync_buffers();
+    const cudaStream_t own = driver_->stream();
+    detail::cuda_check(cudaEventRecord(event_.get(), compute), "cudaEventRecord");
+    detail::cuda_check(cudaStreamWaitEvent(own, event_.get(), 0), "cudaStreamWaitEvent");
+    const auto n = static_cast<std::size_t>(this->flat_.params.numel());
+    const step_stats& s = driver_->step(device_span<float>(this->flat_.params.data_ptr<float>(), n),
+                                        device_span<const float>(this->flat_.grads.data_ptr<float>(), n));
+    detail::cuda_check(cudaEventRecord(event_.get(), own), "cudaEventRecord");
+    detail::cuda_check(cudaStreamWaitEvent(compute, event_.get(), 0), "cudaStreamWaitEvent");
+    this->sync_module();
+    return s;
+  }
+
+  // Checkpoints keyed by tensor name, as module_sgd's (the driver's state in the host drivers'
+  // format: a checkpoint moves between module_sgd and device_module_sgd).
+  void save(std::ostream& os) const {
+    detail_module::save_names(os, this->groups_);
+    driver_->save_state(os);
+  }
+  void load(std::istream& is) {
+    detail_module::check_names(is, this->groups_);
+    driver_->load_state(is);
+  }
+
+  [[nodiscard]] cuda::device_step_driver& driver() noexcept { return *driver_; }
+  [[nodiscard]] const cuda::device_step_driver& driver() const noexcept { return *driver_; }
+
+ private:
+  struct destroy_event {
+    void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
+  };
+
+  std::unique_ptr<cuda::device_step_driver> driver_;
+  std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, destroy_event> event_;
+};
+
+}  // namespace gradcomp::torch_module

@@ -1,0 +1,263 @@
+// gradcomp/torch/device_module.hpp: device_module_sgd over a torch::nn::Module on a CUDA device.
+// Without a GPU (or with a torch that has no CUDA, as Debian's) only the refusals run, and the
+// program exits 77 (skipped). With one: given the same gradients, device_module_sgd with
+// top-k equals module_sgd on the CPU bit for bit at P = 2, in both layouts, and its checkpoint
+// moves to the CPU driver; dense SGD on CUDA equals torch::optim::SGD on CUDA on averaged
+// gradients over 20 steps. Ranks are threads (in_process_comm; the device drivers' exchange over
+// cuda::staged_comm on it, their kernels from module_sgd_cuda_drivers.cu).
+#include <torch/torch.h>
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "doctest_torch.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gradcomp/comm/in_process.hpp>
+#include <gradcomp/exchange.hpp>
+#include <gradcomp/feedback.hpp>
+#include <gradcomp/quantize.hpp>
+#include <gradcomp/select.hpp>
+#include <gradcomp/torch/device_module.hpp>
+#include <gradcomp/torch/module.hpp>
+
+#include "module_sgd_cuda_drivers.hpp"
+
+namespace {
+
+using namespace gradcomp;
+namespace tm = gradcomp::torch_module;
+
+struct NetImpl : torch::nn::Module {
+  NetImpl(int in, int hidden) {
+    fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Net);
+
+bool have_cuda() {
+  int devices = 0;
+  return torch::cuda::is_available() && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+}
+
+// Rank r's batch at step s, on the CPU: the same on every thread that asks.
+std::pair<torch::Tensor, torch::Tensor> batch(int rank, int step, int in) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(1000 * step + rank + 1));
+  auto x = at::randn({8, in}, gen);
+  auto y = at::randn({8, 3}, gen).pow(3);
+  return {x, y};
+}
+
+void copy_parameters(Net& from, Net& to) {
+  torch::NoGradGuard no_grad;
+  auto src = from->named_parameters();
+  for (auto& p : to->named_parameters()) p.value().copy_(src[p.key()]);
+}
+
+// a's parameters (on any device) bit for bit b's.
+bool same_bits(Net& a, Net& b) {
+  auto pb = b->named_parameters();
+  for (auto& p : a->named_parameters()) {
+    if (!torch::equal(p.value().cpu(), pb[p.key()].cpu())) return false;
+  }
+  return true;
+}
+
+double max_relative_difference(Net& a, Net& b) {
+  double worst = 0.0;
+  auto pb = b->named_parameters();
+  for (auto& p : a->named_parameters()) {
+    const auto q = pb[p.key()].cpu();
+    const double scale = q.abs().max().item<double>() + 1e-12;
+    worst = std::max(worst, (p.value().cpu() - q).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+struct stream_t {
+  cudaStream_t s = nullptr;
+  stream_t() {
+    if (cudaStreamCreate(&s) != cudaSuccess) throw std::runtime_error("cudaStreamCreate failed");
+  }
+  stream_t(const stream_t&) = delete;
+  stream_t& operator=(const stream_t&) = delete;
+  ~stream_t() { cudaStreamDestroy(s); }
+};
+
+}  // namespace
+
+TEST_CASE("device_module_sgd refuses a module that is not on one CUDA device, naming the parameter, before its factory is called") {
+  Net m(5, 4);  // on the CPU
+  std::vector<torch::Tensor> before;
+  std::vector<const float*> pointers;
+  for (const auto& p : m->parameters()) {
+    before.push_back(p.detach().clone());
+    pointers.push_back(p.data_ptr<float>());
+  }
+  bool called = false;
+  const cuda::device_driver_factory make = [&called](std::span<const tensor_spec>) {
+    called = true;
+    return std::unique_ptr<cuda::device_step_driver>();
+  };
+  std::string what;
+  try {
+    tm::device_module_sgd o(*m, make);
+  } catch (const invalid_argument& e) {
+    what = e.what();
+  }
+  CAPTURE(what);
+  CHECK(what.find("parameter 'fc1.weight' is dtype Float, device cpu") != std::string::npos);
+  CHECK(what.find("tensors on one CUDA device") != std::string::npos);
+  CHECK(what.find("a CUDA tensor is needed here") != std::string::npos);
+  CHECK(!called);
+  // The module is as it was: the same storage (not views of a flat buffer), the same values.
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    CHECK(m->parameters()[i].data_ptr<float>() == pointers[i]);
+    CHECK(torch::equal(m->parameters()[i], before[i]));
+  }
+}
+
+TEST_CASE("device_module_sgd with top-k equals module_sgd on the CPU bit for bit, given the same gradients, P = 2") {
+  if (!have_cuda()) return;
+  torch::manual_seed(7);
+  const int in = 13, hidden = 17, ranks = 2, steps = 20;
+  const sgd_options opt{.lr = 0.05, .momentum = 0.9, .nesterov = false, .weight_decay = 1e-3};
+  const double density = 0.1;
+  for (tm::module_layout layout : {tm::module_layout::flat, tm::module_layout::per_parameter}) {
+    CAPTURE(static_cast<int>(layout));
+    Net initial(in, hidden);
+    std::vector<Net> host, dev;
+    for (int r = 0; r < ranks; ++r) {
+      host.emplace_back(in, hidden);
+      dev.emplace_back(in, hidden);
+      copy_parameters(initial, host.back());
+      copy_parameters(initial, dev.back());
+      dev.back()->to(torch::kCUDA);
+    }
+    std::vector<std::string> checkpoints(ranks);
+    run_in_process(ranks, [&](in_process_comm& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      stream_t stream;
+      tm::module_sgd<compressor<topk, identity, residual>, sparse_allgather, in_process_comm> h(
+          *host[r], comm, {}, {},
+          tm::module_options{.sgd = opt, .schedule = density_schedule::constant(density), .layout = layout});
+      tm::device_module_sgd d(*dev[r], gradcomp_test::topk_driver(comm, stream.s, opt, density), layout);
+      for (int s = 0; s < steps; ++s) {
+        h.zero_grad();
+        auto [x, y] = batch(comm.rank(), s, in);
+        torch::mse_loss(host[r]->forward(x), y).backward();
+        // The CPU model's gradients, bit for bit, on the device model.
+        auto hp = host[r]->named_parameters();
+        for (auto& p : dev[r]->named_parameters()) p.value().mutable_grad() = hp[p.key()].grad().to(torch::kCUDA);
+        h.step();
+        d.step();
+      }
+      std::ostringstream os;
+      d.save(os);
+      checkpoints[r] = os.str();
+    });
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      CHECK(same_bits(host[static_cast<std::size_t>(r)], dev[static_cast<std::size_t>(r)]));
+    }
+    // The device driver's checkpoint loads into the CPU driver, whose next step is then the
+    // device driver's.
+    run_in_process(ranks, [&](in_process_comm& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      stream_t stream;
+      Net fresh(in, hidden);
+      copy_parameters(dev[r], fresh);  // to the CPU
+      tm::module_sgd<compressor<topk, identity, residual>, sparse_allgather, in_process_comm> h(
+          *fresh, comm, {}, {},
+          tm::module_options{.sgd = opt, .schedule = density_schedule::constant(density), .layout = layout});
+      std::istringstream is(checkpoints[r]);
+      h.load(is);
+      tm::device_module_sgd d(*dev[r], gradcomp_test::topk_driver(comm, stream.s, opt, density), layout);
+      std::istringstream again(checkpoints[r]);
+      d.load(again);
+      h.zero_grad();
+      auto [x, y] = batch(comm.rank(), steps, in);
+      torch::mse_loss(fresh->forward(x), y).backward();
+      auto hp = fresh->named_parameters();
+      for (auto& p : dev[r]->named_parameters()) p.value().mutable_grad() = hp[p.key()].grad().to(torch::kCUDA);
+      h.step();
+      d.step();
+      CHECK(same_bits(fresh, dev[r]));
+    });
+  }
+}
+
+TEST_CASE("device_module_sgd with dense SGD on CUDA equals torch::optim::SGD on CUDA over 20 steps") {
+  if (!have_cuda()) return;
+  torch::manual_seed(3);
+  const int in = 13, hidden = 17, ranks = 2, steps = 20;
+  for (bool nesterov : {false, true}) {
+    CAPTURE(nesterov);
+    const sgd_options opt{.lr = 0.05, .momentum = 0.9, .nesterov = nesterov, .weight_decay = 1e-3};
+    Net initial(in, hidden);
+    Net ref(in, hidden);
+    copy_parameters(initial, ref);
+    ref->to(torch::kCUDA);
+    torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(opt.lr)
+                                                 .momentum(opt.momentum)
+                                                 .nesterov(opt.nesterov)
+                                                 .weight_decay(opt.weight_decay));
+    // The reference: the mean of the ranks' gradients, on CUDA.
+    for (int s = 0; s < steps; ++s) {
+      std::vector<torch::Tensor> sum;
+      for (int r = 0; r < ranks; ++r) {
+        ref->zero_grad();
+        auto [x, y] = batch(r, s, in);
+        torch::mse_loss(ref->forward(x.to(torch::kCUDA)), y.to(torch::kCUDA)).backward();
+        auto ps = ref->parameters();
+        for (std::size_t i = 0; i < ps.size(); ++i) {
+          if (r == 0) sum.push_back(ps[i].grad().clone());
+          else sum[i] += ps[i].grad();
+        }
+      }
+      auto ps = ref->parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = sum[i] / ranks;
+      sgd.step();
+    }
+    std::vector<Net> models;
+    for (int r = 0; r < ranks; ++r) {
+      models.emplace_back(in, hidden);
+      copy_parameters(initial, models.back());
+      models.back()->to(torch::kCUDA);
+    }
+    run_in_process(ranks, [&](in_process_comm& comm) {
+      Net& m = models[static_cast<std::size_t>(comm.rank())];
+      stream_t stream;
+      tm::device_module_sgd o(*m, gradcomp_test::dense_driver(comm, stream.s, opt));
+      for (int s = 0; s < steps; ++s) {
+        o.zero_grad();
+        auto [x, y] = batch(comm.rank(), s, in);
+        torch::mse_loss(m->forward(x.to(torch::kCUDA)), y.to(torch::kCUDA)).backward();
+        o.step();
+      }
+      CHECK(o.driver().steps_done() == static_cast<std::uint64_t>(steps));
+    });
+    for (int r = 0; r < ranks; ++r) CHECK(max_relative_difference(models[static_cast<std::size_t>(r)], ref) < 1e-5);
+    CHECK(same_bits(models[0], models[1]));
+  }
+}
+
+int main(int argc, char** argv) {
+  doctest::Context context(argc, argv);
+  const int rc = context.run();
+  if (rc != 0 || context.shouldExit()) return rc;
+  if (!have_cuda()) {
+    std::printf("SKIPPED: no CUDA device or a torch without CUDA (torch::cuda::is_available() is "
+                "false); only the refusals ran\n");
+    return 77;
+  }
+  return 0;
+}

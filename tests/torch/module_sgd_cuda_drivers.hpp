@@ -1,0 +1,22 @@
+// The device drivers tests/torch/module_sgd_cuda.cpp steps, made in
+// module_sgd_cuda_drivers.cu by nvcc (the test itself includes LibTorch, which nvcc does not
+// compile): each over a cuda::staged_comm on `stream` over the rank's in-process communicator.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <gradcomp/comm/in_process.hpp>
+#include <gradcomp/cuda/device_driver.hpp>
+#include <gradcomp/sgd.hpp>
+
+namespace gradcomp_test {
+
+// compressor<topk, identity, residual> over sparse_allgather at the given density.
+gradcomp::cuda::device_driver_factory topk_driver(gradcomp::in_process_comm& comm,
+                                                  cudaStream_t stream, gradcomp::sgd_options opt,
+                                                  double density);
+// Dense SGD: compressor<dense, identity, residual> over dense_allreduce.
+gradcomp::cuda::device_driver_factory dense_driver(gradcomp::in_process_comm& comm,
+                                                   cudaStream_t stream, gradcomp::sgd_options opt);
+
+}  // namespace gradcomp_test
