@@ -40,4 +40,11 @@ while read -r soname arrow path _; do
     *) cp -L "$path" "$dest/$soname"; libs=$((libs + 1)) ;;
   esac
 done < <(for p in "${programs[@]}"; do ldd "$p" | awk '{print $1, $2, $3}'; done | sort -u -k1,1)
+# doctest's header, for tests/torch/module_sgd_cuda.cpp, which scripts/gpu_check.sh builds on
+# the GPU machine against its torch (scripts/torch_module_cuda_check.sh).
+for h in /usr/include/doctest/doctest.h; do
+  [[ -f $h ]] || continue
+  mkdir -p "$dest/include/doctest"
+  cp "$h" "$dest/include/doctest/"
+done
 echo "gpu_bundle.sh: ${#programs[@]} programs and $libs libraries in $dest ($(du -sh "$dest" | cut -f1))"

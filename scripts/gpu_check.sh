@@ -3,7 +3,9 @@
 # (cuda_*_test) and the NCCL communicator's one-process test (nccl_comm_local, which needs
 # libnccl.so.2 on LD_LIBRARY_PATH, no MPI), then gradcomp_cuda_bench over all its families (3
 # repetitions, JSON; GPU_CHECK_BENCH=0 leaves it out and the baselines), the device-resident
-# step against the dense step (gradcomp_cuda_step_bench, where built) and the top-k's
+# step against the dense step (gradcomp_cuda_step_bench, where built), LibTorch's
+# device_module_sgd (built there against python3's torch where it has CUDA:
+# scripts/torch_module_cuda_check.sh; GPU_CHECK_TORCH_MODULE=0 leaves it out), and the top-k's
 # baselines (cub::DeviceTopK in gradcomp_cub_topk_bench where built, torch.topk where python3
 # has CUDA torch), then the CUDA tests again under compute-sanitizer's memcheck where found
 # (GPU_CHECK_MEMCHECK=0 leaves it out; GRADCOMP_CUDA_TEST_SMALL=1 there leaves out the large
@@ -69,6 +71,24 @@ else
   summary+=("nccl_comm_local: not built")
 fi
 
+# LibTorch's device_module_sgd on a CUDA module (tests/torch/module_sgd_cuda.cpp): built here
+# against python3's torch where it has CUDA (scripts/torch_module_cuda_check.sh; doctest from
+# BIN_DIR/include, where gpu_bundle.sh put it, or the system's).
+here=$(cd "$(dirname "$0")/.." && pwd)
+if [[ ${GPU_CHECK_TORCH_MODULE:-1} == 0 ]]; then
+  summary+=("torch_module_sgd_cuda: left out (GPU_CHECK_TORCH_MODULE=0)")
+elif python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+  start=$SECONDS
+  [[ -f $bin/include/doctest/doctest.h ]] && export DOCTEST_INCLUDE="$bin/include"
+  timeout 400 "$here/scripts/torch_module_cuda_check.sh" "$out/torch_module_cuda" \
+    > "$out/torch_module_cuda.log" 2>&1
+  rc=$?
+  summary+=("torch_module_sgd_cuda (built here): rc $rc, $((SECONDS - start)) s, $(grep -E '^\[doctest\] (test cases|assertions)' "$out/torch_module_cuda/torch_module_sgd_cuda.log" 2> /dev/null | tr -s ' ' | tr '\n' ' ')")
+  [[ $rc -eq 0 ]] || status=1
+else
+  summary+=("torch_module_sgd_cuda: no python3 with CUDA torch here")
+fi
+
 # run_bench NAME EXE TIMEOUT STEM: 3 repetitions, medians and the rest in OUT_DIR/STEM.json.
 run_bench() {
   local start=$SECONDS rc
@@ -105,7 +125,6 @@ if [[ ${GPU_CHECK_BENCH:-1} != 0 ]]; then
   else
     summary+=("gradcomp_cub_topk_bench: not built (GRADCOMP_CCCL_TOPK_DIR)")
   fi
-  here=$(cd "$(dirname "$0")/.." && pwd)
   if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
     start=$SECONDS
     timeout 180 python3 "$here/bench/cuda_cub/torch_topk_bench.py" --out "$out/torch_topk.json" \

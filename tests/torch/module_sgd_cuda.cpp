@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -82,10 +83,14 @@ double max_relative_difference(Net& a, Net& b) {
   return worst;
 }
 
+// A rank's communicator stream: non-blocking, so that nothing orders it with torch's (the
+// legacy default stream here) but device_module_sgd's events.
 struct stream_t {
   cudaStream_t s = nullptr;
   stream_t() {
-    if (cudaStreamCreate(&s) != cudaSuccess) throw std::runtime_error("cudaStreamCreate failed");
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+      throw std::runtime_error("cudaStreamCreateWithFlags failed");
+    }
   }
   stream_t(const stream_t&) = delete;
   stream_t& operator=(const stream_t&) = delete;
@@ -158,7 +163,7 @@ TEST_CASE("device_module_sgd with top-k equals module_sgd on the CPU bit for bit
         auto hp = host[r]->named_parameters();
         for (auto& p : dev[r]->named_parameters()) p.value().mutable_grad() = hp[p.key()].grad().to(torch::kCUDA);
         h.step();
-        d.step();
+        d.step(nullptr);  // torch's current stream: the legacy default stream here
       }
       std::ostringstream os;
       d.save(os);
@@ -189,7 +194,7 @@ TEST_CASE("device_module_sgd with top-k equals module_sgd on the CPU bit for bit
       auto hp = fresh->named_parameters();
       for (auto& p : dev[r]->named_parameters()) p.value().mutable_grad() = hp[p.key()].grad().to(torch::kCUDA);
       h.step();
-      d.step();
+      d.step(nullptr);
       CHECK(same_bits(fresh, dev[r]));
     });
   }
@@ -241,7 +246,7 @@ TEST_CASE("device_module_sgd with dense SGD on CUDA equals torch::optim::SGD on 
         o.zero_grad();
         auto [x, y] = batch(comm.rank(), s, in);
         torch::mse_loss(m->forward(x.to(torch::kCUDA)), y.to(torch::kCUDA)).backward();
-        o.step();
+        o.step(nullptr);
       }
       CHECK(o.driver().steps_done() == static_cast<std::uint64_t>(steps));
     });

@@ -11,8 +11,8 @@
 //     // train.cpp, compiled by the host compiler with LibTorch:
 //     gradcomp::torch_module::device_module_sgd opt(model, make_driver(comm));
 //     loss.backward();
-//     opt.step();        // every parameter's .grad(), on the device; parameters updated in place
-//     opt.zero_grad();
+//     opt.step(c10::cuda::getCurrentCUDAStream().stream());  // torch's current stream: every
+//     opt.zero_grad();   // .grad() on the device is exchanged, the parameters updated in place
 //
 // The split is the compilers': the driver launches kernels (nvcc), LibTorch's headers need the
 // host compiler (nvcc 13 in C++20 mode refuses torch 1.13's), and the two meet through the
@@ -21,11 +21,15 @@
 // driver's options (compressor, exchange, sgd_options, density schedule) are the factory's.
 //
 // Streams: the driver runs on its communicator's stream. step(compute) orders it after the work
-// queued on `compute` (the stream the backward pass ran on: torch's current stream, which is
-// the default stream unless the caller set another) with an event, and the work queued on
-// `compute` afterwards (the next forward pass) after the update, with another: no host wait
-// beyond the driver's own. A step that throws changes no parameter and no state (the driver's
-// transaction); the ordering it queued is harmless.
+// queued on `compute` with an event, and the work queued on `compute` afterwards (the next
+// forward pass) after the update, with another: no host wait beyond the driver's own.
+// `compute` must be torch's current stream (c10::cuda::getCurrentCUDAStream().stream();
+// nullptr where the caller never set one, the legacy default stream): autograd accumulates
+// the gradients there, and zero_grad(), step()'s copies between the module and the flat
+// buffers (the per-parameter layout, or a replaced .grad()) and the next forward pass run
+// there too. It is not read from torch here: that needs libc10_cuda, which a torch without
+// CUDA lacks. A step that throws changes no parameter and no state (the driver's
+// transaction), and `compute` is still made to wait for what the driver queued.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -52,12 +56,20 @@ class device_module_sgd : public module_base<float> {
  public:
   // Every parameter of m must be a contiguous float tensor on one CUDA device (refused
   // otherwise, naming the parameter, before the factory is called); `make` is called once with
-  // the tensors. The current CUDA device must be the parameters' (the driver's buffers are made
-  // there).
+  // the tensors. The current CUDA device must be the parameters' (the driver's buffers, stream
+  // and events are made there; refused otherwise, before the factory is called).
   device_module_sgd(torch::nn::Module& m, const cuda::device_driver_factory& make,
                     module_layout layout = module_layout::flat,
                     const std::optional<merge_plan>& groups = {})
       : base(m, layout, groups, parameter_device::cuda) {
+    int current = -1;
+    detail::cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+    const int where = this->params_.front().tensor.device().index();
+    if (current != where) {
+      detail::throw_invalid_argument("device_module_sgd", "the current CUDA device", current,
+                                     detail::concat("the parameters' device, ", where,
+                                                    " (cudaSetDevice first)"));
+    }
     if (!make) {
       detail::throw_invalid_argument("device_module_sgd", "make", "an empty factory",
                                      "a factory of device drivers (cuda/device_driver.cuh)");
@@ -79,20 +91,29 @@ class device_module_sgd : public module_base<float> {
 
   // One step on every rank: each parameter's .grad() (zero where undefined) is compressed,
   // exchanged and averaged on the device, and the parameters are updated in place. `compute`:
-  // the stream torch ran the backward pass on and runs the next forward pass on (torch's
-  // current stream; nullptr is the default stream).
-  const step_stats& step(cudaStream_t compute = nullptr) {
+  // torch's current stream, where the backward pass ran and the next forward pass runs
+  // (c10::cuda::getCurrentCUDAStream().stream(); nullptr where the caller never set one).
+  const step_stats& step(cudaStream_t compute) {
     this->sync_buffers();
     const cudaStream_t own = driver_->stream();
     detail::cuda_check(cudaEventRecord(event_.get(), compute), "cudaEventRecord");
     detail::cuda_check(cudaStreamWaitEvent(own, event_.get(), 0), "cudaStreamWaitEvent");
     const auto n = static_cast<std::size_t>(this->flat_.params.numel());
-    const step_stats& s = driver_->step(device_span<float>(this->flat_.params.data_ptr<float>(), n),
-                                        device_span<const float>(this->flat_.grads.data_ptr<float>(), n));
+    // compute waits for what the driver queued, whether the step succeeds or throws.
+    const step_stats* s = nullptr;
+    try {
+      s = &driver_->step(device_span<float>(this->flat_.params.data_ptr<float>(), n),
+                         device_span<const float>(this->flat_.grads.data_ptr<float>(), n));
+    } catch (...) {
+      // The step's own error is the one to report; the ordering is best effort here.
+      cudaEventRecord(event_.get(), own);
+      cudaStreamWaitEvent(compute, event_.get(), 0);
+      throw;
+    }
     detail::cuda_check(cudaEventRecord(event_.get(), own), "cudaEventRecord");
     detail::cuda_check(cudaStreamWaitEvent(compute, event_.get(), 0), "cudaStreamWaitEvent");
     this->sync_module();
-    return s;
+    return *s;
   }
 
   // Checkpoints keyed by tensor name, as module_sgd's (the driver's state in the host drivers'
