@@ -28,59 +28,18 @@
 #include <gradcomp/torch/module.hpp>
 
 #include "module_sgd_cuda_drivers.hpp"
+#include "module_support.hpp"
 
 namespace {
 
 using namespace gradcomp;
 namespace tm = gradcomp::torch_module;
 
-struct NetImpl : torch::nn::Module {
-  NetImpl(int in, int hidden) {
-    fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
-    fc2 = register_module("fc2", torch::nn::Linear(hidden, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(Net);
+using namespace gradcomp_test;
 
 bool have_cuda() {
   int devices = 0;
   return torch::cuda::is_available() && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
-}
-
-// Rank r's batch at step s, on the CPU: the same on every thread that asks.
-std::pair<torch::Tensor, torch::Tensor> batch(int rank, int step, int in) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(1000 * step + rank + 1));
-  auto x = at::randn({8, in}, gen);
-  auto y = at::randn({8, 3}, gen).pow(3);
-  return {x, y};
-}
-
-void copy_parameters(Net& from, Net& to) {
-  torch::NoGradGuard no_grad;
-  auto src = from->named_parameters();
-  for (auto& p : to->named_parameters()) p.value().copy_(src[p.key()]);
-}
-
-// a's parameters (on any device) bit for bit b's.
-bool same_bits(Net& a, Net& b) {
-  auto pb = b->named_parameters();
-  for (auto& p : a->named_parameters()) {
-    if (!torch::equal(p.value().cpu(), pb[p.key()].cpu())) return false;
-  }
-  return true;
-}
-
-double max_relative_difference(Net& a, Net& b) {
-  double worst = 0.0;
-  auto pb = b->named_parameters();
-  for (auto& p : a->named_parameters()) {
-    const auto q = pb[p.key()].cpu();
-    const double scale = q.abs().max().item<double>() + 1e-12;
-    worst = std::max(worst, (p.value().cpu() - q).abs().max().item<double>() / scale);
-  }
-  return worst;
 }
 
 // A rank's communicator stream: non-blocking, so that nothing orders it with torch's (the
@@ -216,28 +175,9 @@ TEST_CASE("device_module_sgd with dense SGD on CUDA equals torch::optim::SGD on 
                                                  .nesterov(opt.nesterov)
                                                  .weight_decay(opt.weight_decay));
     // The reference: the mean of the ranks' gradients, on CUDA.
-    for (int s = 0; s < steps; ++s) {
-      std::vector<torch::Tensor> sum;
-      for (int r = 0; r < ranks; ++r) {
-        ref->zero_grad();
-        auto [x, y] = batch(r, s, in);
-        torch::mse_loss(ref->forward(x.to(torch::kCUDA)), y.to(torch::kCUDA)).backward();
-        auto ps = ref->parameters();
-        for (std::size_t i = 0; i < ps.size(); ++i) {
-          if (r == 0) sum.push_back(ps[i].grad().clone());
-          else sum[i] += ps[i].grad();
-        }
-      }
-      auto ps = ref->parameters();
-      for (std::size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = sum[i] / ranks;
-      sgd.step();
-    }
-    std::vector<Net> models;
-    for (int r = 0; r < ranks; ++r) {
-      models.emplace_back(in, hidden);
-      copy_parameters(initial, models.back());
-      models.back()->to(torch::kCUDA);
-    }
+    train_on_mean_gradients(ref, sgd, ranks, steps, in, torch::kCUDA);
+    std::vector<Net> models = copies_of(initial, ranks, in, hidden);
+    for (Net& m : models) m->to(torch::kCUDA);
     run_in_process(ranks, [&](in_process_comm& comm) {
       Net& m = models[static_cast<std::size_t>(comm.rank())];
       stream_t stream;
