@@ -8,6 +8,7 @@
 #include <gradcomp/cuda.cuh>
 #include <gradcomp/cuda/dispatch/launch.cuh>
 #include <gradcomp/cuda/dispatch/scratch.cuh>
+#include <gradcomp/cuda/kernels/step_kernels.cuh>
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/cuda/tuning.cuh>
 
@@ -16,20 +17,29 @@ namespace gradcomp::torch_cuda {
 namespace {
 
 // The selection's scratch, then gather_and_clear's, back to back (each 256-byte aligned by
-// the carver).
+// the carver); with DGC, one error record after them (dgc_accumulate_kernel reports a
+// non-finite v there; the engine learns of it from the energies instead).
 struct compress_layout {
   std::size_t select = 0;
   std::size_t clear = 0;
+  std::size_t errors = 0;
 };
 
-compress_layout compress_sizes(const topk& sel, std::size_t n, std::size_t k) {
+// dgc: the selection reads v (a plain select), not e + g (select_accumulate).
+compress_layout compress_sizes(const topk& sel, std::size_t n, std::size_t k, bool dgc) {
   compress_layout out;
   temp_storage q;
   const select_context ctx{k, 0.0, {}};
-  on_device(sel).select_accumulate(q, device_span<float>(nullptr, n),
-                                   device_span<const float>(nullptr, n), ctx,
-                                   device_span<std::uint32_t>(nullptr, k),
-                                   reinterpret_cast<selection_stats*>(alignof(selection_stats)));
+  const auto d_stats = reinterpret_cast<selection_stats*>(alignof(selection_stats));
+  if (dgc) {
+    on_device(sel).select(q, device_span<const float>(nullptr, n), ctx,
+                          device_span<std::uint32_t>(nullptr, k), d_stats);
+    out.errors = sizeof(cuda::error_record);
+  } else {
+    on_device(sel).select_accumulate(q, device_span<float>(nullptr, n),
+                                     device_span<const float>(nullptr, n), ctx,
+                                     device_span<std::uint32_t>(nullptr, k), d_stats);
+  }
   out.select = q.bytes;
   temp_storage c;
   residual feedback;
@@ -98,25 +108,86 @@ void energies(const float* values, std::size_t k, const float* e, std::size_t n,
   detail::cuda_check(cudaGetLastError(), "energy_finish_kernel launch");
 }
 
-std::size_t compress_scratch(const topk& sel, std::size_t n, std::size_t k) {
-  const compress_layout l = compress_sizes(sel, n, k);
+namespace {
+
+// compress_layout's parts carved out of the caller's scratch, refused (naming `where`) when it
+// is too small.
+struct compress_parts {
+  temp_storage select_tmp, clear_tmp;
+  cuda::error_record* errors = nullptr;
+};
+
+std::size_t layout_bytes(const compress_layout& l) {
   cuda::scratch_carver s(nullptr);
   s.take_bytes(l.select);
   s.take_bytes(l.clear);
+  if (l.errors) s.take_bytes(l.errors);
   return s.bytes();
+}
+
+compress_parts carve(const compress_layout& l, void* scratch, std::size_t scratch_bytes,
+                     const char* where, const char* query) {
+  cuda::scratch_carver s(scratch);
+  compress_parts out;
+  out.select_tmp = temp_storage{s.take_bytes(l.select), l.select};
+  out.clear_tmp = temp_storage{s.take_bytes(l.clear), l.clear};
+  if (l.errors) out.errors = static_cast<cuda::error_record*>(s.take_bytes(l.errors));
+  if (s.bytes() > scratch_bytes) {
+    detail::throw_invalid_argument(where, "scratch_bytes", scratch_bytes,
+                                   detail::concat(">= ", s.bytes(), " (", query, ")"));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::size_t compress_scratch(const topk& sel, std::size_t n, std::size_t k) {
+  return layout_bytes(compress_sizes(sel, n, k, false));
+}
+
+std::size_t compress_dgc_scratch(const topk& sel, std::size_t n, std::size_t k) {
+  return layout_bytes(compress_sizes(sel, n, k, true));
+}
+
+void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, float* u, float* v,
+                  const float* u0, const float* v0, const float* g, std::size_t n, std::size_t k,
+                  float momentum, std::uint32_t* indices, float* values, selection_stats* stats,
+                  cudaStream_t stream) {
+  auto [select_tmp, clear_tmp, errors] = carve(compress_sizes(sel, n, k, true), scratch,
+                                               scratch_bytes, "torch_cuda::compress_dgc",
+                                               "compress_dgc_scratch");
+  detail::cuda_check(cudaMemsetAsync(errors, 0xff, sizeof(cuda::error_record), stream),
+                     "cudaMemsetAsync");
+  constexpr unsigned threads = 256;
+  if (n) {
+    cuda::step_impl::dgc_accumulate_kernel<float>
+        <<<cuda::grid_for(n, threads, 4096), threads, 0, stream>>>(u, v, u0, v0, g, n, momentum,
+                                                                  nullptr, 0, errors);
+    cuda::check_launch("dgc_accumulate_kernel");
+  }
+  const select_context ctx{k, 0.0, {}};
+  on_device(sel).select(select_tmp, device_span<const float>(v, n), ctx,
+                        device_span<std::uint32_t>(indices, k), stats, stream);
+  // The indices are the selector's own: trusted (no validation pass, no wait).
+  residual feedback;
+  on_device(feedback).gather_and_clear(clear_tmp, device_span<float>(v, n),
+                                         device_span<const std::uint32_t>(indices, k), stats,
+                                         device_span<float>(values, k), stream,
+                                         device_validation::trusted);
+  if (k) {
+    cuda::step_impl::clear_at_kernel<float, std::uint32_t>
+        <<<cuda::grid_for(k, threads, 4096), threads, 0, stream>>>(u, indices, k);
+    cuda::check_launch("clear_at_kernel");
+  }
 }
 
 void compress(const topk& sel, void* scratch, std::size_t scratch_bytes, float* e,
               const float* g, std::size_t n, std::size_t k, std::uint32_t* indices,
               float* values, selection_stats* stats, cudaStream_t stream) {
-  const compress_layout l = compress_sizes(sel, n, k);
-  cuda::scratch_carver s(scratch);
-  temp_storage select_tmp{s.take_bytes(l.select), l.select};
-  temp_storage clear_tmp{s.take_bytes(l.clear), l.clear};
-  if (s.bytes() > scratch_bytes) {
-    detail::throw_invalid_argument("torch_cuda::compress", "scratch_bytes", scratch_bytes,
-                                   detail::concat(">= ", s.bytes(), " (compress_scratch)"));
-  }
+  auto [select_tmp, clear_tmp, errors] = carve(compress_sizes(sel, n, k, false), scratch,
+                                               scratch_bytes, "torch_cuda::compress",
+                                               "compress_scratch");
+  (void)errors;
   const select_context ctx{k, 0.0, {}};
   on_device(sel).select_accumulate(select_tmp, device_span<float>(e, n),
                                    device_span<const float>(g, n), ctx,

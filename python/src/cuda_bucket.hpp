@@ -26,6 +26,19 @@ void compress(const topk& sel, void* scratch, std::size_t scratch_bytes, float* 
               const float* g, std::size_t n, std::size_t k, std::uint32_t* indices,
               float* values, selection_stats* stats, cudaStream_t stream);
 
+// Scratch bytes compress_dgc() needs for n elements and k picks.
+std::size_t compress_dgc_scratch(const topk& sel, std::size_t n, std::size_t k);
+
+// TopK-SGD with DGC's momentum correction (feedback 'dgc', without clipping), from the
+// bucket's committed state (u0, v0) into its new one (u, v), as the host's dgc_momentum
+// (operation for operation): u = momentum * u0 + g; v = v0 + u; indices[0, k) = the top-k of
+// v (the host's index set, ascending); values[j] = v[indices[j]]; v and u = 0 there (momentum
+// factor masking); *stats (device memory) = the selection's statistics.
+void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, float* u, float* v,
+                  const float* u0, const float* v0, const float* g, std::size_t n, std::size_t k,
+                  float momentum, std::uint32_t* indices, float* values, selection_stats* stats,
+                  cudaStream_t stream);
+
 // out[0] = sum of values[j]^2 (j < k), out[1] = sum of e[i]^2 (i < n), both in double, each
 // added in a fixed order (per-block partials, then one block): the same bits on every run.
 // A NaN or Inf anywhere makes the sum non-finite. `partials` holds energy_partials() doubles.

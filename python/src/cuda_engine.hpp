@@ -21,9 +21,11 @@
 // called (set_stream() passes its handle for gradcomp's kernels; torch's operations use it as
 // the current stream), so the caller orders the bucket after the backward pass that filled it.
 //
-// So far the CUDA path runs selector 'topk', quantizer 'fp32', feedback 'residual' and exchange
-// 'allgather' (TopK-SGD with error feedback); any other configuration is refused when the
-// engine is made, naming what is allowed.
+// So far the CUDA path runs selector 'topk', quantizer 'fp32', feedback 'residual' or 'dgc' (DGC's
+// momentum correction, without clipping: dgc_clip_norm 0) and exchange 'allgather' (TopK-SGD
+// with error feedback or with DGC); any other configuration is refused when the engine is made,
+// naming what is allowed. With 'dgc' a bucket's state is u and v, kept as one tensor of 2 n
+// (u, then v) per slot.
 #pragma once
 
 #ifdef GRADCOMP_TORCH_CUDA
@@ -47,6 +49,7 @@
 #include <torch/types.h>
 
 #include <gradcomp/context.hpp>
+#include <gradcomp/detail/nonfinite.hpp>
 #include <gradcomp/engine/staged_feedback.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/runtime/bucket_engine.hpp>
@@ -63,13 +66,18 @@ namespace rt = gradcomp::runtime;
 
 // Refuses a configuration the CUDA path does not run, naming what it runs.
 inline void check_cuda_config(const rt::engine_config& c) {
-  if (c.selector != "topk" || c.quantizer != "fp32" || c.feedback != "residual" ||
-      c.exchange != "allgather") {
+  if (c.selector != "topk" || c.quantizer != "fp32" ||
+      (c.feedback != "residual" && c.feedback != "dgc") || c.exchange != "allgather") {
     throw invalid_argument(detail::concat(
-        "gradcomp: CUDA buckets run selector 'topk', quantizer 'fp32', feedback 'residual' and "
-        "exchange 'allgather' so far; this state has selector '", c.selector, "', quantizer '",
-        c.quantizer, "', feedback '", c.feedback, "', exchange '", c.exchange,
-        "' (allowed on CUDA: those four; every combination runs on CPU buckets)"));
+        "gradcomp: CUDA buckets run selector 'topk', quantizer 'fp32', feedback 'residual' or "
+        "'dgc' and exchange 'allgather' so far; this state has selector '", c.selector,
+        "', quantizer '", c.quantizer, "', feedback '", c.feedback, "', exchange '", c.exchange,
+        "' (allowed on CUDA: those; every combination runs on CPU buckets)"));
+  }
+  if (c.feedback == "dgc" && c.dgc_clip_norm != 0.0) {
+    detail::throw_invalid_argument(
+        "CudaEngine", "dgc_clip_norm", c.dgc_clip_norm,
+        "0 on CUDA buckets so far (feedback 'dgc' without clipping; clipping runs on CPU buckets)");
   }
 }
 
@@ -122,21 +130,35 @@ class cuda_engine {
       // second run of a bucket in one step, which the hook never does, replaces the first).
       slot = slot_for(bucket, n);
       feedback_.stage(slot, false);
-      at::Tensor& e = feedback_.staged(slot);
-      e.copy_(feedback_.committed(slot));
+      // The residual's e (a copy of the committed one, then compressed in place), or DGC's v
+      // (written from the committed u and v).
+      at::Tensor& staged = feedback_.staged(slot);
+      const auto len = static_cast<std::int64_t>(n);
+      if (!dgc_) staged.copy_(feedback_.committed(slot));
+      at::Tensor e = dgc_ ? staged.narrow(0, len, len) : staged;
       if (n > 0) {
         indices = at::empty({static_cast<std::int64_t>(k)}, g.options().dtype(at::kInt));
         values = at::empty({static_cast<std::int64_t>(k)}, g.options());
         at::Tensor d_stats = at::zeros({static_cast<std::int64_t>(sizeof(selection_stats))},
                                        g.options().dtype(at::kByte));
-        at::Tensor scratch = bytes_on_device(compress_scratch(sel_, n, k));
-        compress(sel_, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
-                 e.data_ptr<float>(), g.data_ptr<float>(), n, k,
-                 reinterpret_cast<std::uint32_t*>(indices.data_ptr<std::int32_t>()),
-                 values.data_ptr<float>(), reinterpret_cast<selection_stats*>(d_stats.data_ptr()),
-                 stream_);
-        // ||sent||^2 and ||e + g - sent||^2 in double (their sum is ||e + g||^2: the
-        // contraction, and a NaN or Inf anywhere in e + g), one read of each, with the
+        auto* const idx = reinterpret_cast<std::uint32_t*>(indices.data_ptr<std::int32_t>());
+        auto* const sel_stats_dev = reinterpret_cast<selection_stats*>(d_stats.data_ptr());
+        if (dgc_) {
+          const at::Tensor& committed = feedback_.committed(slot);
+          at::Tensor scratch = bytes_on_device(compress_dgc_scratch(sel_, n, k));
+          compress_dgc(sel_, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
+                       staged.data_ptr<float>(), e.data_ptr<float>(), committed.data_ptr<float>(),
+                       committed.data_ptr<float>() + n, g.data_ptr<float>(), n, k,
+                       static_cast<float>(config_.dgc_momentum), idx, values.data_ptr<float>(),
+                       sel_stats_dev, stream_);
+        } else {
+          at::Tensor scratch = bytes_on_device(compress_scratch(sel_, n, k));
+          compress(sel_, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
+                   e.data_ptr<float>(), g.data_ptr<float>(), n, k, idx, values.data_ptr<float>(),
+                   sel_stats_dev, stream_);
+        }
+        // ||sent||^2 and ||e + g - sent||^2 in double (DGC: of v; their sum is ||e + g||^2:
+        // the contraction, and a NaN or Inf anywhere in e + g), one read of each, with the
         // statistics: one copy to the host.
         at::Tensor sums = at::empty({static_cast<std::int64_t>(2 + energy_partials())},
                                     g.options().dtype(at::kDouble));
@@ -151,7 +173,7 @@ class cuda_engine {
         rest = pair[1];
         if (!std::isfinite(kept + rest)) {
           mine.outcome = rt::bucket_outcome::nonfinite;
-          mine.message = nonfinite_message(id, g, labels);
+          mine.message = nonfinite_message(id, g, labels, dgc_ ? &e : nullptr, values, indices);
           local = std::make_exception_ptr(nonfinite_error(mine.message));
         }
       }
@@ -205,31 +227,44 @@ class cuda_engine {
   void clear() { feedback_.clear(); }
   // As the host engine's drop(): forgets bucket `bucket`'s residual and frees its memory.
   void drop(std::int64_t bucket) { feedback_.drop(bucket, at::Tensor(), at::Tensor()); }
-  [[nodiscard]] static std::size_t buffer_count() noexcept { return 1; }  // residual: e
+  // The feedback's buffers per bucket: residual e; dgc u, v.
+  [[nodiscard]] std::size_t buffer_count() const noexcept { return dgc_ ? 2 : 1; }
 
-  // The committed feedback state of `bucket` as CPU tensors (none before its first step).
+  // The committed feedback state of `bucket` as CPU tensors (none before its first step): e,
+  // or u and v.
   std::vector<at::Tensor> state(std::int64_t bucket) const {
     const auto i = feedback_.find(bucket);
     if (!i) return {};
-    return {feedback_.committed(*i).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)};
+    const at::Tensor host = feedback_.committed(*i).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    if (!dgc_) return {host};
+    const std::int64_t n = host.numel() / 2;
+    return {host.narrow(0, 0, n).clone(), host.narrow(0, n, n).clone()};
   }
 
-  // Replaces the committed feedback state of `bucket` with `buffers` (CPU or CUDA float32).
+  // Replaces the committed feedback state of `bucket` with `buffers` (CPU or CUDA float32, of
+  // one length): e, or u and v.
   void set_state(std::int64_t bucket, const std::vector<at::Tensor>& buffers) {
     if (buffers.size() != buffer_count()) {
       detail::throw_invalid_argument("CudaEngine.set_state", "len(buffers)", buffers.size(),
-                                     "1 (the residual feedback's buffer count)");
+                                     dgc_ ? "2 (the dgc feedback's buffer count: u, v)"
+                                          : "1 (the residual feedback's buffer count)");
     }
-    const at::Tensor& b = buffers[0];
-    if (!b.defined() || b.scalar_type() != at::kFloat || b.dim() != 1) {
-      throw invalid_argument(detail::concat(
-          "gradcomp: CudaEngine.set_state: argument 'buffers[0]' is ", torch_views::describe(b),
-          "; allowed: a one-dimensional float32 tensor"));
+    for (std::size_t j = 0; j < buffers.size(); ++j) {
+      const at::Tensor& b = buffers[j];
+      if (!b.defined() || b.scalar_type() != at::kFloat || b.dim() != 1 ||
+          b.numel() != buffers[0].numel()) {
+        throw invalid_argument(detail::concat(
+            "gradcomp: CudaEngine.set_state: argument 'buffers[", j, "]' is ",
+            torch_views::describe(b), "; allowed: a one-dimensional float32 tensor",
+            j > 0 ? " as long as buffers[0]" : ""));
+      }
     }
-    at::Tensor e = b.to(device_, at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
-    at::Tensor staged = at::empty_like(e);
-    const auto n = static_cast<std::size_t>(e.numel());
-    feedback_.put(bucket, std::move(e), std::move(staged), n);
+    at::Tensor state = (dgc_ ? at::cat({buffers[0], buffers[1]}) : buffers[0])
+                           .to(device_, at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                           .contiguous();
+    at::Tensor staged = at::empty_like(state);
+    const auto n = static_cast<std::size_t>(buffers[0].numel());
+    feedback_.put(bucket, std::move(state), std::move(staged), n);
   }
 
   [[nodiscard]] int rank() const noexcept { return comm_.rank(); }
@@ -259,25 +294,41 @@ class cuda_engine {
                      at::TensorOptions().device(device_).dtype(at::kByte));
   }
 
-  // Bucket `bucket`'s slot in feedback_, made at its first step (zeros committed); a bucket
-  // whose size changed is refused with the host engine's text.
+  // Bucket `bucket`'s slot in feedback_, made at its first step (zeros committed; dgc: u and
+  // v, 2 n); a bucket whose size changed is refused with the host engine's text.
   std::size_t slot_for(std::int64_t bucket, std::size_t n) {
     return feedback_.slot_for(bucket, n, [&] {
       const auto options = at::TensorOptions().device(device_).dtype(at::kFloat);
-      const auto len = static_cast<std::int64_t>(n);
+      const auto len = static_cast<std::int64_t>(dgc_ ? 2 * n : n);
       return std::pair{at::zeros({len}, options), at::empty({len}, options)};
     });
   }
 
-  // The host engine's refusal text, from a host copy of g (only on this error path).
+  // The host engine's refusal text, from a host copy of g (only on this error path). With
+  // DGC (v given: the accumulation after its picks were cleared, with the values and indices
+  // sent), a finite g whose accumulation overflowed is named by v's first non-finite element.
   static std::string nonfinite_message(std::uint32_t id, const at::Tensor& g,
-                                       std::span<const rt::tensor_label> labels) {
+                                       std::span<const rt::tensor_label> labels,
+                                       const at::Tensor* v, const at::Tensor& values,
+                                       const at::Tensor& indices) {
+    std::string fallback = detail::concat("gradcomp: the gradient of bucket ", id,
+                                          " holds a nan or inf; non-finite gradients are "
+                                          "refused before any rank's state changes");
+    if (v != nullptr) {
+      at::Tensor acc = v->to(at::kCPU);
+      acc.index_put_({indices.to(at::kCPU).to(at::kLong)}, values.to(at::kCPU));
+      const std::span<const float> a(acc.data_ptr<float>(), static_cast<std::size_t>(acc.numel()));
+      const std::size_t bad = detail::first_nonfinite(a);
+      if (bad < a.size()) {
+        fallback = detail::concat("gradcomp: DGC's accumulation v of bucket ", id, " is ", a[bad],
+                                  " at element ", bad, " (finite gradients whose momentum "
+                                  "accumulation overflowed); refused before any rank's state "
+                                  "changes");
+      }
+    }
     const at::Tensor host = g.to(at::kCPU);
-    const std::span<const float> v(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
-    return rt::name_nonfinite(id, v, labels,
-                              detail::concat("gradcomp: the gradient of bucket ", id,
-                                             " holds a nan or inf; non-finite gradients are "
-                                             "refused before any rank's state changes"));
+    const std::span<const float> h(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
+    return rt::name_nonfinite(id, h, labels, fallback);
   }
 
   // Every rank's picks to every rank, then g = their rank-order mean. Returns the picks
@@ -340,6 +391,7 @@ class cuda_engine {
   }
 
   rt::engine_config config_;
+  bool dgc_ = config_.feedback == "dgc";  // DGC's momentum correction (else the residual)
   c10::Device device_;
   process_group_comm comm_;
   topk sel_;

@@ -48,7 +48,6 @@ class cuda_engine_py {
 }  // namespace
 
 void bind_cuda(py::module_& m) {
-  using cuda_engine = gradcomp::torch_cuda::cuda_engine;
   py::class_<cuda_engine_py>(m, "CudaEngine")
       .def(py::init<c10::intrusive_ptr<c10d::ProcessGroup>, rt::engine_config, int>(),
            py::arg("process_group"), py::arg("config"), py::arg("device"))
@@ -64,7 +63,7 @@ void bind_cuda(py::module_& m) {
       .def("drop", [](cuda_engine_py& e, std::int64_t b) { e.get().drop(b); }, py::arg("bucket"))
       .def("commit", [](cuda_engine_py& e) { e.get().commit(); })
       .def("discard", [](cuda_engine_py& e) { e.get().discard(); })
-      .def_property_readonly("buffer_count", [](cuda_engine_py&) { return cuda_engine::buffer_count(); })
+      .def_property_readonly("buffer_count", [](cuda_engine_py& e) { return e.get().buffer_count(); })
       .def_property_readonly("rank", [](cuda_engine_py& e) { return e.get().rank(); })
       .def_property_readonly("size", [](cuda_engine_py& e) { return e.get().size(); });
   m.def("check_cuda_config", &gradcomp::torch_cuda::check_cuda_config, py::arg("config"),

@@ -1,10 +1,10 @@
 """gradcomp.torch's DDP hook on CUDA buckets (label cuda; exits 77, skipped, where there is no
 GPU or gradcomp.torch was built without its CUDA path):
 
-- the CUDA hook equals the CPU hook bit for bit (top-k with residual feedback over allgather:
-  the device selects the host's index set and sums in rank order), results and feedback, at
-  P = 2 over gloo with CUDA tensors, for sizes 1, odd and 2^20 + 7, float32 and float16
-  buckets, with and without overlap;
+- the CUDA hook equals the CPU hook bit for bit (top-k with residual feedback, or with DGC's
+  momentum correction, over allgather: the device selects the host's index set and sums in
+  rank order), results and feedback, at P = 2 over gloo with CUDA tensors, for sizes 1, odd
+  and 2^20 + 7, float32 and float16 buckets, with and without overlap;
 - DDP on CUDA: a checkpoint taken at step 3 resumes bit for bit; what was applied plus what is
   left in the residuals equals the sum of the gradients (conservation), across DDP's rebuild;
 - a step that fails in its last bucket changes no state, and the retried step is the
@@ -31,12 +31,16 @@ from support import FakeBucket, failed_step, fresh, grad_for, restore, same_stat
 SIZES = [1, 4099, (1 << 20) + 7]
 
 
+FEEDBACKS = ["residual", "dgc"]
+
+
 def _matches_cpu_worker(rank: int, world: int) -> int:
     checked = 0
     for i, n in enumerate(SIZES):
-        for dtype in (torch.float32, torch.float16):
+        for dtype, feedback in [(d, f) for d in (torch.float32, torch.float16) for f in FEEDBACKS]:
             overlap = bool((i + (dtype == torch.float16)) % 2)
-            states = {dev: gct.GradcompState(selector="topk", density=0.01, seed=3, overlap=overlap)
+            states = {dev: gct.GradcompState(selector="topk", density=0.01, seed=3, overlap=overlap,
+                                             feedback=feedback)
                       for dev in ("cpu", "cuda")}
             params = {dev: [torch.nn.Parameter(torch.zeros(n, device=dev))] for dev in states}
             for step in range(3):
@@ -48,8 +52,8 @@ def _matches_cpu_worker(rank: int, world: int) -> int:
                 got = outs["cuda"].cpu()
                 if got.dtype != dtype or not torch.equal(got, outs["cpu"]):
                     diff = (got.double() - outs["cpu"].double()).abs().max().item()
-                    raise AssertionError(f"n={n} {dtype} step {step}: CUDA hook differs from the CPU "
-                                         f"hook by {diff}")
+                    raise AssertionError(f"n={n} {dtype} {feedback} step {step}: CUDA hook differs "
+                                         f"from the CPU hook by {diff}")
                 checked += 1
             a, b = (states[d].state_dict() for d in ("cpu", "cuda"))
             # The same feedback bit for bit and the same counts; the bytes differ by design
@@ -58,7 +62,8 @@ def _matches_cpu_worker(rank: int, world: int) -> int:
             for key in ("bytes_sent", "bytes_received"):
                 a["totals"].pop(key)
             if not same_state(a, b):
-                raise AssertionError(f"n={n} {dtype}: the CUDA state differs from the CPU state")
+                raise AssertionError(f"n={n} {dtype} {feedback}: the CUDA state differs from the CPU "
+                                     "state")
             k = states["cuda"].stats()["buckets"][0]["selected"]
             if bytes_cuda != (3 * 8 * k, 3 * 8 * k * (world - 1)):
                 raise AssertionError(f"n={n}: CUDA bytes sent, received {bytes_cuda}; want 8 per pick")
@@ -158,7 +163,8 @@ def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
 def _refusal_worker(rank: int, world: int) -> List[str]:
     texts = []
     p = torch.nn.Parameter(torch.zeros(100, device="cuda"))
-    for cfg in (dict(selector="gaussiank"), dict(quantizer="fp16"), dict(exchange="gtopk")):
+    for cfg in (dict(selector="gaussiank"), dict(quantizer="fp16"), dict(exchange="gtopk"),
+                dict(feedback="dgc", dgc_clip_norm=1.0)):
         state = gct.GradcompState(density=0.05, overlap=False, **cfg)
         try:
             gct.gradcomp_hook(state, FakeBucket(0, torch.ones(100, device="cuda"), [p])).wait()
@@ -203,7 +209,7 @@ def _nccl_worker(rank: int, world: int) -> float:
 class CudaHookTest(unittest.TestCase):
     def test_equals_cpu_hook_p2(self) -> None:
         out = spawn(_matches_cpu_worker, 2, timeout_s=120.0)
-        self.assertEqual(out[0], len(SIZES) * 2 * 3)
+        self.assertEqual(out[0], len(SIZES) * 2 * len(FEEDBACKS) * 3)
 
     def test_ddp_resume_and_conservation_p2(self) -> None:
         out = spawn(_ddp_worker, 2, timeout_s=120.0)
@@ -226,7 +232,9 @@ class CudaHookTest(unittest.TestCase):
         texts = spawn(_refusal_worker, 1)[0]
         for t in texts[:3]:
             self.assertIn("CUDA buckets run selector 'topk'", t)
-        self.assertIn("cuda", texts[3])
+        self.assertIn("'dgc_clip_norm' = 1", texts[3])
+        self.assertIn("0 on CUDA buckets so far", texts[3])
+        self.assertIn("cuda", texts[4])
 
     def test_nccl_p1(self) -> None:
         worst = spawn(_nccl_worker, 1, backend="nccl", timeout_s=60.0)[0]
