@@ -156,6 +156,8 @@ void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, flo
   auto [select_tmp, clear_tmp, errors] = carve(compress_sizes(sel, n, k, true), scratch,
                                                scratch_bytes, "torch_cuda::compress_dgc",
                                                "compress_dgc_scratch");
+  // dgc_accumulate_kernel reports a non-finite v here; the engine learns of it from the
+  // energies instead (as for the residual), so the record is cleared and not read.
   detail::cuda_check(cudaMemsetAsync(errors, 0xff, sizeof(cuda::error_record), stream),
                      "cudaMemsetAsync");
   constexpr unsigned threads = 256;

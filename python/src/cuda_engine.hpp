@@ -259,9 +259,10 @@ class cuda_engine {
             j > 0 ? " as long as buffers[0]" : ""));
       }
     }
-    at::Tensor state = (dgc_ ? at::cat({buffers[0], buffers[1]}) : buffers[0])
-                           .to(device_, at::kFloat, /*non_blocking=*/false, /*copy=*/true)
-                           .contiguous();
+    const auto here = [&](const at::Tensor& b) {
+      return b.to(device_, at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    };
+    at::Tensor state = dgc_ ? at::cat({here(buffers[0]), here(buffers[1])}) : here(buffers[0]);
     at::Tensor staged = at::empty_like(state);
     const auto n = static_cast<std::size_t>(buffers[0].numel());
     feedback_.put(bucket, std::move(state), std::move(staged), n);
@@ -306,28 +307,27 @@ class cuda_engine {
 
   // The host engine's refusal text, from a host copy of g (only on this error path). With
   // DGC (v given: the accumulation after its picks were cleared, with the values and indices
-  // sent), a finite g whose accumulation overflowed is named by v's first non-finite element.
+  // sent) and a finite g, the accumulation overflowed: the host compressor's text, naming v's
+  // first non-finite element.
   static std::string nonfinite_message(std::uint32_t id, const at::Tensor& g,
                                        std::span<const rt::tensor_label> labels,
                                        const at::Tensor* v, const at::Tensor& values,
                                        const at::Tensor& indices) {
+    const at::Tensor host = g.to(at::kCPU);
+    const std::span<const float> h(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
     std::string fallback = detail::concat("gradcomp: the gradient of bucket ", id,
                                           " holds a nan or inf; non-finite gradients are "
                                           "refused before any rank's state changes");
-    if (v != nullptr) {
+    if (v != nullptr && detail::first_nonfinite(h) == h.size()) {
       at::Tensor acc = v->to(at::kCPU);
       acc.index_put_({indices.to(at::kCPU).to(at::kLong)}, values.to(at::kCPU));
       const std::span<const float> a(acc.data_ptr<float>(), static_cast<std::size_t>(acc.numel()));
       const std::size_t bad = detail::first_nonfinite(a);
-      if (bad < a.size()) {
-        fallback = detail::concat("gradcomp: DGC's accumulation v of bucket ", id, " is ", a[bad],
-                                  " at element ", bad, " (finite gradients whose momentum "
-                                  "accumulation overflowed); refused before any rank's state "
-                                  "changes");
-      }
+      fallback = detail::concat(
+          "gradcomp::compressor::compress: the accumulated gradient (feedback state + gradient) "
+          "of tensor ", id, " overflowed to ", bad < a.size() ? a[bad] : 0.0f, " at index ", bad,
+          "; nonfinite_policy::error (the default) rejects it");
     }
-    const at::Tensor host = g.to(at::kCPU);
-    const std::span<const float> h(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
     return rt::name_nonfinite(id, h, labels, fallback);
   }
 

@@ -10,7 +10,7 @@ GPU or gradcomp.torch was built without its CUDA path):
 - a step that fails in its last bucket changes no state, and the retried step is the
   unfaulted one;
 - a non-finite gradient on one rank is refused on every rank naming the parameter, or (skip)
-  skipped on every rank;
+  skipped on every rank, with either feedback;
 - configurations the CUDA path does not run, and a bucket on another device, are refused with
   errors that say what is allowed;
 - over NCCL at P = 1 the hook sends the top-k of the gradient and keeps the rest.
@@ -134,8 +134,9 @@ def _failed_step_worker(rank: int, world: int) -> int:
 def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
     n = 1000
     out: Dict[str, Any] = {}
-    for policy in ("raise", "skip"):
-        state = gct.GradcompState(selector="topk", density=0.05, overlap=False, nonfinite=policy)
+    for feedback, policy in [(f, p) for f in FEEDBACKS for p in ("raise", "skip")]:
+        state = gct.GradcompState(selector="topk", density=0.05, overlap=False, nonfinite=policy,
+                                  feedback=feedback)
         p = torch.nn.Parameter(torch.zeros(n, device="cuda"))
         gct.gradcomp_hook(state, FakeBucket(0, grad_for(rank, 0, n).cuda(), [p])).wait()
         before = state.state_dict()
@@ -148,14 +149,14 @@ def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
                 fut.wait()
                 raise AssertionError("a NaN gradient was not refused")
             except (RuntimeError, FloatingPointError) as e:
-                out["raise"] = str(e)
+                out[f"{feedback}:raise"] = str(e)
         else:
             result = fut.wait()
             if not torch.isnan(result).all():
                 raise AssertionError("a skipped bucket is not all NaN")
-            out["skipped"] = state.skipped_steps
+            out[f"{feedback}:skipped"] = state.skipped_steps
         if not same_state(before, state.state_dict()):
-            raise AssertionError(f"nonfinite={policy}: the refused step changed the state")
+            raise AssertionError(f"{feedback}, nonfinite={policy}: the refused step changed the state")
         state.close()
     return out
 
@@ -224,9 +225,10 @@ class CudaHookTest(unittest.TestCase):
     def test_nonfinite_on_one_rank_p2(self) -> None:
         out = spawn(_nonfinite_worker, 2, timeout_s=60.0)
         for rank in (0, 1):
-            self.assertIn("bucket0.param0", out[rank]["raise"])
-            self.assertIn("nan", out[rank]["raise"])
-            self.assertEqual(out[rank]["skipped"], 1)
+            for feedback in FEEDBACKS:
+                self.assertIn("bucket0.param0", out[rank][f"{feedback}:raise"])
+                self.assertIn("nan", out[rank][f"{feedback}:raise"])
+                self.assertEqual(out[rank][f"{feedback}:skipped"], 1)
 
     def test_refusals(self) -> None:
         texts = spawn(_refusal_worker, 1)[0]
