@@ -139,6 +139,17 @@ compress_parts carve(const compress_layout& l, void* scratch, std::size_t scratc
   return out;
 }
 
+// values[j] = x[indices[j]], then x[indices[j]] = 0: the residual's gather_and_clear. The
+// indices are the selector's own: trusted (no validation pass, no wait).
+void take_picks(temp_storage tmp, float* x, std::size_t n, const std::uint32_t* indices,
+                std::size_t k, const selection_stats* stats, float* values, cudaStream_t stream) {
+  residual feedback;
+  on_device(feedback).gather_and_clear(tmp, device_span<float>(x, n),
+                                         device_span<const std::uint32_t>(indices, k), stats,
+                                         device_span<float>(values, k), stream,
+                                         device_validation::trusted);
+}
+
 }  // namespace
 
 std::size_t compress_scratch(const topk& sel, std::size_t n, std::size_t k) {
@@ -170,12 +181,7 @@ void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, flo
   const select_context ctx{k, 0.0, {}};
   on_device(sel).select(select_tmp, device_span<const float>(v, n), ctx,
                         device_span<std::uint32_t>(indices, k), stats, stream);
-  // The indices are the selector's own: trusted (no validation pass, no wait).
-  residual feedback;
-  on_device(feedback).gather_and_clear(clear_tmp, device_span<float>(v, n),
-                                         device_span<const std::uint32_t>(indices, k), stats,
-                                         device_span<float>(values, k), stream,
-                                         device_validation::trusted);
+  take_picks(clear_tmp, v, n, indices, k, stats, values, stream);
   if (k) {
     cuda::step_impl::clear_at_kernel<float, std::uint32_t>
         <<<cuda::grid_for(k, threads, 4096), threads, 0, stream>>>(u, indices, k);
@@ -194,12 +200,7 @@ void compress(const topk& sel, void* scratch, std::size_t scratch_bytes, float* 
   on_device(sel).select_accumulate(select_tmp, device_span<float>(e, n),
                                    device_span<const float>(g, n), ctx,
                                    device_span<std::uint32_t>(indices, k), stats, stream);
-  // The indices are the selector's own: trusted (no validation pass, no wait).
-  residual feedback;
-  on_device(feedback).gather_and_clear(clear_tmp, device_span<float>(e, n),
-                                         device_span<const std::uint32_t>(indices, k), stats,
-                                         device_span<float>(values, k), stream,
-                                         device_validation::trusted);
+  take_picks(clear_tmp, e, n, indices, k, stats, values, stream);
 }
 
 std::size_t combine_scratch(std::size_t total, std::size_t n) {
