@@ -27,6 +27,7 @@
 
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/comm_common.hpp>
 #include <gradcomp/detail/float16.hpp>
 #include <gradcomp/error.hpp>
 
@@ -184,7 +185,8 @@ class nccl_comm {
   void allgatherv_known(device_span<const T> send, device_span<T> recv,
                         std::span<const std::size_t> counts) {
     const auto p = static_cast<std::size_t>(size_);
-    check_block_counts("nccl_comm::allgatherv_known", "counts", counts, "recv", recv.size());
+    detail::check_block_counts("nccl_comm::allgatherv_known", "counts", counts, p, "recv",
+                               recv.size());
     if (send.size() != counts[static_cast<std::size_t>(rank_)]) {
       detail::throw_invalid_argument("nccl_comm::allgatherv_known", "send.size()", send.size(),
                                      detail::concat("counts[rank()] = ", counts[static_cast<std::size_t>(rank_)]));
@@ -227,7 +229,8 @@ class nccl_comm {
                  device_buffer<T>& recv, std::vector<std::size_t>& recv_counts) {
     const auto p = static_cast<std::size_t>(size_);
     const auto me = static_cast<std::size_t>(rank_);
-    check_block_counts("nccl_comm::alltoallv", "send_counts", send_counts, "send", send.size());
+    detail::check_block_counts("nccl_comm::alltoallv", "send_counts", send_counts, p, "send",
+                               send.size());
     std::vector<std::uint64_t> mine(send_counts.begin(), send_counts.end());
     std::vector<std::size_t> matrix;  // matrix[s * p + d]: what s sends to d
     gather_counts(mine, matrix);
@@ -258,15 +261,16 @@ class nccl_comm {
     (void)block_limit;
     const auto p = static_cast<std::size_t>(size_);
     const auto me = static_cast<std::size_t>(rank_);
-    check_block_counts("nccl_comm::alltoallv_known", "send_counts", send_counts, "send", send.size());
-    check_block_counts("nccl_comm::alltoallv_known", "recv_counts", recv_counts, "recv", recv.size());
+    constexpr std::string_view where = "nccl_comm::alltoallv_known";
+    detail::check_block_counts(where, "send_counts", send_counts, p, "send", send.size());
+    detail::check_block_counts(where, "recv_counts", recv_counts, p, "recv", recv.size());
     std::vector<std::size_t> rat(p + 1, 0), sat(p + 1, 0);
     for (std::size_t s = 0; s < p; ++s) {
       rat[s + 1] = rat[s] + recv_counts[s];
       sat[s + 1] = sat[s] + send_counts[s];
     }
     if (send_counts[me] != recv_counts[me]) {
-      detail::throw_invalid_argument("nccl_comm::alltoallv_known", "recv_counts[rank()]",
+      detail::throw_invalid_argument(where, "recv_counts[rank()]",
                                      recv_counts[me],
                                      detail::concat("send_counts[rank()] = ", send_counts[me]));
     }
@@ -392,21 +396,6 @@ class nccl_comm {
   }
 
  private:
-  // counts: one per rank, adding up to the buffer's size; else invalid_argument naming them.
-  void check_block_counts(std::string_view where, const char* what,
-                          std::span<const std::size_t> counts, const char* buffer,
-                          std::size_t size) const {
-    if (counts.size() != static_cast<std::size_t>(size_)) {
-      detail::throw_invalid_argument(where, detail::concat(what, ".size()"), counts.size(),
-                                     detail::concat("size() = ", size_));
-    }
-    std::size_t total = 0;
-    for (const std::size_t c : counts) total += c;
-    if (total != size) {
-      detail::throw_invalid_argument(where, detail::concat("the sum of ", what), total,
-                                     detail::concat(buffer, ".size() = ", size));
-    }
-  }
   void check_root(int root) const {
     if (root < 0 || root >= size_) {
       detail::throw_invalid_argument("nccl_comm::broadcast", "root", root,

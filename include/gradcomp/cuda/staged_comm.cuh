@@ -70,7 +70,7 @@ class staged_comm {
     const auto p = static_cast<std::size_t>(size());
     const auto me = static_cast<std::size_t>(rank());
     constexpr std::string_view where = "cuda::staged_comm::allgatherv_known";
-    const std::size_t most = check_block_counts(where, "counts", counts, "recv", recv.size());
+    const std::size_t most = detail::check_block_counts(where, "counts", counts, p, "recv", recv.size());
     if (send.size() != counts[me]) {
       detail::throw_invalid_argument(where, "send.size()", send.size(),
                                      detail::concat("counts[rank()] = ", counts[me]));
@@ -145,8 +145,9 @@ class staged_comm {
                       device_span<T> recv, std::span<const std::size_t> recv_counts,
                       std::size_t block_limit) {
     constexpr std::string_view where = "cuda::staged_comm::alltoallv_known";
-    check_block_counts(where, "send_counts", send_counts, "send", send.size());
-    check_block_counts(where, "recv_counts", recv_counts, "recv", recv.size());
+    const auto p = static_cast<std::size_t>(size());
+    detail::check_block_counts(where, "send_counts", send_counts, p, "send", send.size());
+    detail::check_block_counts(where, "recv_counts", recv_counts, p, "recv", recv.size());
     send_.resize(send.size_bytes());
     if (!send_.empty()) {
       detail::cuda_check(cudaMemcpyAsync(send_.data(), send.data(), send_.size(),
@@ -217,26 +218,6 @@ class staged_comm {
   }
 
  private:
-  // counts: one per rank, adding up to the buffer's size, else invalid_argument naming them;
-  // returns the largest.
-  std::size_t check_block_counts(std::string_view where, const char* what,
-                                 std::span<const std::size_t> counts, const char* buffer,
-                                 std::size_t size) const {
-    if (counts.size() != static_cast<std::size_t>(this->size())) {
-      detail::throw_invalid_argument(where, detail::concat(what, ".size()"), counts.size(),
-                                     detail::concat("size() = ", this->size()));
-    }
-    std::size_t total = 0, most = 0;
-    for (const std::size_t c : counts) {
-      total += c;
-      most = c > most ? c : most;
-    }
-    if (total != size) {
-      detail::throw_invalid_argument(where, detail::concat("the sum of ", what), total,
-                                     detail::concat(buffer, ".size() = ", size));
-    }
-    return most;
-  }
   void check_peer(std::string_view where, const char* what, int peer) const {
     if (peer < -1 || peer >= size() || peer == rank()) {
       detail::throw_invalid_argument(where, what, peer,

@@ -48,21 +48,41 @@ inline bool bytes_overlap(const void* a, std::size_t na, const void* b, std::siz
   return before(pa, pb + nb) && before(pb, pa + na);
 }
 
-// An alltoallv's send_counts (one per rank) must add up to the send buffer's size: checked
-// without the sum wrapping, and refused with invalid_argument naming `where`.
-inline void check_send_counts(std::string_view where, std::span<const std::size_t> send_counts,
-                              std::size_t send_size) {
+// counts must add up to `buffer`'s size, checked without the sum wrapping; else
+// invalid_argument naming `where`, the sum of `what` and the size.
+inline void check_count_sum(std::string_view where, std::string_view what,
+                            std::span<const std::size_t> counts, std::string_view buffer,
+                            std::size_t size) {
   std::size_t total = 0;
   bool sum_ok = true;
-  for (std::size_t s = 0; s < send_counts.size() && sum_ok; ++s) {
-    sum_ok = send_counts[s] <= send_size - total;  // cannot wrap
-    if (sum_ok) total += send_counts[s];
+  for (std::size_t s = 0; s < counts.size() && sum_ok; ++s) {
+    sum_ok = counts[s] <= size - total;  // cannot wrap
+    if (sum_ok) total += counts[s];
   }
-  if (!sum_ok || total != send_size) {
+  if (!sum_ok || total != size) {
     std::size_t sum = 0;
-    for (const std::size_t c : send_counts) sum += c;  // for the message only; may wrap
-    throw_invalid_argument(where, "sum of send_counts", sum, concat("send.size() = ", send_size));
+    for (const std::size_t c : counts) sum += c;  // for the message only; may wrap
+    throw_invalid_argument(where, concat("sum of ", what), sum, concat(buffer, ".size() = ", size));
   }
+}
+
+// An alltoallv's send_counts (one per rank) must add up to the send buffer's size.
+inline void check_send_counts(std::string_view where, std::span<const std::size_t> send_counts,
+                              std::size_t send_size) {
+  check_count_sum(where, "send_counts", send_counts, "send", send_size);
+}
+
+// The counts of a collective whose blocks every rank already knows (the device communicators'
+// allgatherv_known and alltoallv_known): one per rank (p), adding up to `buffer`'s size; else
+// invalid_argument naming them. Returns the largest.
+inline std::size_t check_block_counts(std::string_view where, std::string_view what,
+                                      std::span<const std::size_t> counts, std::size_t p,
+                                      std::string_view buffer, std::size_t size) {
+  if (counts.size() != p) {
+    throw_invalid_argument(where, concat(what, ".size()"), counts.size(), concat("size() = ", p));
+  }
+  check_count_sum(where, what, counts, buffer, size);
+  return counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
 }
 
 // The counts peers announced for a collective (counts[i] elements from rank i / per_row:
