@@ -18,16 +18,17 @@
 
 namespace gradcomp::cuda {
 
-// device_sparsified_sgd<C, X, Comm> as a device_step_driver; keeps `owner` (the communicator,
-// where the factory was given it to own) alive as long as the driver.
+// device_sparsified_sgd<C, X, Comm> as a device_step_driver over *comm, which it keeps alive as
+// long as the driver where `comm` owns it (device_sgd_factory over a shared_ptr; over a Comm&
+// it is a pointer that owns nothing).
 template <class C, class X, class Comm>
 class device_sgd_driver final : public device_step_driver {
  public:
   using driver_type = device_sparsified_sgd<C, X, Comm>;
 
-  device_sgd_driver(std::shared_ptr<Comm> owner, Comm& comm, std::span<const tensor_spec> tensors,
-                    C c, X x, sgd_options opt, density_schedule schedule)
-      : owner_(std::move(owner)), driver_(comm, tensors, std::move(c), std::move(x), opt, schedule) {}
+  device_sgd_driver(std::shared_ptr<Comm> comm, std::span<const tensor_spec> tensors, C c, X x,
+                    sgd_options opt, density_schedule schedule)
+      : comm_(std::move(comm)), driver_(*comm_, tensors, std::move(c), std::move(x), opt, schedule) {}
 
   const step_stats& step(device_span<float> params, device_span<const float> grads) override {
     return driver_.step(params, grads);
@@ -42,31 +43,31 @@ class device_sgd_driver final : public device_step_driver {
   [[nodiscard]] driver_type& driver() noexcept { return driver_; }
 
  private:
-  std::shared_ptr<Comm> owner_;  // declared first: destroyed after the driver
+  std::shared_ptr<Comm> comm_;  // declared first: destroyed after the driver
   driver_type driver_;
 };
 
 // A factory of device_sparsified_sgd<C, X, Comm> drivers over comm, which the caller keeps
 // alive as long as the drivers it makes.
-template <class C, class X, class Comm>
-device_driver_factory device_sgd_factory(Comm& comm, C c = {}, X x = {}, sgd_options opt = {},
-                                         density_schedule schedule = density_schedule::constant(1.0)) {
-  return [&comm, c, x, opt, schedule](std::span<const tensor_spec> tensors) {
-    return std::unique_ptr<device_step_driver>(
-        std::make_unique<device_sgd_driver<C, X, Comm>>(nullptr, comm, tensors, c, x, opt, schedule));
-  };
-}
-
-// The same over a communicator every driver it makes shares and keeps alive (for example a
-// cuda::staged_comm made for them).
+// A factory of device_sparsified_sgd<C, X, Comm> drivers over a communicator every driver it
+// makes shares and keeps alive (for example a cuda::staged_comm made for them).
 template <class C, class X, class Comm>
 device_driver_factory device_sgd_factory(std::shared_ptr<Comm> comm, C c = {}, X x = {},
                                          sgd_options opt = {},
                                          density_schedule schedule = density_schedule::constant(1.0)) {
   return [comm, c, x, opt, schedule](std::span<const tensor_spec> tensors) {
     return std::unique_ptr<device_step_driver>(
-        std::make_unique<device_sgd_driver<C, X, Comm>>(comm, *comm, tensors, c, x, opt, schedule));
+        std::make_unique<device_sgd_driver<C, X, Comm>>(comm, tensors, c, x, opt, schedule));
   };
+}
+
+// The same over comm, which the caller keeps alive as long as the drivers it makes: a
+// shared_ptr that owns nothing (the aliasing constructor over an empty one).
+template <class C, class X, class Comm>
+device_driver_factory device_sgd_factory(Comm& comm, C c = {}, X x = {}, sgd_options opt = {},
+                                         density_schedule schedule = density_schedule::constant(1.0)) {
+  return device_sgd_factory<C, X, Comm>(std::shared_ptr<Comm>(std::shared_ptr<Comm>(), &comm),
+                                        std::move(c), std::move(x), opt, schedule);
 }
 
 }  // namespace gradcomp::cuda
