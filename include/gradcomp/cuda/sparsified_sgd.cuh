@@ -360,7 +360,11 @@ class device_sparsified_sgd {
       compressor_.feedback().check();
     }
     offsets_ = detail::tensor_offsets(driver_name, tensors_);
-    for (const tensor_spec& t : tensors_) detail::check_tensor_size(driver_name, t, dense_path);
+    for (const tensor_spec& t : tensors_) {
+      detail::check_tensor_size(driver_name, t, dense_path);
+      ids_.push_back(t.id);
+      sizes_.push_back(t.size);
+    }
     total_ = detail::total_size(tensors_);
     if ((!dense_path || dense_gathered) &&
         static_cast<std::uint64_t>(total_) > (std::uint64_t{1} << 32)) {
@@ -1062,19 +1066,15 @@ class device_sparsified_sgd {
     gather_counts_and_status();
     check_counts_fit();
     tree_k_.assign(nt, 0);
-    tree_ids_.resize(nt);
-    tree_sizes_.resize(nt);
     for (std::size_t t = 0; t < nt; ++t) {
       for (std::size_t r = 0; r < ranks; ++r) {
         tree_k_[t] = std::max(tree_k_[t], counts_[r * (nt + 1) + t]);
       }
-      tree_ids_[t] = tensors_[t].id;
-      tree_sizes_[t] = tensors_[t].size;
     }
     cuda::gtopk_step st;
-    st.ids = tree_ids_;
+    st.ids = ids_;
     st.offsets = offsets_;
-    st.sizes = tree_sizes_;
+    st.sizes = sizes_;
     st.k = tree_k_;
     st.mine_at = std::span<const std::size_t>(k_at_);
     st.picks = picks_.data();
@@ -1321,12 +1321,10 @@ class device_sparsified_sgd {
     const std::size_t sent = 8 * (ranks + 1) + 8 * pairs_out + sizeof(T) * (end - begin);
     const std::size_t got = 8 * (ranks + 1) * (ranks - 1) + 8 * pairs_in +
                             sizeof(T) * (total_ - (end - begin));
-    a2a_sizes_.resize(nt);
-    for (std::size_t t = 0; t < nt; ++t) a2a_sizes_[t] = tensors_[t].size;
     a2a_sent_.resize(nt);
     a2a_got_.resize(nt);
-    share_by_size(a2a_sizes_, sent, a2a_sent_);
-    share_by_size(a2a_sizes_, got, a2a_got_);
+    share_by_size(sizes_, sent, a2a_sent_);
+    share_by_size(sizes_, got, a2a_got_);
     for (std::size_t t = 0; t < nt; ++t) {
       tensor_stats ts = selection_stats_of(t);
       ts.bytes_sent = 8 + a2a_sent_[t];
@@ -1798,6 +1796,8 @@ class device_sparsified_sgd {
   Comm* comm_;
   std::vector<tensor_spec> tensors_;
   std::vector<std::size_t> offsets_;
+  std::vector<std::uint32_t> ids_;    // tensors_' ids and sizes, as spans for gtopk and topk_a2a
+  std::vector<std::size_t> sizes_;
   std::size_t total_ = 0;
   Compressor compressor_;
   Exchange exchange_;
@@ -1838,15 +1838,14 @@ class device_sparsified_sgd {
   device_buffer<std::uint64_t> seg_dev_;
   // topk_a2a: every rank's counts for the shards' owners (row r: rank r's, from
   // gather_counts_and_status), the shards' bounds and lengths, this rank's counts out and in,
-  // the verdicts, the device's bounds and cuts, each tensor's size and share of the bytes.
+  // the verdicts, the device's bounds and cuts, each tensor's share of the bytes.
   std::vector<std::size_t> extras_;
   std::vector<std::uint64_t> a2a_bounds_, a2a_send_;
-  std::vector<std::size_t> a2a_shards_, a2a_recv_, a2a_verdicts_, a2a_sizes_, a2a_sent_, a2a_got_;
+  std::vector<std::size_t> a2a_shards_, a2a_recv_, a2a_verdicts_, a2a_sent_, a2a_got_;
   device_buffer<std::uint64_t> a2a_dev_;
-  // gtopk: the device tree, each tensor's k, id and size, and what the tree cost and restored.
+  // gtopk: the device tree, each tensor's k, and what the tree cost and restored.
   cuda::device_gtopk tree_;
-  std::vector<std::size_t> tree_k_, tree_sizes_;
-  std::vector<std::uint32_t> tree_ids_;
+  std::vector<std::size_t> tree_k_;
   std::vector<cuda::gtopk_tensor_result> tree_results_;
   // DGC: each tensor's clipping scale and its partial sums of squares; the value of a refused
   // (non-finite) v.
