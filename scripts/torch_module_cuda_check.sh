@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/torch_module_cuda_check.sh [OUT_DIR]: builds tests/torch/module_sgd_cuda.cpp (LibTorch's
-# device_module_sgd on a module on a CUDA device) against the torch that python3 imports, and
-# runs it. On the GPU machine that is the pip torch with CUDA, which the CMake build here does
+# device_module_sgd on a module on a CUDA device) against the torch that PYTHON imports (else
+# the first of python3 and /usr/bin/python3 that imports torch), and runs it. On the GPU machine that is the pip torch with CUDA, which the CMake build here does
 # not use: Debian's torch has no CUDA, so there the test only checks its refusals and exits 77.
 # The drivers (module_sgd_cuda_drivers.cu) are compiled by nvcc for GPU_ARCH (default 90), and
 # the test by the host compiler (nvcc 13 in C++20 mode refuses LibTorch's headers), both with
@@ -15,7 +15,15 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-torch-module-cuda}
 mkdir -p "$out"
-py=${PYTHON:-python3}
+# The interpreter: PYTHON, else the first of python3 and /usr/bin/python3 that imports torch
+# (the first python3 on PATH may not be the one that does).
+py=${PYTHON:-}
+if [[ -z $py ]]; then
+  for candidate in python3 /usr/bin/python3; do
+    if "$candidate" -c 'import torch' 2> /dev/null; then py=$candidate; break; fi
+  done
+  py=${py:-python3}
+fi
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 cuda_home=$(cd "$(dirname "$nvcc")/.." && pwd)
 arch=${GPU_ARCH:-90}
