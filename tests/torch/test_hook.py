@@ -53,8 +53,19 @@ def _reference_worker(rank: int, world: int) -> int:
             outs.append(gct.gradcomp_hook(state, FakeBucket(0, buf, [param])).wait().clone())
         state.close()
         grads = [[grad_for(r, s, n) for r in range(world)] for s in range(steps)]
+        reference = state.config.as_dict()
+        if cfg["exchange"] == "auto":
+            # 'auto' picks from the link it measured (broadcast from rank 0, so every rank of
+            # the hook picks alike), but the oracle would measure its own threads' link and
+            # could pick gtopk (a global top-k, another result) where the hook did not, or the
+            # reverse: the reference is what the hook ran. Top-k payloads cannot be summed, so
+            # any other pick gives sparse_allgather's result bit for bit (exchange/auto.hpp).
+            # The shape is the same at every step, and so is the pick.
+            ran = state.stats()["buckets"][0]["exchange"]
+            assert ran in ("sparse_allgather", "topk_a2a", "dense_allreduce", "gtopk"), (cfg, ran)
+            reference["exchange"] = "gtopk" if ran == "gtopk" else "allgather"
         want = [[torch.from_numpy(a) for a in step] for step in gradcomp_oracle.reference(
-            state.config.as_dict(), 0, [[g.numpy() for g in step] for step in grads], 0, density)]
+            reference, 0, [[g.numpy() for g in step] for step in grads], 0, density)]
         for s in range(steps):
             if not torch.equal(outs[s], want[s][rank]):
                 diff = (outs[s] - want[s][rank]).abs().max().item()
