@@ -25,7 +25,15 @@ if [[ -z $py ]]; then
   py=${py:-python3}
 fi
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-cuda_home=$(cd "$(dirname "$nvcc")/.." && pwd)
+# The toolkit's headers and libraries, for the host compiler: where nvcc itself finds them
+# (its dry run's TOP), not beside the nvcc named, which may be a wrapper elsewhere (as
+# /usr/local/bin/nvcc is on these machines, when /usr/local/cuda/bin is not on PATH).
+cuda_home=$("$nvcc" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
+if [[ -z $cuda_home || ! -d $cuda_home ]]; then
+  echo "torch_module_cuda_check.sh: $nvcc --dryrun names no toolkit folder (TOP=)" >&2
+  exit 2
+fi
+cuda_home=$(cd "$cuda_home" && pwd -P)
 arch=${GPU_ARCH:-90}
 cxx=${CXX:-c++}
 
