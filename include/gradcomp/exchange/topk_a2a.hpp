@@ -29,10 +29,17 @@ inline std::uint64_t topk_a2a_shard_begin(std::uint64_t n, std::uint64_t p, std:
   return j * n / p;  // n <= 2^32 and p < 2^31: no overflow
 }
 
-// amount shared among tensors of the given sizes in proportion to them (equally where every
-// size is 0), each share rounded down and the last one taking what the rounding left: how a
-// fused exchange's bytes are counted per tensor (topk_a2a's buckets here, the device step's
-// one bucket in cuda/sparsified_sgd.cuh).
+// Tensor t's part of a fused exchange among tensors of the given sizes (their total: total):
+// its size over the total, or an equal part where every size is 0.
+inline double size_fraction(std::span<const std::size_t> sizes, std::size_t t, std::size_t total) {
+  return total ? static_cast<double>(sizes[t]) / static_cast<double>(total)
+               : 1.0 / static_cast<double>(sizes.size());
+}
+
+// amount shared among tensors of the given sizes in proportion to them (size_fraction), each
+// share rounded down and the last one taking what the rounding left: how a fused exchange's
+// bytes are counted per tensor (topk_a2a's buckets here, the device step's one bucket in
+// cuda/sparsified_sgd.cuh).
 inline void share_by_size(std::span<const std::size_t> sizes, std::size_t amount,
                           std::span<std::size_t> out) {
   detail::check_invariant(out.size() == sizes.size(), "share_by_size: one share per tensor");
@@ -43,9 +50,7 @@ inline void share_by_size(std::span<const std::size_t> sizes, std::size_t amount
       out[t] = amount - given;
       break;
     }
-    const double share = total ? static_cast<double>(sizes[t]) / static_cast<double>(total)
-                               : 1.0 / static_cast<double>(sizes.size());
-    out[t] = static_cast<std::size_t>(static_cast<double>(amount) * share);
+    out[t] = static_cast<std::size_t>(static_cast<double>(amount) * size_fraction(sizes, t, total));
     given += out[t];
   }
 }
@@ -193,12 +198,10 @@ class topk_a2a {
       share_by_size(in_bucket, bucket.bytes_sent, sent_);
       share_by_size(in_bucket, bucket.bytes_received, received_bytes_);
       for (std::size_t t = first; t < last; ++t) {
-        const double share = total ? static_cast<double>(sizes_[t]) / static_cast<double>(total)
-                                   : 1.0 / static_cast<double>(last - first);
         exchange_stats& s = stats[t];
         s = exchange_stats{};
         s.name = bucket.name;
-        s.seconds = bucket.seconds * share;
+        s.seconds = bucket.seconds * size_fraction(in_bucket, t - first, total);
         s.bytes_sent = sent_[t - first];
         s.bytes_received = received_bytes_[t - first];
       }
