@@ -2,6 +2,7 @@
 // (gradcomp/cuda.cuh). No torch header is included here.
 #include "cuda_bucket.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -16,17 +17,26 @@ namespace gradcomp::torch_cuda {
 
 namespace {
 
+// DGC's clipping: the blocks of the bucket's sum of squares (a fixed grid, so that the sum is
+// the same in every run), and their threads.
+constexpr unsigned clip_blocks = 256;
+constexpr unsigned clip_threads = 256;
+
 // The selection's scratch, then gather_and_clear's, back to back (each 256-byte aligned by
 // the carver); with DGC, one error record after them (dgc_accumulate_kernel reports a
-// non-finite v there; the engine learns of it from the energies instead).
+// non-finite v there; the engine learns of it from the energies instead), and with its
+// clipping the partial sums of squares and the scale.
 struct compress_layout {
   std::size_t select = 0;
   std::size_t clear = 0;
   std::size_t errors = 0;
+  std::size_t clip = 0;
 };
 
-// dgc: the selection reads v (a plain select), not e + g (select_accumulate).
-compress_layout compress_sizes(const topk& sel, std::size_t n, std::size_t k, bool dgc) {
+// dgc: the selection reads v (a plain select), not e + g (select_accumulate); clipped: DGC
+// with dgc_clip_norm > 0.
+compress_layout compress_sizes(const topk& sel, std::size_t n, std::size_t k, bool dgc,
+                               bool clipped = false) {
   compress_layout out;
   temp_storage q;
   const select_context ctx{k, 0.0, {}};
@@ -35,6 +45,7 @@ compress_layout compress_sizes(const topk& sel, std::size_t n, std::size_t k, bo
     on_device(sel).select(q, device_span<const float>(nullptr, n), ctx,
                           device_span<std::uint32_t>(nullptr, k), d_stats);
     out.errors = sizeof(cuda::error_record);
+    if (clipped) out.clip = clip_blocks * sizeof(double) + sizeof(float);
   } else {
     on_device(sel).select_accumulate(q, device_span<float>(nullptr, n),
                                      device_span<const float>(nullptr, n), ctx,
@@ -115,6 +126,7 @@ namespace {
 struct compress_parts {
   temp_storage select_tmp, clear_tmp;
   cuda::error_record* errors = nullptr;
+  double* clip_partials = nullptr;  // clip_blocks of them, then the scale (a float)
 };
 
 std::size_t layout_bytes(const compress_layout& l) {
@@ -122,6 +134,7 @@ std::size_t layout_bytes(const compress_layout& l) {
   s.take_bytes(l.select);
   s.take_bytes(l.clear);
   if (l.errors) s.take_bytes(l.errors);
+  if (l.clip) s.take_bytes(l.clip);
   return s.bytes();
 }
 
@@ -132,6 +145,7 @@ compress_parts carve(const compress_layout& l, void* scratch, std::size_t scratc
   out.select_tmp = temp_storage{s.take_bytes(l.select), l.select};
   out.clear_tmp = temp_storage{s.take_bytes(l.clear), l.clear};
   if (l.errors) out.errors = static_cast<cuda::error_record*>(s.take_bytes(l.errors));
+  if (l.clip) out.clip_partials = static_cast<double*>(s.take_bytes(l.clip));
   if (s.bytes() > scratch_bytes) {
     detail::throw_invalid_argument(where, "scratch_bytes", scratch_bytes,
                                    detail::concat(">= ", s.bytes(), " (", query, ")"));
@@ -156,32 +170,52 @@ std::size_t compress_scratch(const topk& sel, std::size_t n, std::size_t k) {
   return layout_bytes(compress_sizes(sel, n, k, false));
 }
 
-std::size_t compress_dgc_scratch(const topk& sel, std::size_t n, std::size_t k) {
-  return layout_bytes(compress_sizes(sel, n, k, true));
+std::size_t compress_dgc_scratch(const topk& sel, std::size_t n, std::size_t k, double clip_norm) {
+  return layout_bytes(compress_sizes(sel, n, k, true, clip_norm > 0.0));
 }
 
 void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, float* u, float* v,
                   const float* u0, const float* v0, const float* g, std::size_t n, std::size_t k,
-                  float momentum, std::uint32_t* indices, float* values, selection_stats* stats,
-                  cudaStream_t stream) {
-  auto [select_tmp, clear_tmp, errors] = carve(compress_sizes(sel, n, k, true), scratch,
-                                               scratch_bytes, "torch_cuda::compress_dgc",
-                                               "compress_dgc_scratch");
+                  float momentum, double clip_norm, std::uint32_t* indices, float* values,
+                  selection_stats* stats, cudaStream_t stream) {
+  if (!(clip_norm >= 0.0)) {
+    detail::throw_invalid_argument("torch_cuda::compress_dgc", "clip_norm", clip_norm,
+                                   "clip_norm >= 0 (0 disables clipping)");
+  }
+  const bool clipped = clip_norm > 0.0;
+  compress_parts parts = carve(compress_sizes(sel, n, k, true, clipped), scratch,
+                                     scratch_bytes, "torch_cuda::compress_dgc",
+                                     "compress_dgc_scratch");
   // dgc_accumulate_kernel reports a non-finite v here; the engine learns of it from the
   // energies instead (as for the residual), so the record is cleared and not read.
-  detail::cuda_check(cudaMemsetAsync(errors, 0xff, sizeof(cuda::error_record), stream),
+  detail::cuda_check(cudaMemsetAsync(parts.errors, 0xff, sizeof(cuda::error_record), stream),
                      "cudaMemsetAsync");
   constexpr unsigned threads = 256;
   if (n) {
+    // The clipping scale, clip / ||g|| where ||g|| > clip (else 1), from two small reductions
+    // of g: the host's rule, with its sum of squares added in another order (exact where the
+    // squares add up exactly; otherwise the scale may differ in its last bit).
+    const float* scale = nullptr;
+    if (clipped) {
+      auto* const partials = parts.clip_partials;
+      auto* const s = reinterpret_cast<float*>(partials + clip_blocks);
+      cuda::step_impl::square_sum_kernel<float, clip_threads>
+          <<<clip_blocks, clip_threads, 0, stream>>>(g, n, partials);
+      cuda::check_launch("square_sum_kernel");
+      cuda::step_impl::clip_scale_kernel<float, clip_threads>
+          <<<1, clip_threads, 0, stream>>>(partials, clip_blocks, clip_norm, s);
+      cuda::check_launch("clip_scale_kernel");
+      scale = s;
+    }
     cuda::step_impl::dgc_accumulate_kernel<float>
         <<<cuda::grid_for(n, threads, 4096), threads, 0, stream>>>(u, v, u0, v0, g, n, momentum,
-                                                                  nullptr, 0, errors);
+                                                                  scale, 0, parts.errors);
     cuda::check_launch("dgc_accumulate_kernel");
   }
   const select_context ctx{k, 0.0, {}};
-  on_device(sel).select(select_tmp, device_span<const float>(v, n), ctx,
+  on_device(sel).select(parts.select_tmp, device_span<const float>(v, n), ctx,
                         device_span<std::uint32_t>(indices, k), stats, stream);
-  take_picks(clear_tmp, v, n, indices, k, stats, values, stream);
+  take_picks(parts.clear_tmp, v, n, indices, k, stats, values, stream);
   if (k) {
     cuda::step_impl::clear_at_kernel<float, std::uint32_t>
         <<<cuda::grid_for(k, threads, 4096), threads, 0, stream>>>(u, indices, k);
@@ -192,15 +226,90 @@ void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, flo
 void compress(const topk& sel, void* scratch, std::size_t scratch_bytes, float* e,
               const float* g, std::size_t n, std::size_t k, std::uint32_t* indices,
               float* values, selection_stats* stats, cudaStream_t stream) {
-  auto [select_tmp, clear_tmp, errors] = carve(compress_sizes(sel, n, k, false), scratch,
-                                               scratch_bytes, "torch_cuda::compress",
-                                               "compress_scratch");
-  (void)errors;
+  compress_parts parts = carve(compress_sizes(sel, n, k, false), scratch, scratch_bytes,
+                                     "torch_cuda::compress", "compress_scratch");
   const select_context ctx{k, 0.0, {}};
-  on_device(sel).select_accumulate(select_tmp, device_span<float>(e, n),
+  on_device(sel).select_accumulate(parts.select_tmp, device_span<float>(e, n),
                                    device_span<const float>(g, n), ctx,
                                    device_span<std::uint32_t>(indices, k), stats, stream);
-  take_picks(clear_tmp, e, n, indices, k, stats, values, stream);
+  take_picks(parts.clear_tmp, e, n, indices, k, stats, values, stream);
+}
+
+namespace {
+
+// fn(q) with q the host quantizer of `code` (fp16 or bf16).
+template <class Fn>
+decltype(auto) with_pick_code(pick_code code, const char* where, Fn&& fn) {
+  switch (code) {
+    case pick_code::fp16:
+      return fn(fp16{});
+    case pick_code::bf16:
+      return fn(bf16{});
+    case pick_code::fp32:
+      break;
+  }
+  detail::throw_invalid_argument(where, "code", static_cast<unsigned>(code),
+                                 "pick_code::fp16 (1) or pick_code::bf16 (2)");
+}
+
+template <class Q>
+device_encoded encoded_picks(const Q& q, std::byte* codes, std::size_t k) {
+  return {device_span<std::byte>(codes, device_encoded_size(q, k).packed_bytes),
+          device_span<float>()};
+}
+
+}  // namespace
+
+std::size_t pick_code_bytes(pick_code code) { return code == pick_code::fp32 ? 4 : 2; }
+
+std::size_t quantize_picks_scratch(pick_code code, std::size_t k) {
+  return with_pick_code(code, "torch_cuda::quantize_picks_scratch", [&](auto q) {
+    const auto d = on_device(q);
+    const device_encoded enc = encoded_picks(q, nullptr, k);
+    temp_storage encode_tmp, decode_tmp;
+    d.encode(encode_tmp, device_span<const float>(nullptr, k), call_id{}, enc);
+    d.decode(decode_tmp, enc, device_span<float>(nullptr, k));
+    return std::max<std::size_t>({encode_tmp.bytes, decode_tmp.bytes, 256});
+  });
+}
+
+std::size_t decode_picks_scratch(pick_code code, std::size_t count) {
+  return with_pick_code(code, "torch_cuda::decode_picks_scratch", [&](auto q) {
+    temp_storage tmp;
+    on_device(q).decode(tmp, encoded_picks(q, nullptr, count), device_span<float>(nullptr, count));
+    return std::max<std::size_t>(tmp.bytes, 256);
+  });
+}
+
+void quantize_picks(pick_code code, void* scratch, std::size_t scratch_bytes, const float* values,
+                    std::size_t k, std::byte* codes, float* decoded, float* x,
+                    const std::uint32_t* indices, cudaStream_t stream) {
+  with_pick_code(code, "torch_cuda::quantize_picks", [&](auto q) {
+    if (k == 0) return;
+    const auto d = on_device(q);
+    const device_encoded enc = encoded_picks(q, codes, k);
+    // fp16 and bf16 draw nothing: the call's id does not matter.
+    temp_storage tmp{scratch, scratch_bytes};
+    d.encode(tmp, device_span<const float>(values, k), call_id{}, enc, stream);
+    tmp = temp_storage{scratch, scratch_bytes};
+    d.decode(tmp, enc, device_span<float>(decoded, k), stream, device_validation::trusted);
+    constexpr unsigned threads = 256;
+    cuda::step_impl::keep_error_kernel<float, std::uint32_t>
+        <<<cuda::grid_for(k, threads, 4096), threads, 0, stream>>>(x, indices, values, decoded, k);
+    cuda::check_launch("keep_error_kernel");
+  });
+}
+
+void decode_picks(pick_code code, void* scratch, std::size_t scratch_bytes, const std::byte* codes,
+                  std::size_t count, float* out, cudaStream_t stream) {
+  with_pick_code(code, "torch_cuda::decode_picks", [&](auto q) {
+    if (count == 0) return;
+    temp_storage tmp{scratch, scratch_bytes};
+    const device_encoded_view in(
+        device_span<const std::byte>(codes, device_encoded_size(q, count).packed_bytes),
+        device_span<const float>());
+    on_device(q).decode(tmp, in, device_span<float>(out, count), stream);
+  });
 }
 
 std::size_t combine_scratch(std::size_t total, std::size_t n) {

@@ -26,18 +26,21 @@ void compress(const topk& sel, void* scratch, std::size_t scratch_bytes, float* 
               const float* g, std::size_t n, std::size_t k, std::uint32_t* indices,
               float* values, selection_stats* stats, cudaStream_t stream);
 
-// Scratch bytes compress_dgc() needs for n elements and k picks.
-std::size_t compress_dgc_scratch(const topk& sel, std::size_t n, std::size_t k);
+// Scratch bytes compress_dgc() needs for n elements, k picks and clip_norm.
+std::size_t compress_dgc_scratch(const topk& sel, std::size_t n, std::size_t k, double clip_norm);
 
-// TopK-SGD with DGC's momentum correction (feedback 'dgc', without clipping), from the
-// bucket's committed state (u0, v0) into its new one (u, v), as the host's dgc_momentum
-// (operation for operation): u = momentum * u0 + g; v = v0 + u; indices[0, k) = the top-k of
-// v (the host's index set, ascending); values[j] = v[indices[j]]; v and u = 0 there (momentum
-// factor masking); *stats (device memory) = the selection's statistics.
+// TopK-SGD with DGC's momentum correction (feedback 'dgc'), from the bucket's committed state
+// (u0, v0) into its new one (u, v), as the host's dgc_momentum (operation for operation):
+// u = momentum * u0 + s g; v = v0 + u; indices[0, k) = the top-k of v (the host's index set,
+// ascending); values[j] = v[indices[j]]; v and u = 0 there (momentum factor masking); *stats
+// (device memory) = the selection's statistics. s is DGC's clipping scale: 1 where clip_norm
+// is 0 (then g itself, as the host's), else clip_norm / ||g|| where ||g|| > clip_norm (the
+// bucket's L2 norm, its squares summed in double on the device in a fixed order: the host's
+// bits where the squares add up exactly, else possibly a last-bit difference in s).
 void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, float* u, float* v,
                   const float* u0, const float* v0, const float* g, std::size_t n, std::size_t k,
-                  float momentum, std::uint32_t* indices, float* values, selection_stats* stats,
-                  cudaStream_t stream);
+                  float momentum, double clip_norm, std::uint32_t* indices, float* values,
+                  selection_stats* stats, cudaStream_t stream);
 
 // out[0] = sum of values[j]^2 (j < k), out[1] = sum of e[i]^2 (i < n), both in double, each
 // added in a fixed order (per-block partials, then one block): the same bits on every run.
@@ -45,6 +48,32 @@ void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, flo
 std::size_t energy_partials();
 void energies(const float* values, std::size_t k, const float* e, std::size_t n, double* out,
               double* partials, cudaStream_t stream);
+
+// The codes the picked values travel in (the state's quantizer): fp32 as they are, fp16 and
+// bf16 as 16-bit codes (gradcomp's fp16 and bf16 quantizers: the host's codes bit for bit).
+enum class pick_code : std::uint8_t { fp32, fp16, bf16 };
+
+// Bytes of one value's code: 4, 2, 2.
+std::size_t pick_code_bytes(pick_code code);
+
+// Scratch bytes quantize_picks() needs for k picks, and decode_picks() for `count` codes
+// (never 0, so that a buffer of that size has an address).
+std::size_t quantize_picks_scratch(pick_code code, std::size_t k);
+std::size_t decode_picks_scratch(pick_code code, std::size_t count);
+
+// The k picked values (values[j] = x[indices[j]], where take_picks left x[indices[j]] = 0)
+// encoded into codes[0, k * pick_code_bytes(code)), decoded again into decoded[0, k) (what
+// every rank will add), and x[indices[j]] = values[j] - decoded[j]: the feedback keeps what
+// the quantizer lost (the host's residual and dgc_momentum updates, x -= decoded, on x = the
+// value sent). x: the residual e, or DGC's v. code is fp16 or bf16 (fp32 sends the values).
+void quantize_picks(pick_code code, void* scratch, std::size_t scratch_bytes, const float* values,
+                    std::size_t k, std::byte* codes, float* decoded, float* x,
+                    const std::uint32_t* indices, cudaStream_t stream);
+
+// out[0, count) = the values of codes[0, count * pick_code_bytes(code)) (fp16 or bf16; every
+// 16-bit code is a value, so nothing can be refused).
+void decode_picks(pick_code code, void* scratch, std::size_t scratch_bytes, const std::byte* codes,
+                  std::size_t count, float* out, cudaStream_t stream);
 
 // Scratch bytes combine() needs for `total` received picks.
 std::size_t combine_scratch(std::size_t total, std::size_t n);

@@ -21,11 +21,15 @@
 // called (set_stream() passes its handle for gradcomp's kernels; torch's operations use it as
 // the current stream), so the caller orders the bucket after the backward pass that filled it.
 //
-// So far the CUDA path runs selector 'topk', quantizer 'fp32', feedback 'residual' or 'dgc' (DGC's
-// momentum correction, without clipping: dgc_clip_norm 0) and exchange 'allgather' (TopK-SGD
-// with error feedback or with DGC); any other configuration is refused when the engine is made,
-// naming what is allowed. With 'dgc' a bucket's state is u and v, kept as one tensor of 2 n
-// (u, then v) per slot.
+// So far the CUDA path runs selector 'topk', quantizer 'fp32', 'fp16' or 'bf16', feedback
+// 'residual' or 'dgc' (DGC's momentum correction, with its clipping by the bucket's L2 norm
+// where dgc_clip_norm > 0) and exchange 'allgather' (TopK-SGD with error feedback or with DGC,
+// the picked values sent as floats or 16-bit codes); any other configuration is refused when
+// the engine is made, naming what is allowed. With 'dgc' a bucket's state is u and v, kept as
+// one tensor of 2 n (u, then v) per slot. With fp16 or bf16 the picks' values are encoded on
+// the device after the statistics, decoded again, and the feedback keeps what the codes lost
+// (e, or v, = value - decoded at the picks), as the host's compressor does; the ranks send
+// (index, code) pairs of 6 bytes and every rank decodes all of them before the mean.
 #pragma once
 
 #ifdef GRADCOMP_TORCH_CUDA
@@ -66,18 +70,13 @@ namespace rt = gradcomp::runtime;
 
 // Refuses a configuration the CUDA path does not run, naming what it runs.
 inline void check_cuda_config(const rt::engine_config& c) {
-  if (c.selector != "topk" || c.quantizer != "fp32" ||
+  if (c.selector != "topk" || (c.quantizer != "fp32" && c.quantizer != "fp16" && c.quantizer != "bf16") ||
       (c.feedback != "residual" && c.feedback != "dgc") || c.exchange != "allgather") {
     throw invalid_argument(detail::concat(
-        "gradcomp: CUDA buckets run selector 'topk', quantizer 'fp32', feedback 'residual' or "
-        "'dgc' and exchange 'allgather' so far; this state has selector '", c.selector,
+        "gradcomp: CUDA buckets run selector 'topk', quantizer 'fp32', 'fp16' or 'bf16', feedback "
+        "'residual' or 'dgc' and exchange 'allgather' so far; this state has selector '", c.selector,
         "', quantizer '", c.quantizer, "', feedback '", c.feedback, "', exchange '", c.exchange,
         "' (allowed on CUDA: those; every combination runs on CPU buckets)"));
-  }
-  if (c.feedback == "dgc" && c.dgc_clip_norm != 0.0) {
-    detail::throw_invalid_argument(
-        "CudaEngine", "dgc_clip_norm", c.dgc_clip_norm,
-        "0 on CUDA buckets so far (feedback 'dgc' without clipping; clipping runs on CPU buckets)");
   }
 }
 
@@ -120,7 +119,7 @@ class cuda_engine {
     rt::bucket_record mine{step, id, rt::bucket_outcome::ok, {}};
     std::exception_ptr local;
     std::size_t slot = 0;
-    at::Tensor indices, values;
+    at::Tensor indices, values, codes;
     selection_stats sel_stats;
     double kept = 0.0, rest = 0.0;
     std::size_t k = 0;
@@ -145,12 +144,12 @@ class cuda_engine {
         auto* const sel_stats_dev = reinterpret_cast<selection_stats*>(d_stats.data_ptr());
         if (dgc_) {
           const at::Tensor& committed = feedback_.committed(slot);
-          at::Tensor scratch = bytes_on_device(compress_dgc_scratch(sel_, n, k));
+          at::Tensor scratch = bytes_on_device(compress_dgc_scratch(sel_, n, k, config_.dgc_clip_norm));
           compress_dgc(sel_, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
                        staged.data_ptr<float>(), e.data_ptr<float>(), committed.data_ptr<float>(),
                        committed.data_ptr<float>() + n, g.data_ptr<float>(), n, k,
-                       static_cast<float>(config_.dgc_momentum), idx, values.data_ptr<float>(),
-                       sel_stats_dev, stream_);
+                       static_cast<float>(config_.dgc_momentum), config_.dgc_clip_norm, idx,
+                       values.data_ptr<float>(), sel_stats_dev, stream_);
         } else {
           at::Tensor scratch = bytes_on_device(compress_scratch(sel_, n, k));
           compress(sel_, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
@@ -175,6 +174,16 @@ class cuda_engine {
           mine.outcome = rt::bucket_outcome::nonfinite;
           mine.message = nonfinite_message(id, g, labels, dgc_ ? &e : nullptr, values, indices);
           local = std::make_exception_ptr(nonfinite_error(mine.message));
+        } else if (code_ != pick_code::fp32) {
+          // The values' codes, and what they lost kept in e (or v): after the statistics,
+          // which are of the values themselves, as the host's.
+          codes = bytes_on_device(k * pick_code_bytes(code_));
+          at::Tensor decoded = at::empty({static_cast<std::int64_t>(k)}, g.options());
+          at::Tensor scratch = bytes_on_device(quantize_picks_scratch(code_, k));
+          quantize_picks(code_, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
+                         values.data_ptr<float>(), k,
+                         reinterpret_cast<std::byte*>(codes.data_ptr<std::uint8_t>()),
+                         decoded.data_ptr<float>(), e.data_ptr<float>(), idx, stream_);
         }
       }
     } catch (const std::exception& ex) {
@@ -191,7 +200,7 @@ class cuda_engine {
     }
     std::size_t received = 0;
     try {
-      received = exchange(indices, values, k, n, g);
+      received = exchange(indices, code_ == pick_code::fp32 ? values : codes, k, n, g);
     } catch (...) {
       feedback_.discard();
       throw;
@@ -208,8 +217,8 @@ class cuda_engine {
     cs.seconds_select = std::chrono::duration<double>(t1 - t0).count();
     exchange_stats xs;
     xs.name = "sparse_allgather";
-    xs.bytes_sent = k * pick_bytes;
-    xs.bytes_received = received * pick_bytes;
+    xs.bytes_sent = k * pick_bytes();
+    xs.bytes_received = received * pick_bytes();
     xs.seconds = std::chrono::duration<double>(t2 - t1).count();
     return detail::tensor_stats_of(id, n, cs, xs, 0);
   }
@@ -272,8 +281,12 @@ class cuda_engine {
   [[nodiscard]] int size() const noexcept { return comm_.size(); }
 
  private:
-  // An (index, value) pair on the wire: uint32 and float32.
-  static constexpr std::size_t pick_bytes = 8;
+  // An (index, value) pair on the wire: uint32, and the value as float32 or a 16-bit code.
+  [[nodiscard]] std::size_t pick_bytes() const noexcept { return 4 + pick_code_bytes(code_); }
+
+  static pick_code code_of(const std::string& quantizer) {
+    return quantizer == "fp16" ? pick_code::fp16 : quantizer == "bf16" ? pick_code::bf16 : pick_code::fp32;
+  }
 
   static rt::engine_config checked(rt::engine_config c) {
     rt::check_config(c);
@@ -331,9 +344,10 @@ class cuda_engine {
     return rt::name_nonfinite(id, h, labels, fallback);
   }
 
-  // Every rank's picks to every rank, then g = their rank-order mean. Returns the picks
-  // received from the other ranks. g is written only once everything has arrived and been
-  // checked; on any error nothing of g has changed.
+  // Every rank's picks to every rank, then g = their rank-order mean. `values`: the k values
+  // (float32), or their 16-bit codes (bytes). Returns the picks received from the other ranks.
+  // g is written only once everything has arrived and been checked; on any error nothing of g
+  // has changed.
   std::size_t exchange(const at::Tensor& indices, const at::Tensor& values, std::size_t k,
                        std::size_t n, const at::Tensor& g) {
     if (n == 0) return 0;
@@ -347,20 +361,22 @@ class cuda_engine {
                                    std::span<std::uint64_t>(counts));
     detail::check_announced("CudaEngine.run (pick counts)", counts, 1, receive_limit{n},
                             static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) /
-                                pick_bytes);
+                                pick_bytes());
     std::size_t total = 0;
     for (const std::uint64_t c : counts) total += static_cast<std::size_t>(c);
-    // One block per rank: its indices, then its values (4 bytes each).
+    // One block per rank: its indices (4 bytes each), then its values or codes.
+    const std::size_t pick = pick_bytes();
+    const auto value_bytes = static_cast<std::int64_t>(pick_code_bytes(code_));
     at::Tensor block = at::cat({indices.view(at::kByte), values.view(at::kByte)});
     at::Tensor all_bytes;
     if (p == 1) {
       all_bytes = block;
     } else {
       at::Tensor send = block.repeat({static_cast<std::int64_t>(p)});
-      all_bytes = bytes_on_device(total * pick_bytes);
-      std::vector<std::int64_t> to_each(p, static_cast<std::int64_t>(k * pick_bytes)), from_each(p);
+      all_bytes = bytes_on_device(total * pick);
+      std::vector<std::int64_t> to_each(p, static_cast<std::int64_t>(k * pick)), from_each(p);
       for (std::size_t s = 0; s < p; ++s) {
-        from_each[s] = static_cast<std::int64_t>(counts[s] * pick_bytes);
+        from_each[s] = static_cast<std::int64_t>(counts[s] * pick);
       }
       if (total > 0 || k > 0) {
         comm_.alltoall_tensors(all_bytes, send, std::move(from_each), std::move(to_each),
@@ -372,11 +388,23 @@ class cuda_engine {
     for (std::size_t s = 0; s < p; ++s) {
       const auto c = static_cast<std::int64_t>(counts[s]);
       idx_parts.push_back(all_bytes.narrow(0, at_byte, 4 * c));
-      val_parts.push_back(all_bytes.narrow(0, at_byte + 4 * c, 4 * c));
-      at_byte += 8 * c;
+      val_parts.push_back(all_bytes.narrow(0, at_byte + 4 * c, value_bytes * c));
+      at_byte += (4 + value_bytes) * c;
     }
     const at::Tensor all_idx = at::cat(idx_parts).view(at::kInt);
-    const at::Tensor all_val = at::cat(val_parts).view(at::kFloat);
+    at::Tensor all_val = at::cat(val_parts);
+    if (code_ == pick_code::fp32) {
+      all_val = all_val.view(at::kFloat);
+    } else {
+      // Every rank's codes decoded at once (each code on its own: the same values as rank by
+      // rank), in rank order as they arrived.
+      at::Tensor decoded = at::empty({static_cast<std::int64_t>(total)}, g.options());
+      const at::Tensor scratch = bytes_on_device(decode_picks_scratch(code_, total));
+      decode_picks(code_, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
+                   reinterpret_cast<const std::byte*>(all_val.data_ptr<std::uint8_t>()), total,
+                   decoded.data_ptr<float>(), stream_);
+      all_val = decoded;
+    }
     if (mean_.numel() < static_cast<std::int64_t>(n)) {
       mean_ = at::empty({static_cast<std::int64_t>(n)}, g.options());
     }
@@ -392,6 +420,7 @@ class cuda_engine {
 
   rt::engine_config config_;
   bool dgc_ = config_.feedback == "dgc";  // DGC's momentum correction (else the residual)
+  pick_code code_ = code_of(config_.quantizer);  // how the picked values travel
   c10::Device device_;
   process_group_comm comm_;
   topk sel_;
