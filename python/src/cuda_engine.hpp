@@ -70,12 +70,13 @@ namespace rt = gradcomp::runtime;
 
 // Refuses a configuration the CUDA path does not run, naming what it runs.
 inline void check_cuda_config(const rt::engine_config& c) {
-  if (c.selector != "topk" || (c.quantizer != "fp32" && c.quantizer != "fp16" && c.quantizer != "bf16") ||
-      (c.feedback != "residual" && c.feedback != "dgc") || c.exchange != "allgather") {
+  const bool quantizer = c.quantizer == "fp32" || c.quantizer == "fp16" || c.quantizer == "bf16";
+  const bool feedback = c.feedback == "residual" || c.feedback == "dgc";
+  if (c.selector != "topk" || !quantizer || !feedback || c.exchange != "allgather") {
     throw invalid_argument(detail::concat(
         "gradcomp: CUDA buckets run selector 'topk', quantizer 'fp32', 'fp16' or 'bf16', feedback "
-        "'residual' or 'dgc' and exchange 'allgather' so far; this state has selector '", c.selector,
-        "', quantizer '", c.quantizer, "', feedback '", c.feedback, "', exchange '", c.exchange,
+        "'residual' or 'dgc' and exchange 'allgather' so far; this state has selector '",
+        c.selector, "', quantizer '", c.quantizer, "', feedback '", c.feedback, "', exchange '", c.exchange,
         "' (allowed on CUDA: those; every combination runs on CPU buckets)"));
   }
 }
@@ -123,6 +124,7 @@ class cuda_engine {
     selection_stats sel_stats;
     double kept = 0.0, rest = 0.0;
     std::size_t k = 0;
+    auto t_encode = t0;  // when the selection's statistics were back (then the codes were made)
     try {
       k = k_for_density(n, density);
       // The bucket's new feedback state: its staged residual, from the committed one (a
@@ -144,7 +146,8 @@ class cuda_engine {
         auto* const sel_stats_dev = reinterpret_cast<selection_stats*>(d_stats.data_ptr());
         if (dgc_) {
           const at::Tensor& committed = feedback_.committed(slot);
-          at::Tensor scratch = bytes_on_device(compress_dgc_scratch(sel_, n, k, config_.dgc_clip_norm));
+          at::Tensor scratch =
+              bytes_on_device(compress_dgc_scratch(sel_, n, k, config_.dgc_clip_norm));
           compress_dgc(sel_, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
                        staged.data_ptr<float>(), e.data_ptr<float>(), committed.data_ptr<float>(),
                        committed.data_ptr<float>() + n, g.data_ptr<float>(), n, k,
@@ -170,6 +173,7 @@ class cuda_engine {
         std::memcpy(pair, bytes + sizeof(selection_stats), sizeof(pair));
         kept = pair[0];
         rest = pair[1];
+        t_encode = clock::now();
         if (!std::isfinite(kept + rest)) {
           mine.outcome = rt::bucket_outcome::nonfinite;
           mine.message = nonfinite_message(id, g, labels, dgc_ ? &e : nullptr, values, indices);
@@ -185,6 +189,8 @@ class cuda_engine {
                          reinterpret_cast<std::byte*>(codes.data_ptr<std::uint8_t>()),
                          decoded.data_ptr<float>(), e.data_ptr<float>(), idx, stream_);
         }
+      } else {
+        t_encode = clock::now();
       }
     } catch (const std::exception& ex) {
       local = std::current_exception();
@@ -214,7 +220,10 @@ class cuda_engine {
     cs.selection.count = k;
     const double energy = kept + rest;
     if (energy > 0.0 && std::isfinite(energy)) cs.contraction = std::min(kept / energy, 1.0);
-    cs.seconds_select = std::chrono::duration<double>(t1 - t0).count();
+    // The encoding's time is what its launches took on the host (the kernels are asynchronous:
+    // their time goes to the exchange's, which waits for them).
+    cs.seconds_select = std::chrono::duration<double>(t_encode - t0).count();
+    cs.seconds_encode = std::chrono::duration<double>(t1 - t_encode).count();
     exchange_stats xs;
     xs.name = "sparse_allgather";
     xs.bytes_sent = k * pick_bytes();
@@ -285,7 +294,8 @@ class cuda_engine {
   [[nodiscard]] std::size_t pick_bytes() const noexcept { return 4 + pick_code_bytes(code_); }
 
   static pick_code code_of(const std::string& quantizer) {
-    return quantizer == "fp16" ? pick_code::fp16 : quantizer == "bf16" ? pick_code::bf16 : pick_code::fp32;
+    if (quantizer == "fp16") return pick_code::fp16;
+    return quantizer == "bf16" ? pick_code::bf16 : pick_code::fp32;
   }
 
   static rt::engine_config checked(rt::engine_config c) {

@@ -7,8 +7,8 @@ GPU or gradcomp.torch was built without its CUDA path):
   tensors, for sizes 1, odd and 2^20 + 7, float32 and float16 buckets, with and without
   overlap (with clipping, of gradients in multiples of 1/8, whose squares add up exactly in
   any order: the device sums the bucket's norm in another order than the host); and with the
-  values sent as fp16 or bf16 codes (both feedbacks, float32 buckets: the codes and what the
-  feedback keeps of the rounding are the host's);
+  values sent as fp16 or bf16 codes (both feedbacks, clipped too, float32 and float16 buckets:
+  the codes and what the feedback keeps of the rounding are the host's);
 - DDP on CUDA: a checkpoint taken at step 3 resumes bit for bit; what was applied plus what is
   left in the residuals equals the sum of the gradients (conservation), across DDP's rebuild;
 - a step that fails in its last bucket changes no state, and the retried step is the
@@ -17,7 +17,8 @@ GPU or gradcomp.torch was built without its CUDA path):
   skipped on every rank, with either feedback;
 - configurations the CUDA path does not run, and a bucket on another device, are refused with
   errors that say what is allowed;
-- over NCCL at P = 1 the hook sends the top-k of the gradient and keeps the rest.
+- over NCCL at P = 1 the hook sends the top-k of the gradient (as floats, fp16 or bf16 codes)
+  and keeps the rest.
 """
 
 import io
@@ -49,7 +50,8 @@ def _eighths(g: torch.Tensor) -> torch.Tensor:
 
 # (bucket dtype, feedback, quantizer) compared with the CPU hook at every size.
 MATCH_CONFIGS = ([(d, f, "fp32") for d in (torch.float32, torch.float16) for f in FEEDBACKS] +
-                 [(torch.float32, f, q) for f in ("residual", "dgc") for q in ("fp16", "bf16")])
+                 [(torch.float32, f, q) for f in ("residual", "dgc") for q in ("fp16", "bf16")] +
+                 [(torch.float16, "residual", "bf16"), (torch.float16, "dgc+clip", "fp16")])
 CODE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
@@ -159,8 +161,10 @@ def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
     n = 1000
     out: Dict[str, Any] = {}
     for feedback, policy in [(f, p) for f in FEEDBACKS for p in ("raise", "skip")]:
+        # The values as fp16 codes with clipping: a refusal comes before any encoding.
+        quantizer = "fp16" if feedback == "dgc+clip" else "fp32"
         state = gct.GradcompState(selector="topk", density=0.05, overlap=False, nonfinite=policy,
-                                  **FEEDBACKS[feedback])
+                                  quantizer=quantizer, **FEEDBACKS[feedback])
         p = torch.nn.Parameter(torch.zeros(n, device="cuda"))
         gct.gradcomp_hook(state, FakeBucket(0, grad_for(rank, 0, n).cuda(), [p])).wait()
         before = state.state_dict()
@@ -208,26 +212,34 @@ def _refusal_worker(rank: int, world: int) -> List[str]:
 
 
 def _nccl_worker(rank: int, world: int) -> float:
+    """Over NCCL at P = 1, for the values as floats, fp16 and bf16 codes: the hook sends the top-k
+    of e + g (as torch rounds them to the 16-bit type: to nearest, ties to even, as gradcomp's
+    codes, and no value here is near either type's overflow) and keeps the rest, with what the
+    rounding lost. Returns the largest difference of the feedback from that."""
     n, density = 100003, 0.01
     k = round(density * n)
-    state = gct.GradcompState(selector="topk", density=density, overlap=True)
-    p = torch.nn.Parameter(torch.zeros(n, device="cuda"))
-    e = torch.zeros(n)
-    for step in range(3):
-        g = grad_for(0, step, n)
-        out = gct.gradcomp_hook(state, FakeBucket(0, g.cuda(), [p])).wait().cpu()
-        acc = e + g  # float32, as on the device: the same sums, the same top-k
-        top = acc.abs().topk(k).indices
-        want = torch.zeros(n)
-        want[top] = acc[top]
-        acc[top] = 0
-        e = acc
-        if not torch.equal(out, want):
-            raise AssertionError(f"NCCL P=1 step {step}: not the top-k of e + g, off by "
-                                 f"{(out - want).abs().max().item()}")
-    left = state.state_dict()["feedback"]["bucket0.param0"][0]
-    state.close()
-    return (left - e).abs().max().item()
+    worst = 0.0
+    for quantizer, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        state = gct.GradcompState(selector="topk", density=density, overlap=True, quantizer=quantizer)
+        p = torch.nn.Parameter(torch.zeros(n, device="cuda"))
+        e = torch.zeros(n)
+        for step in range(3):
+            g = grad_for(0, step, n)
+            out = gct.gradcomp_hook(state, FakeBucket(0, g.cuda(), [p])).wait().cpu()
+            acc = e + g  # float32, as on the device: the same sums, the same top-k
+            top = acc.abs().topk(k).indices
+            sent = acc[top].to(dtype).float()
+            want = torch.zeros(n)
+            want[top] = sent
+            acc[top] = acc[top] - sent
+            e = acc
+            if not torch.equal(out, want):
+                raise AssertionError(f"NCCL P=1 {quantizer} step {step}: not the top-k of e + g, off "
+                                     f"by {(out - want).abs().max().item()}")
+        left = state.state_dict()["feedback"]["bucket0.param0"][0]
+        state.close()
+        worst = max(worst, (left - e).abs().max().item())
+    return worst
 
 
 class CudaHookTest(unittest.TestCase):
