@@ -33,31 +33,33 @@ struct compress_layout {
   std::size_t clip = 0;
 };
 
-// dgc: the selection reads v (a plain select), not e + g (select_accumulate); clipped: DGC
-// with dgc_clip_norm > 0.
-compress_layout compress_sizes(const topk& sel, std::size_t n, std::size_t k, bool dgc,
-                               bool clipped = false) {
+// k: the selection's target; capacity: the picks it may write (k for top-k, up to n for
+// Gaussian-k). dgc: the selection reads v (a plain select), not e + g (select_accumulate);
+// clipped: DGC with dgc_clip_norm > 0.
+template <class Sel>
+compress_layout compress_sizes(const Sel& sel, std::size_t n, std::size_t k, std::size_t capacity,
+                               bool dgc, bool clipped = false) {
   compress_layout out;
   temp_storage q;
   const select_context ctx{k, 0.0, {}};
   const auto d_stats = reinterpret_cast<selection_stats*>(alignof(selection_stats));
   if (dgc) {
     on_device(sel).select(q, device_span<const float>(nullptr, n), ctx,
-                          device_span<std::uint32_t>(nullptr, k), d_stats);
+                          device_span<std::uint32_t>(nullptr, capacity), d_stats);
     out.errors = sizeof(cuda::error_record);
     if (clipped) out.clip = clip_blocks * sizeof(double) + sizeof(float);
   } else {
     on_device(sel).select_accumulate(q, device_span<float>(nullptr, n),
                                      device_span<const float>(nullptr, n), ctx,
-                                     device_span<std::uint32_t>(nullptr, k), d_stats);
+                                     device_span<std::uint32_t>(nullptr, capacity), d_stats);
   }
   out.select = q.bytes;
   temp_storage c;
   residual feedback;
+  const auto c_stats = reinterpret_cast<const selection_stats*>(alignof(selection_stats));
   on_device(feedback).gather_and_clear(c, device_span<float>(nullptr, n),
-                                         device_span<const std::uint32_t>(nullptr, k),
-                                         reinterpret_cast<const selection_stats*>(alignof(selection_stats)),
-                                         device_span<float>(nullptr, k));
+                                         device_span<const std::uint32_t>(nullptr, capacity),
+                                         c_stats, device_span<float>(nullptr, capacity));
   out.clear = c.bytes;
   return out;
 }
@@ -167,11 +169,16 @@ void take_picks(temp_storage tmp, float* x, std::size_t n, const std::uint32_t* 
 }  // namespace
 
 std::size_t compress_scratch(const topk& sel, std::size_t n, std::size_t k) {
-  return layout_bytes(compress_sizes(sel, n, k, false));
+  return layout_bytes(compress_sizes(sel, n, k, k, false));
+}
+
+std::size_t compress_scratch(const gaussiank& sel, std::size_t n, std::size_t k,
+                             std::size_t capacity) {
+  return layout_bytes(compress_sizes(sel, n, k, capacity, false));
 }
 
 std::size_t compress_dgc_scratch(const topk& sel, std::size_t n, std::size_t k, double clip_norm) {
-  return layout_bytes(compress_sizes(sel, n, k, true, clip_norm > 0.0));
+  return layout_bytes(compress_sizes(sel, n, k, k, true, clip_norm > 0.0));
 }
 
 void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, float* u, float* v,
@@ -183,7 +190,7 @@ void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, flo
                                    "clip_norm >= 0 (0 disables clipping)");
   }
   const bool clipped = clip_norm > 0.0;
-  compress_parts parts = carve(compress_sizes(sel, n, k, true, clipped), scratch,
+  compress_parts parts = carve(compress_sizes(sel, n, k, k, true, clipped), scratch,
                                      scratch_bytes, "torch_cuda::compress_dgc",
                                      "compress_dgc_scratch");
   // dgc_accumulate_kernel reports a non-finite v here; the engine learns of it from the
@@ -223,16 +230,38 @@ void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, flo
   }
 }
 
-void compress(const topk& sel, void* scratch, std::size_t scratch_bytes, float* e,
-              const float* g, std::size_t n, std::size_t k, std::uint32_t* indices,
-              float* values, selection_stats* stats, cudaStream_t stream) {
-  compress_parts parts = carve(compress_sizes(sel, n, k, false), scratch, scratch_bytes,
-                                     "torch_cuda::compress", "compress_scratch");
+namespace {
+
+// The fused selection with residual feedback (compress()'s two forms), with room for
+// `capacity` picks.
+template <class Sel>
+void compress_residual(const Sel& sel, void* scratch, std::size_t scratch_bytes, float* e,
+                       const float* g, std::size_t n, std::size_t k, std::size_t capacity,
+                       std::uint32_t* indices, float* values, selection_stats* stats,
+                       cudaStream_t stream) {
+  compress_parts parts = carve(compress_sizes(sel, n, k, capacity, false), scratch, scratch_bytes,
+                               "torch_cuda::compress", "compress_scratch");
   const select_context ctx{k, 0.0, {}};
   on_device(sel).select_accumulate(parts.select_tmp, device_span<float>(e, n),
                                    device_span<const float>(g, n), ctx,
-                                   device_span<std::uint32_t>(indices, k), stats, stream);
-  take_picks(parts.clear_tmp, e, n, indices, k, stats, values, stream);
+                                   device_span<std::uint32_t>(indices, capacity), stats, stream);
+  take_picks(parts.clear_tmp, e, n, indices, capacity, stats, values, stream);
+}
+
+}  // namespace
+
+void compress(const topk& sel, void* scratch, std::size_t scratch_bytes, float* e,
+              const float* g, std::size_t n, std::size_t k, std::uint32_t* indices,
+              float* values, selection_stats* stats, cudaStream_t stream) {
+  compress_residual(sel, scratch, scratch_bytes, e, g, n, k, k, indices, values, stats, stream);
+}
+
+void compress(const gaussiank& sel, void* scratch, std::size_t scratch_bytes, float* e,
+              const float* g, std::size_t n, std::size_t k, std::size_t capacity,
+              std::uint32_t* indices, float* values, selection_stats* stats,
+              cudaStream_t stream) {
+  compress_residual(sel, scratch, scratch_bytes, e, g, n, k, capacity, indices, values, stats,
+                    stream);
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include <gradcomp/context.hpp>
+#include <gradcomp/select/gaussiank.hpp>
 #include <gradcomp/select/topk.hpp>
 
 namespace gradcomp::torch_cuda {
@@ -25,6 +26,16 @@ std::size_t compress_scratch(const topk& sel, std::size_t n, std::size_t k);
 void compress(const topk& sel, void* scratch, std::size_t scratch_bytes, float* e,
               const float* g, std::size_t n, std::size_t k, std::uint32_t* indices,
               float* values, selection_stats* stats, cudaStream_t stream);
+
+// Gaussian-k's: the same, with its picks (as many as it finds, written by the device into
+// stats->count, at most `capacity`: k where it caps at k, else n) in indices and values
+// [0, count). Scratch bytes from compress_scratch(sel, n, k, capacity).
+std::size_t compress_scratch(const gaussiank& sel, std::size_t n, std::size_t k,
+                             std::size_t capacity);
+void compress(const gaussiank& sel, void* scratch, std::size_t scratch_bytes, float* e,
+              const float* g, std::size_t n, std::size_t k, std::size_t capacity,
+              std::uint32_t* indices, float* values, selection_stats* stats,
+              cudaStream_t stream);
 
 // Scratch bytes compress_dgc() needs for n elements, k picks and clip_norm.
 std::size_t compress_dgc_scratch(const topk& sel, std::size_t n, std::size_t k, double clip_norm);

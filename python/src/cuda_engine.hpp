@@ -21,11 +21,15 @@
 // called (set_stream() passes its handle for gradcomp's kernels; torch's operations use it as
 // the current stream), so the caller orders the bucket after the backward pass that filled it.
 //
-// So far the CUDA path runs selector 'topk', quantizer 'fp32', 'fp16' or 'bf16', feedback
-// 'residual' or 'dgc' (DGC's momentum correction, with its clipping by the bucket's L2 norm
-// where dgc_clip_norm > 0) and exchange 'allgather' (TopK-SGD with error feedback or with DGC,
-// the picked values sent as floats or 16-bit codes); any other configuration is refused when
-// the engine is made, naming what is allowed. With 'dgc' a bucket's state is u and v, kept as
+// So far the CUDA path runs selector 'topk', 'gaussiank' or 'gaussiank_published', quantizer
+// 'fp32', 'fp16' or 'bf16', feedback 'residual' or 'dgc' (DGC's momentum correction, with
+// 'topk', with its clipping by the bucket's L2 norm where dgc_clip_norm > 0) and exchange
+// 'allgather' (TopK-SGD or Gaussian-k SGD with error feedback, or TopK-SGD with DGC, the picked
+// values sent as floats or 16-bit codes); any other configuration is refused when the engine
+// is made, naming what is allowed. Top-k picks the host's index set; Gaussian-k's statistics
+// are summed on the device in another order than the host's, so its threshold agrees with the
+// host's within float tolerance and a few picks at the edge may differ (the device's own
+// result is the same in every run). With 'dgc' a bucket's state is u and v, kept as
 // one tensor of 2 n (u, then v) per slot. With fp16 or bf16 the picks' values are encoded on
 // the device after the statistics, decoded again, and the feedback keeps what the codes lost
 // (e, or v, = value - decoded at the picks), as the host's compressor does; the ranks send
@@ -44,9 +48,11 @@
 #include <exception>
 #include <limits>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -58,6 +64,7 @@
 #include <gradcomp/error.hpp>
 #include <gradcomp/runtime/bucket_engine.hpp>
 #include <gradcomp/runtime/registry.hpp>
+#include <gradcomp/select/gaussiank.hpp>
 #include <gradcomp/select/topk.hpp>
 #include <gradcomp/torch/process_group.hpp>
 #include <gradcomp/torch/tensor.hpp>
@@ -72,10 +79,13 @@ namespace rt = gradcomp::runtime;
 inline void check_cuda_config(const rt::engine_config& c) {
   const bool quantizer = c.quantizer == "fp32" || c.quantizer == "fp16" || c.quantizer == "bf16";
   const bool feedback = c.feedback == "residual" || c.feedback == "dgc";
-  if (c.selector != "topk" || !quantizer || !feedback || c.exchange != "allgather") {
+  const bool selector =
+      c.selector == "topk" || c.selector == "gaussiank" || c.selector == "gaussiank_published";
+  if (!selector || !quantizer || !feedback || c.exchange != "allgather") {
     throw invalid_argument(detail::concat(
-        "gradcomp: CUDA buckets run selector 'topk', quantizer 'fp32', 'fp16' or 'bf16', feedback "
-        "'residual' or 'dgc' and exchange 'allgather' so far; this state has selector '",
+        "gradcomp: CUDA buckets run selector 'topk', 'gaussiank' or 'gaussiank_published', "
+        "quantizer 'fp32', 'fp16' or 'bf16', feedback 'residual' or 'dgc' (with 'topk') and "
+        "exchange 'allgather' so far; this state has selector '",
         c.selector, "', quantizer '", c.quantizer, "', feedback '", c.feedback, "', exchange '", c.exchange,
         "' (allowed on CUDA: those; every combination runs on CPU buckets)"));
   }
@@ -92,7 +102,8 @@ class cuda_engine {
         comm_(group, group->getBackendName() == "gloo" ? std::optional<c10::Device>()
                                                        : std::optional<c10::Device>(device_)) {
     rt::with_selector(config_, [&](auto s) {
-      if constexpr (std::is_same_v<decltype(s), topk>) sel_ = s;
+      using S = decltype(s);
+      if constexpr (std::is_same_v<S, topk> || std::is_same_v<S, gaussiank>) sel_ = s;
     });
   }
 
@@ -138,24 +149,37 @@ class cuda_engine {
       if (!dgc_) staged.copy_(feedback_.committed(slot));
       at::Tensor e = dgc_ ? staged.narrow(0, len, len) : staged;
       if (n > 0) {
-        indices = at::empty({static_cast<std::int64_t>(k)}, g.options().dtype(at::kInt));
-        values = at::empty({static_cast<std::int64_t>(k)}, g.options());
+        // Gaussian-k picks as many as its threshold passes, written by the device into the
+        // statistics: room for n (or k where it caps at k), the values zeroed beyond what it
+        // writes so that the energies can read them all.
+        const gaussiank* const gk = std::get_if<gaussiank>(&sel_);
+        const std::size_t capacity = gk != nullptr && !gk->cap_at_k ? n : k;
+        const auto cap = static_cast<std::int64_t>(capacity);
+        indices = at::empty({cap}, g.options().dtype(at::kInt));
+        values = gk != nullptr ? at::zeros({cap}, g.options()) : at::empty({cap}, g.options());
         at::Tensor d_stats = at::zeros({static_cast<std::int64_t>(sizeof(selection_stats))},
                                        g.options().dtype(at::kByte));
         auto* const idx = reinterpret_cast<std::uint32_t*>(indices.data_ptr<std::int32_t>());
         auto* const sel_stats_dev = reinterpret_cast<selection_stats*>(d_stats.data_ptr());
         if (dgc_) {
           const at::Tensor& committed = feedback_.committed(slot);
+          const topk& sel = std::get<topk>(sel_);  // 'dgc' goes with 'topk' (check_config)
           at::Tensor scratch =
-              bytes_on_device(compress_dgc_scratch(sel_, n, k, config_.dgc_clip_norm));
-          compress_dgc(sel_, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
+              bytes_on_device(compress_dgc_scratch(sel, n, k, config_.dgc_clip_norm));
+          compress_dgc(sel, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
                        staged.data_ptr<float>(), e.data_ptr<float>(), committed.data_ptr<float>(),
                        committed.data_ptr<float>() + n, g.data_ptr<float>(), n, k,
                        static_cast<float>(config_.dgc_momentum), config_.dgc_clip_norm, idx,
                        values.data_ptr<float>(), sel_stats_dev, stream_);
+        } else if (gk != nullptr) {
+          at::Tensor scratch = bytes_on_device(compress_scratch(*gk, n, k, capacity));
+          compress(*gk, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
+                   e.data_ptr<float>(), g.data_ptr<float>(), n, k, capacity, idx,
+                   values.data_ptr<float>(), sel_stats_dev, stream_);
         } else {
-          at::Tensor scratch = bytes_on_device(compress_scratch(sel_, n, k));
-          compress(sel_, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
+          const topk& sel = std::get<topk>(sel_);
+          at::Tensor scratch = bytes_on_device(compress_scratch(sel, n, k));
+          compress(sel, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
                    e.data_ptr<float>(), g.data_ptr<float>(), n, k, idx, values.data_ptr<float>(),
                    sel_stats_dev, stream_);
         }
@@ -164,8 +188,8 @@ class cuda_engine {
         // statistics: one copy to the host.
         at::Tensor sums = at::empty({static_cast<std::int64_t>(2 + energy_partials())},
                                     g.options().dtype(at::kDouble));
-        energies(values.data_ptr<float>(), k, e.data_ptr<float>(), n, sums.data_ptr<double>(),
-                 sums.data_ptr<double>() + 2, stream_);
+        energies(values.data_ptr<float>(), capacity, e.data_ptr<float>(), n,
+                 sums.data_ptr<double>(), sums.data_ptr<double>() + 2, stream_);
         at::Tensor host = at::cat({d_stats, sums.narrow(0, 0, 2).view(at::kByte)}).to(at::kCPU);
         const auto* bytes = host.data_ptr<std::uint8_t>();
         std::memcpy(&sel_stats, bytes, sizeof(selection_stats));
@@ -174,6 +198,17 @@ class cuda_engine {
         kept = pair[0];
         rest = pair[1];
         t_encode = clock::now();
+        if (gk != nullptr) {
+          // Gaussian-k's count, as its selection wrote it.
+          if (sel_stats.count > capacity) {
+            throw std::logic_error(detail::concat("gradcomp: CudaEngine.run: Gaussian-k wrote ",
+                                                  sel_stats.count, " picks into room for ",
+                                                  capacity));
+          }
+          k = sel_stats.count;
+          indices = indices.narrow(0, 0, static_cast<std::int64_t>(k));
+          values = values.narrow(0, 0, static_cast<std::int64_t>(k));
+        }
         if (!std::isfinite(kept + rest)) {
           mine.outcome = rt::bucket_outcome::nonfinite;
           mine.message = nonfinite_message(id, g, labels, dgc_ ? &e : nullptr, values, indices);
@@ -433,7 +468,7 @@ class cuda_engine {
   pick_code code_ = code_of(config_.quantizer);  // how the picked values travel
   c10::Device device_;
   process_group_comm comm_;
-  topk sel_;
+  std::variant<topk, gaussiank> sel_;  // the selector (check_cuda_config: one of these)
   cudaStream_t stream_ = nullptr;
   detail::bucket_slots<at::Tensor> feedback_;  // every bucket's committed and staged residual
   std::uint64_t pending_step_ = 0;

@@ -17,6 +17,9 @@ GPU or gradcomp.torch was built without its CUDA path):
   skipped on every rank, with either feedback;
 - configurations the CUDA path does not run, and a bucket on another device, are refused with
   errors that say what is allowed;
+- Gaussian-k (both forms) at P = 2: the feedback keeps e + g but at the picks, the picks are the
+  largest |e + g|, in the band, counted in stats(), and the result is the rank-order mean of
+  the ranks' picks bit for bit (its threshold may differ from the CPU's in the last bits);
 - over NCCL at P = 1 the hook sends the top-k of the gradient (as floats, fp16 or bf16 codes)
   and keeps the rest.
 """
@@ -101,6 +104,53 @@ def _matches_cpu_worker(rank: int, world: int) -> int:
                 raise AssertionError(f"n={n}: contraction {s_cuda['contraction']} vs {s_cpu['contraction']}")
             for state in states.values():
                 state.close()
+    return checked
+
+
+def _gaussiank_worker(rank: int, world: int) -> int:
+    """Gaussian-k on CUDA buckets. Its threshold comes from statistics the device sums in another
+    order than the host, so its picks may differ from the CPU hook's at the edge: checked by what
+    must hold whatever the threshold, at every step: the feedback keeps e + g everywhere but at
+    the picks (0 there), every pick's |e + g| is at least every other's, the default form picks
+    within its band (2k/3 to 4k/3), stats() counts the picks, and the result is the rank-order
+    mean of every rank's picks (0 + rank 0's + rank 1's, divided by P) bit for bit."""
+    checked = 0
+    for selector in ("gaussiank", "gaussiank_published"):
+        for n in SIZES[1:]:
+            k = round(0.01 * n)
+            state = gct.GradcompState(selector=selector, density=0.01, seed=3, overlap=bool(n % 2))
+            params = [torch.nn.Parameter(torch.zeros(n, device="cuda"))]
+            e = torch.zeros(n)
+            for step in range(3):
+                g = grad_for(rank, step, n)
+                out = gct.gradcomp_hook(state, FakeBucket(0, g.cuda(), params)).wait().cpu()
+                left = state.state_dict()["feedback"]["bucket0.param0"][0]
+                acc = e + g  # float32, as on the device
+                what = f"{selector} n={n} step {step}"
+                if not bool(((left == acc) | (left == 0)).all()):
+                    raise AssertionError(f"{what}: the feedback is neither e + g nor 0 somewhere")
+                sent = acc - left  # e + g at the picks, 0 elsewhere, exactly
+                picked = sent != 0
+                count = int(picked.sum())
+                if count != state.stats()["buckets"][0]["selected"]:
+                    raise AssertionError(f"{what}: {count} picks, stats() says "
+                                         f"{state.stats()['buckets'][0]['selected']}")
+                if 0 < count < n and acc[picked].abs().min() < acc[~picked].abs().max():
+                    raise AssertionError(f"{what}: a pick is smaller than a coordinate left out")
+                if selector == "gaussiank" and not 2 * k <= 3 * count <= 4 * k:
+                    raise AssertionError(f"{what}: {count} picks, outside the band around k = {k}")
+                sents = [torch.zeros(n) for _ in range(world)]
+                dist.all_gather(sents, sent)
+                total = torch.zeros(n)
+                for x in sents:
+                    total = total + x
+                want = total / world
+                if not torch.equal(out, want):
+                    raise AssertionError(f"{what}: not the rank-order mean of the picks, off by "
+                                         f"{(out - want).abs().max().item()}")
+                e = left
+                checked += 1
+            state.close()
     return checked
 
 
@@ -192,7 +242,7 @@ def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
 def _refusal_worker(rank: int, world: int) -> List[str]:
     texts = []
     p = torch.nn.Parameter(torch.zeros(100, device="cuda"))
-    for cfg in (dict(selector="gaussiank"), dict(quantizer="qsgd"), dict(exchange="gtopk")):
+    for cfg in (dict(selector="randomk"), dict(quantizer="qsgd"), dict(exchange="gtopk")):
         state = gct.GradcompState(density=0.05, overlap=False, **cfg)
         try:
             gct.gradcomp_hook(state, FakeBucket(0, torch.ones(100, device="cuda"), [p])).wait()
@@ -246,6 +296,10 @@ class CudaHookTest(unittest.TestCase):
     def test_equals_cpu_hook_p2(self) -> None:
         out = spawn(_matches_cpu_worker, 2, timeout_s=120.0)
         self.assertEqual(out[0], len(SIZES) * len(MATCH_CONFIGS) * 3)
+
+    def test_gaussiank_p2(self) -> None:
+        out = spawn(_gaussiank_worker, 2, timeout_s=120.0)
+        self.assertEqual(out[0], 2 * 2 * 3)
 
     def test_ddp_resume_and_conservation_p2(self) -> None:
         out = spawn(_ddp_worker, 2, timeout_s=120.0)
