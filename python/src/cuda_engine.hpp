@@ -26,10 +26,11 @@
 // 'topk', with its clipping by the bucket's L2 norm where dgc_clip_norm > 0) and exchange
 // 'allgather' (TopK-SGD or Gaussian-k SGD with error feedback, or TopK-SGD with DGC, the picked
 // values sent as floats or 16-bit codes); any other configuration is refused when the engine
-// is made, naming what is allowed. Top-k picks the host's index set; Gaussian-k's statistics
-// are summed on the device in another order than the host's, so its threshold agrees with the
-// host's within float tolerance and a few picks at the edge may differ (the device's own
-// result is the same in every run). With 'dgc' a bucket's state is u and v, kept as
+// is made, naming what is allowed. Top-k picks the host's index set. Gaussian-k's statistics
+// are summed on the device in another order than the host's, so its threshold differs from
+// the host's in the last bits, and where a count lands on the other side of a band edge the
+// two take different corrections: its picks are not the host's (the device's own result is
+// the same in every run). With 'dgc' a bucket's state is u and v, kept as
 // one tensor of 2 n (u, then v) per slot. With fp16 or bf16 the picks' values are encoded on
 // the device after the statistics, decoded again, and the feedback keeps what the codes lost
 // (e, or v, = value - decoded at the picks), as the host's compressor does; the ranks send

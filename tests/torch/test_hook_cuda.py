@@ -14,12 +14,14 @@ GPU or gradcomp.torch was built without its CUDA path):
 - a step that fails in its last bucket changes no state, and the retried step is the
   unfaulted one;
 - a non-finite gradient on one rank is refused on every rank naming the parameter, or (skip)
-  skipped on every rank, with either feedback;
+  skipped on every rank, with either feedback, clipping and codes, and with Gaussian-k;
 - configurations the CUDA path does not run, and a bucket on another device, are refused with
   errors that say what is allowed;
-- Gaussian-k (both forms) at P = 2: the feedback keeps e + g but at the picks, the picks are the
+- Gaussian-k (both forms; fp32, fp16 and bf16 codes; float32 and float16 buckets) at P = 2:
+  the feedback keeps e + g but at the picks (there what the code lost), the picks are the
   largest |e + g|, in the band, counted in stats(), and the result is the rank-order mean of
-  the ranks' picks bit for bit (its threshold may differ from the CPU's in the last bits);
+  the ranks' decoded picks bit for bit (its threshold comes from sums in another order than
+  the CPU's, so its picks are not compared with the CPU hook's);
 - over NCCL at P = 1 the hook sends the top-k of the gradient (as floats, fp16 or bf16 codes)
   and keeps the rest.
 """
@@ -107,31 +109,42 @@ def _matches_cpu_worker(rank: int, world: int) -> int:
     return checked
 
 
+# (selector, quantizer, bucket dtype) of the Gaussian-k test.
+GAUSSIANK_CONFIGS = [("gaussiank", "fp32", torch.float32), ("gaussiank_published", "fp32", torch.float32),
+                     ("gaussiank", "fp16", torch.float32), ("gaussiank", "bf16", torch.float16)]
+TORCH_CODE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 def _gaussiank_worker(rank: int, world: int) -> int:
     """Gaussian-k on CUDA buckets. Its threshold comes from statistics the device sums in another
-    order than the host, so its picks may differ from the CPU hook's at the edge: checked by what
-    must hold whatever the threshold, at every step: the feedback keeps e + g everywhere but at
-    the picks (0 there), every pick's |e + g| is at least every other's, the default form picks
-    within its band (2k/3 to 4k/3), stats() counts the picks, and the result is the rank-order
-    mean of every rank's picks (0 + rank 0's + rank 1's, divided by P) bit for bit."""
+    order than the host, so its picks are not the CPU hook's (near a band's edge they can differ
+    by many): checked by what must hold whatever the threshold, at every step: the feedback
+    keeps e + g everywhere but at the picks, and there what the code lost (0 for fp32); every
+    pick's |e + g| is at least every other's; the default form picks within its band (2k/3 to
+    4k/3); stats() counts the picks; and the result is the rank-order mean of every rank's
+    decoded picks (0 + rank 0's + rank 1's, divided by P, cast to the bucket's dtype) bit for
+    bit. torch rounds to the 16-bit types to nearest, ties to even, as gradcomp's codes do, and
+    no value here is near their overflow."""
     checked = 0
-    for selector in ("gaussiank", "gaussiank_published"):
-        for n in SIZES[1:]:
-            k = round(0.01 * n)
-            state = gct.GradcompState(selector=selector, density=0.01, seed=3, overlap=bool(n % 2))
+    for c, (selector, quantizer, dtype) in enumerate(GAUSSIANK_CONFIGS):
+        for i, n in enumerate(SIZES):
+            k = max(1, round(0.01 * n))
+            state = gct.GradcompState(selector=selector, density=0.01, seed=3, quantizer=quantizer,
+                                      overlap=bool((c + i) % 2))
             params = [torch.nn.Parameter(torch.zeros(n, device="cuda"))]
             e = torch.zeros(n)
             for step in range(3):
-                g = grad_for(rank, step, n)
+                g = grad_for(rank, step, n).to(dtype)
                 out = gct.gradcomp_hook(state, FakeBucket(0, g.cuda(), params)).wait().cpu()
                 left = state.state_dict()["feedback"]["bucket0.param0"][0]
-                acc = e + g  # float32, as on the device
-                what = f"{selector} n={n} step {step}"
-                if not bool(((left == acc) | (left == 0)).all()):
-                    raise AssertionError(f"{what}: the feedback is neither e + g nor 0 somewhere")
-                sent = acc - left  # e + g at the picks, 0 elsewhere, exactly
-                picked = sent != 0
+                acc = e + g.float()  # float32, as on the device
+                what = f"{selector} {quantizer} {dtype} n={n} step {step}"
+                picked = left != acc
                 count = int(picked.sum())
+                sent = torch.zeros(n)
+                sent[picked] = acc[picked].to(TORCH_CODE[quantizer]).float()
+                if not torch.equal(left[picked], acc[picked] - sent[picked]):
+                    raise AssertionError(f"{what}: the feedback at the picks is not what the code lost")
                 if count != state.stats()["buckets"][0]["selected"]:
                     raise AssertionError(f"{what}: {count} picks, stats() says "
                                          f"{state.stats()['buckets'][0]['selected']}")
@@ -144,10 +157,10 @@ def _gaussiank_worker(rank: int, world: int) -> int:
                 total = torch.zeros(n)
                 for x in sents:
                     total = total + x
-                want = total / world
-                if not torch.equal(out, want):
+                want = (total / world).to(dtype)
+                if out.dtype != dtype or not torch.equal(out, want):
                     raise AssertionError(f"{what}: not the rank-order mean of the picks, off by "
-                                         f"{(out - want).abs().max().item()}")
+                                         f"{(out.double() - want.double()).abs().max().item()}")
                 e = left
                 checked += 1
             state.close()
@@ -207,14 +220,19 @@ def _failed_step_worker(rank: int, world: int) -> int:
     return failed_step(rank, world, overlap=True, device="cuda")
 
 
+# The non-finite test's configurations by name: top-k with each feedback (the values as fp16
+# codes with clipping: a refusal comes before any encoding), and Gaussian-k.
+NONFINITE_CONFIGS = {**{f: dict(selector="topk", quantizer="fp16" if f == "dgc+clip" else "fp32", **kw)
+                        for f, kw in FEEDBACKS.items()},
+                     "gaussiank": dict(selector="gaussiank", quantizer="bf16")}
+
+
 def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
     n = 1000
     out: Dict[str, Any] = {}
-    for feedback, policy in [(f, p) for f in FEEDBACKS for p in ("raise", "skip")]:
-        # The values as fp16 codes with clipping: a refusal comes before any encoding.
-        quantizer = "fp16" if feedback == "dgc+clip" else "fp32"
-        state = gct.GradcompState(selector="topk", density=0.05, overlap=False, nonfinite=policy,
-                                  quantizer=quantizer, **FEEDBACKS[feedback])
+    for feedback, policy in [(f, p) for f in NONFINITE_CONFIGS for p in ("raise", "skip")]:
+        state = gct.GradcompState(density=0.05, overlap=False, nonfinite=policy,
+                                  **NONFINITE_CONFIGS[feedback])
         p = torch.nn.Parameter(torch.zeros(n, device="cuda"))
         gct.gradcomp_hook(state, FakeBucket(0, grad_for(rank, 0, n).cuda(), [p])).wait()
         before = state.state_dict()
@@ -299,7 +317,7 @@ class CudaHookTest(unittest.TestCase):
 
     def test_gaussiank_p2(self) -> None:
         out = spawn(_gaussiank_worker, 2, timeout_s=120.0)
-        self.assertEqual(out[0], 2 * 2 * 3)
+        self.assertEqual(out[0], len(GAUSSIANK_CONFIGS) * len(SIZES) * 3)
 
     def test_ddp_resume_and_conservation_p2(self) -> None:
         out = spawn(_ddp_worker, 2, timeout_s=120.0)
@@ -314,7 +332,7 @@ class CudaHookTest(unittest.TestCase):
     def test_nonfinite_on_one_rank_p2(self) -> None:
         out = spawn(_nonfinite_worker, 2, timeout_s=60.0)
         for rank in (0, 1):
-            for feedback in FEEDBACKS:
+            for feedback in NONFINITE_CONFIGS:
                 self.assertIn("bucket0.param0", out[rank][f"{feedback}:raise"])
                 self.assertIn("nan", out[rank][f"{feedback}:raise"])
                 self.assertEqual(out[rank][f"{feedback}:skipped"], 1)
