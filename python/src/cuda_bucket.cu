@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <type_traits>
 
 #include <gradcomp/cuda.cuh>
 #include <gradcomp/cuda/dispatch/launch.cuh>
@@ -33,21 +35,27 @@ struct compress_layout {
   std::size_t clip = 0;
 };
 
+// How a compression selects: from e + g in the selection's own pass (select_accumulate), from
+// a vector accumulated beforehand (a plain select: threshold's e + g), or from DGC's v
+// (a plain select after dgc_accumulate_kernel; clipped: with dgc_clip_norm > 0).
+enum class selection_form { fused, plain, dgc, dgc_clipped };
+
 // k: the selection's target; capacity: the picks it may write (k for top-k, up to n for
-// Gaussian-k). dgc: the selection reads v (a plain select), not e + g (select_accumulate);
-// clipped: DGC with dgc_clip_norm > 0.
+// Gaussian-k and threshold).
 template <class Sel>
 compress_layout compress_sizes(const Sel& sel, std::size_t n, std::size_t k, std::size_t capacity,
-                               bool dgc, bool clipped = false) {
+                               selection_form form) {
   compress_layout out;
   temp_storage q;
   const select_context ctx{k, 0.0, {}};
   const auto d_stats = reinterpret_cast<selection_stats*>(alignof(selection_stats));
-  if (dgc) {
+  if (form != selection_form::fused) {
     on_device(sel).select(q, device_span<const float>(nullptr, n), ctx,
                           device_span<std::uint32_t>(nullptr, capacity), d_stats);
-    out.errors = sizeof(cuda::error_record);
-    if (clipped) out.clip = clip_blocks * sizeof(double) + sizeof(float);
+    if (form != selection_form::plain) out.errors = sizeof(cuda::error_record);
+    if (form == selection_form::dgc_clipped) out.clip = clip_blocks * sizeof(double) + sizeof(float);
+  } else if constexpr (std::is_same_v<Sel, threshold>) {
+    throw std::logic_error("torch_cuda::compress_sizes: threshold selects from e + g made first");
   } else {
     on_device(sel).select_accumulate(q, device_span<float>(nullptr, n),
                                      device_span<const float>(nullptr, n), ctx,
@@ -169,16 +177,21 @@ void take_picks(temp_storage tmp, float* x, std::size_t n, const std::uint32_t* 
 }  // namespace
 
 std::size_t compress_scratch(const topk& sel, std::size_t n, std::size_t k) {
-  return layout_bytes(compress_sizes(sel, n, k, k, false));
+  return layout_bytes(compress_sizes(sel, n, k, k, selection_form::fused));
 }
 
 std::size_t compress_scratch(const gaussiank& sel, std::size_t n, std::size_t k,
                              std::size_t capacity) {
-  return layout_bytes(compress_sizes(sel, n, k, capacity, false));
+  return layout_bytes(compress_sizes(sel, n, k, capacity, selection_form::fused));
+}
+
+std::size_t compress_scratch(const threshold& sel, std::size_t n, std::size_t capacity) {
+  return layout_bytes(compress_sizes(sel, n, 0, capacity, selection_form::plain));
 }
 
 std::size_t compress_dgc_scratch(const topk& sel, std::size_t n, std::size_t k, double clip_norm) {
-  return layout_bytes(compress_sizes(sel, n, k, k, true, clip_norm > 0.0));
+  return layout_bytes(compress_sizes(
+      sel, n, k, k, clip_norm > 0.0 ? selection_form::dgc_clipped : selection_form::dgc));
 }
 
 void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, float* u, float* v,
@@ -190,7 +203,9 @@ void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, flo
                                    "clip_norm >= 0 (0 disables clipping)");
   }
   const bool clipped = clip_norm > 0.0;
-  compress_parts parts = carve(compress_sizes(sel, n, k, k, true, clipped), scratch,
+  compress_parts parts = carve(compress_sizes(sel, n, k, k, clipped ? selection_form::dgc_clipped
+                                                                   : selection_form::dgc),
+                               scratch,
                                      scratch_bytes, "torch_cuda::compress_dgc",
                                      "compress_dgc_scratch");
   // dgc_accumulate_kernel reports a non-finite v here; the engine learns of it from the
@@ -239,8 +254,8 @@ void compress_residual(const Sel& sel, void* scratch, std::size_t scratch_bytes,
                        const float* g, std::size_t n, std::size_t k, std::size_t capacity,
                        std::uint32_t* indices, float* values, selection_stats* stats,
                        cudaStream_t stream) {
-  compress_parts parts = carve(compress_sizes(sel, n, k, capacity, false), scratch, scratch_bytes,
-                               "torch_cuda::compress", "compress_scratch");
+  compress_parts parts = carve(compress_sizes(sel, n, k, capacity, selection_form::fused), scratch,
+                               scratch_bytes, "torch_cuda::compress", "compress_scratch");
   const select_context ctx{k, 0.0, {}};
   on_device(sel).select_accumulate(parts.select_tmp, device_span<float>(e, n),
                                    device_span<const float>(g, n), ctx,
@@ -262,6 +277,18 @@ void compress(const gaussiank& sel, void* scratch, std::size_t scratch_bytes, fl
               cudaStream_t stream) {
   compress_residual(sel, scratch, scratch_bytes, e, g, n, k, capacity, indices, values, stats,
                     stream);
+}
+
+void compress(const threshold& sel, void* scratch, std::size_t scratch_bytes, float* e,
+              const float* g, std::size_t n, std::size_t capacity, std::uint32_t* indices,
+              float* values, selection_stats* stats, cudaStream_t stream) {
+  compress_parts parts = carve(compress_sizes(sel, n, 0, capacity, selection_form::plain), scratch,
+                               scratch_bytes, "torch_cuda::compress", "compress_scratch");
+  // e += g (the host residual's accumulate, element by element), then the picks of e.
+  if (n) cuda::feedback_impl::launch_accumulate(e, g, n, stream);
+  on_device(sel).select(parts.select_tmp, device_span<const float>(e, n), select_context{0, 0.0, {}},
+                        device_span<std::uint32_t>(indices, capacity), stats, stream);
+  take_picks(parts.clear_tmp, e, n, indices, capacity, stats, values, stream);
 }
 
 namespace {

@@ -12,6 +12,7 @@
 
 #include <gradcomp/context.hpp>
 #include <gradcomp/select/gaussiank.hpp>
+#include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 
 namespace gradcomp::torch_cuda {
@@ -36,6 +37,14 @@ void compress(const gaussiank& sel, void* scratch, std::size_t scratch_bytes, fl
               const float* g, std::size_t n, std::size_t k, std::size_t capacity,
               std::uint32_t* indices, float* values, selection_stats* stats,
               cudaStream_t stream);
+
+// Threshold's: e = e + g (element by element, as the host residual's accumulate), then every
+// index whose |e| passes the selector's threshold (the host's set, ascending; stats->count of
+// them, at most capacity = n), gathered and cleared as above.
+std::size_t compress_scratch(const threshold& sel, std::size_t n, std::size_t capacity);
+void compress(const threshold& sel, void* scratch, std::size_t scratch_bytes, float* e,
+              const float* g, std::size_t n, std::size_t capacity, std::uint32_t* indices,
+              float* values, selection_stats* stats, cudaStream_t stream);
 
 // Scratch bytes compress_dgc() needs for n elements, k picks and clip_norm.
 std::size_t compress_dgc_scratch(const topk& sel, std::size_t n, std::size_t k, double clip_norm);

@@ -21,12 +21,13 @@
 // called (set_stream() passes its handle for gradcomp's kernels; torch's operations use it as
 // the current stream), so the caller orders the bucket after the backward pass that filled it.
 //
-// So far the CUDA path runs selector 'topk', 'gaussiank' or 'gaussiank_published', quantizer
-// 'fp32', 'fp16' or 'bf16', feedback 'residual' or 'dgc' (DGC's momentum correction, with
-// 'topk', with its clipping by the bucket's L2 norm where dgc_clip_norm > 0) and exchange
-// 'allgather' (TopK-SGD or Gaussian-k SGD with error feedback, or TopK-SGD with DGC, the picked
-// values sent as floats or 16-bit codes); any other configuration is refused when the engine
-// is made, naming what is allowed. Top-k picks the host's index set. Gaussian-k's statistics
+// So far the CUDA path runs selector 'topk', 'gaussiank', 'gaussiank_published' or
+// 'threshold', quantizer 'fp32', 'fp16' or 'bf16', feedback 'residual' or 'dgc' (DGC's
+// momentum correction, with 'topk', with its clipping by the bucket's L2 norm where
+// dgc_clip_norm > 0) and exchange 'allgather' (sparsified SGD with error feedback, or TopK-SGD
+// with DGC, the picked values sent as floats or 16-bit codes); any other configuration is
+// refused when the engine is made, naming what is allowed. Top-k and threshold pick the
+// host's index set. Gaussian-k's statistics
 // are summed on the device in another order than the host's, so its threshold differs from
 // the host's in the last bits, and where a count lands on the other side of a band edge the
 // two take different corrections: its picks are not the host's (the device's own result is
@@ -66,6 +67,7 @@
 #include <gradcomp/runtime/bucket_engine.hpp>
 #include <gradcomp/runtime/registry.hpp>
 #include <gradcomp/select/gaussiank.hpp>
+#include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 #include <gradcomp/torch/process_group.hpp>
 #include <gradcomp/torch/tensor.hpp>
@@ -80,11 +82,12 @@ namespace rt = gradcomp::runtime;
 inline void check_cuda_config(const rt::engine_config& c) {
   const bool quantizer = c.quantizer == "fp32" || c.quantizer == "fp16" || c.quantizer == "bf16";
   const bool feedback = c.feedback == "residual" || c.feedback == "dgc";
-  const bool selector =
-      c.selector == "topk" || c.selector == "gaussiank" || c.selector == "gaussiank_published";
+  const bool selector = c.selector == "topk" || c.selector == "gaussiank" ||
+                        c.selector == "gaussiank_published" || c.selector == "threshold";
   if (!selector || !quantizer || !feedback || c.exchange != "allgather") {
     throw invalid_argument(detail::concat(
-        "gradcomp: CUDA buckets run selector 'topk', 'gaussiank' or 'gaussiank_published', "
+        "gradcomp: CUDA buckets run selector 'topk', 'gaussiank', 'gaussiank_published' or "
+        "'threshold', "
         "quantizer 'fp32', 'fp16' or 'bf16', feedback 'residual' or 'dgc' (with 'topk') and "
         "exchange 'allgather' so far; this state has selector '",
         c.selector, "', quantizer '", c.quantizer, "', feedback '", c.feedback, "', exchange '", c.exchange,
@@ -104,7 +107,10 @@ class cuda_engine {
                                                        : std::optional<c10::Device>(device_)) {
     rt::with_selector(config_, [&](auto s) {
       using S = decltype(s);
-      if constexpr (std::is_same_v<S, topk> || std::is_same_v<S, gaussiank>) sel_ = s;
+      if constexpr (std::is_same_v<S, topk> || std::is_same_v<S, gaussiank> ||
+                    std::is_same_v<S, threshold>) {
+        sel_ = s;
+      }
     });
   }
 
@@ -150,14 +156,16 @@ class cuda_engine {
       if (!dgc_) staged.copy_(feedback_.committed(slot));
       at::Tensor e = dgc_ ? staged.narrow(0, len, len) : staged;
       if (n > 0) {
-        // Gaussian-k picks as many as its threshold passes, written by the device into the
-        // statistics: room for n (or k where it caps at k), the values zeroed beyond what it
-        // writes so that the energies can read them all.
+        // Gaussian-k and threshold pick as many as their thresholds pass, written by the
+        // device into the statistics: room for n (k where Gaussian-k caps at k), the values
+        // zeroed beyond what they write so that the energies can read them all.
         const gaussiank* const gk = std::get_if<gaussiank>(&sel_);
-        const std::size_t capacity = gk != nullptr && !gk->cap_at_k ? n : k;
+        const threshold* const th = std::get_if<threshold>(&sel_);
+        const bool variable = gk != nullptr || th != nullptr;
+        const std::size_t capacity = th != nullptr || (gk != nullptr && !gk->cap_at_k) ? n : k;
         const auto cap = static_cast<std::int64_t>(capacity);
         indices = at::empty({cap}, g.options().dtype(at::kInt));
-        values = gk != nullptr ? at::zeros({cap}, g.options()) : at::empty({cap}, g.options());
+        values = variable ? at::zeros({cap}, g.options()) : at::empty({cap}, g.options());
         at::Tensor d_stats = at::zeros({static_cast<std::int64_t>(sizeof(selection_stats))},
                                        g.options().dtype(at::kByte));
         auto* const idx = reinterpret_cast<std::uint32_t*>(indices.data_ptr<std::int32_t>());
@@ -172,6 +180,11 @@ class cuda_engine {
                        committed.data_ptr<float>() + n, g.data_ptr<float>(), n, k,
                        static_cast<float>(config_.dgc_momentum), config_.dgc_clip_norm, idx,
                        values.data_ptr<float>(), sel_stats_dev, stream_);
+        } else if (th != nullptr) {
+          at::Tensor scratch = bytes_on_device(compress_scratch(*th, n, capacity));
+          compress(*th, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
+                   e.data_ptr<float>(), g.data_ptr<float>(), n, capacity, idx,
+                   values.data_ptr<float>(), sel_stats_dev, stream_);
         } else if (gk != nullptr) {
           at::Tensor scratch = bytes_on_device(compress_scratch(*gk, n, k, capacity));
           compress(*gk, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
@@ -199,10 +212,10 @@ class cuda_engine {
         kept = pair[0];
         rest = pair[1];
         t_encode = clock::now();
-        if (gk != nullptr) {
-          // Gaussian-k's count, as its selection wrote it.
+        if (variable) {
+          // The count, as the selection wrote it.
           if (sel_stats.count > capacity) {
-            throw std::logic_error(detail::concat("gradcomp: CudaEngine.run: Gaussian-k wrote ",
+            throw std::logic_error(detail::concat("gradcomp: CudaEngine.run: the selection wrote ",
                                                   sel_stats.count, " picks into room for ",
                                                   capacity));
           }
@@ -469,7 +482,7 @@ class cuda_engine {
   pick_code code_ = code_of(config_.quantizer);  // how the picked values travel
   c10::Device device_;
   process_group_comm comm_;
-  std::variant<topk, gaussiank> sel_;  // the selector (check_cuda_config: one of these)
+  std::variant<topk, gaussiank, threshold> sel_;  // the selector (check_cuda_config's)
   cudaStream_t stream_ = nullptr;
   detail::bucket_slots<at::Tensor> feedback_;  // every bucket's committed and staged residual
   std::uint64_t pending_step_ = 0;

@@ -6,15 +6,17 @@ GPU or gradcomp.torch was built without its CUDA path):
   host's index set and sums in rank order), results and feedback, at P = 2 over gloo with CUDA
   tensors, for sizes 1, odd and 2^20 + 7, float32 and float16 buckets, with and without
   overlap (with clipping, of gradients in multiples of 1/8, whose squares add up exactly in
-  any order: the device sums the bucket's norm in another order than the host); and with the
+  any order: the device sums the bucket's norm in another order than the host); with the
   values sent as fp16 or bf16 codes (both feedbacks, clipped too, float32 and float16 buckets:
-  the codes and what the feedback keeps of the rounding are the host's);
+  the codes and what the feedback keeps of the rounding are the host's); and threshold
+  (floats and fp16 codes), whose picks are the host's too;
 - DDP on CUDA: a checkpoint taken at step 3 resumes bit for bit; what was applied plus what is
   left in the residuals equals the sum of the gradients (conservation), across DDP's rebuild;
 - a step that fails in its last bucket changes no state, and the retried step is the
   unfaulted one;
 - a non-finite gradient on one rank is refused on every rank naming the parameter, or (skip)
-  skipped on every rank, with either feedback, clipping and codes, and with Gaussian-k;
+  skipped on every rank, with either feedback, clipping and codes, and with Gaussian-k and
+  threshold;
 - configurations the CUDA path does not run, and a bucket on another device, are refused with
   errors that say what is allowed;
 - Gaussian-k (both forms; fp32, fp16 and bf16 codes; float32 and float16 buckets) at P = 2:
@@ -53,21 +55,25 @@ def _eighths(g: torch.Tensor) -> torch.Tensor:
     return (g * 8).round().clamp(-512, 512) / 8
 
 
-# (bucket dtype, feedback, quantizer) compared with the CPU hook at every size.
-MATCH_CONFIGS = ([(d, f, "fp32") for d in (torch.float32, torch.float16) for f in FEEDBACKS] +
-                 [(torch.float32, f, q) for f in ("residual", "dgc") for q in ("fp16", "bf16")] +
-                 [(torch.float16, "residual", "bf16"), (torch.float16, "dgc+clip", "fp16")])
+# The selectors whose device form picks the host's index set.
+SELECTORS = {"topk": dict(selector="topk"), "threshold": dict(selector="threshold", threshold=1.5)}
+# (bucket dtype, feedback, quantizer, selector) compared with the CPU hook at every size.
+MATCH_CONFIGS = ([(d, f, "fp32", "topk") for d in (torch.float32, torch.float16) for f in FEEDBACKS] +
+                 [(torch.float32, f, q, "topk") for f in ("residual", "dgc") for q in ("fp16", "bf16")] +
+                 [(torch.float16, "residual", "bf16", "topk"), (torch.float16, "dgc+clip", "fp16", "topk"),
+                  (torch.float32, "residual", "fp32", "threshold"),
+                  (torch.float16, "residual", "fp16", "threshold")])
 CODE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 def _matches_cpu_worker(rank: int, world: int) -> int:
     checked = 0
     for i, n in enumerate(SIZES):
-        for dtype, feedback, quantizer in MATCH_CONFIGS:
+        for dtype, feedback, quantizer, selector in MATCH_CONFIGS:
             overlap = bool((i + (dtype == torch.float16) + (quantizer == "bf16")) % 2)
             clipped = "dgc_clip_norm" in FEEDBACKS[feedback]
-            states = {dev: gct.GradcompState(selector="topk", density=0.01, seed=3, overlap=overlap,
-                                             quantizer=quantizer, **FEEDBACKS[feedback])
+            states = {dev: gct.GradcompState(density=0.01, seed=3, overlap=overlap, quantizer=quantizer,
+                                             **SELECTORS[selector], **FEEDBACKS[feedback])
                       for dev in ("cpu", "cuda")}
             params = {dev: [torch.nn.Parameter(torch.zeros(n, device=dev))] for dev in states}
             for step in range(3):
@@ -80,8 +86,8 @@ def _matches_cpu_worker(rank: int, world: int) -> int:
                 got = outs["cuda"].cpu()
                 if got.dtype != dtype or not torch.equal(got, outs["cpu"]):
                     diff = (got.double() - outs["cpu"].double()).abs().max().item()
-                    raise AssertionError(f"n={n} {dtype} {feedback} {quantizer} step {step}: CUDA "
-                                         f"hook differs from the CPU hook by {diff}")
+                    raise AssertionError(f"n={n} {dtype} {feedback} {quantizer} {selector} step "
+                                         f"{step}: CUDA hook differs from the CPU hook by {diff}")
                 checked += 1
             a, b = (states[d].state_dict() for d in ("cpu", "cuda"))
             # The same feedback bit for bit and the same counts; the bytes differ by design
@@ -91,13 +97,16 @@ def _matches_cpu_worker(rank: int, world: int) -> int:
             for key in ("bytes_sent", "bytes_received"):
                 a["totals"].pop(key)
             if not same_state(a, b):
-                raise AssertionError(f"n={n} {dtype} {feedback} {quantizer}: the CUDA state differs "
-                                     "from the CPU state")
-            k = states["cuda"].stats()["buckets"][0]["selected"]
+                raise AssertionError(f"n={n} {dtype} {feedback} {quantizer} {selector}: the CUDA "
+                                     "state differs from the CPU state")
+            # Picks over the 3 steps, this rank's and every rank's (threshold's vary).
+            mine = b["totals"]["selected"]
+            every = torch.tensor([float(mine)], dtype=torch.float64)
+            dist.all_reduce(every)
             pick = 4 + CODE_BYTES[quantizer]
-            if bytes_cuda != (3 * pick * k, 3 * pick * k * (world - 1)):
-                raise AssertionError(f"n={n} {quantizer}: CUDA bytes sent, received {bytes_cuda}; "
-                                     f"want {pick} per pick")
+            if bytes_cuda != (pick * mine, pick * (int(every.item()) - mine)):
+                raise AssertionError(f"n={n} {quantizer} {selector}: CUDA bytes sent, received "
+                                     f"{bytes_cuda}; want {pick} per pick")
             s_cpu, s_cuda = (states[d].stats()["buckets"][0] for d in ("cpu", "cuda"))
             for key in ("n", "selected", "threshold"):
                 if s_cpu[key] != s_cuda[key]:
@@ -224,7 +233,8 @@ def _failed_step_worker(rank: int, world: int) -> int:
 # codes with clipping: a refusal comes before any encoding), and Gaussian-k.
 NONFINITE_CONFIGS = {**{f: dict(selector="topk", quantizer="fp16" if f == "dgc+clip" else "fp32", **kw)
                         for f, kw in FEEDBACKS.items()},
-                     "gaussiank": dict(selector="gaussiank", quantizer="bf16")}
+                     "gaussiank": dict(selector="gaussiank", quantizer="bf16"),
+                     "threshold": dict(selector="threshold", threshold=1.5)}
 
 
 def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
