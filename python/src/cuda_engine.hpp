@@ -225,7 +225,7 @@ class cuda_engine {
         }
         if (!std::isfinite(kept + rest)) {
           mine.outcome = rt::bucket_outcome::nonfinite;
-          mine.message = nonfinite_message(id, g, labels, dgc_ ? &e : nullptr, values, indices);
+          mine.message = nonfinite_message(id, g, labels, e, values, indices);
           local = std::make_exception_ptr(nonfinite_error(mine.message));
         } else if (code_ != pick_code::fp32) {
           // The values' codes, and what they lost kept in e (or v): after the statistics,
@@ -377,23 +377,23 @@ class cuda_engine {
     });
   }
 
-  // The host engine's refusal text, from a host copy of g (only on this error path). With
-  // DGC (v given: the accumulation after its picks were cleared, with the values and indices
-  // sent) and a finite g, the accumulation overflowed: the host compressor's text, naming v's
-  // first non-finite element.
+  // The host engine's refusal text, from a host copy of g (only on this error path). With a
+  // finite g the accumulation overflowed (e + g, or DGC's v; `acc`: it after its picks were
+  // cleared, with the values and indices sent): the host compressor's text, naming the
+  // accumulation's first non-finite element.
   static std::string nonfinite_message(std::uint32_t id, const at::Tensor& g,
                                        std::span<const rt::tensor_label> labels,
-                                       const at::Tensor* v, const at::Tensor& values,
+                                       const at::Tensor& acc, const at::Tensor& values,
                                        const at::Tensor& indices) {
     const at::Tensor host = g.to(at::kCPU);
     const std::span<const float> h(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
     std::string fallback = detail::concat("gradcomp: the gradient of bucket ", id,
                                           " holds a nan or inf; non-finite gradients are "
                                           "refused before any rank's state changes");
-    if (v != nullptr && detail::first_nonfinite(h) == h.size()) {
-      at::Tensor acc = v->to(at::kCPU);
-      acc.index_put_({indices.to(at::kCPU).to(at::kLong)}, values.to(at::kCPU));
-      const std::span<const float> a(acc.data_ptr<float>(), static_cast<std::size_t>(acc.numel()));
+    if (detail::first_nonfinite(h) == h.size()) {
+      at::Tensor whole = acc.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+      whole.index_put_({indices.to(at::kCPU).to(at::kLong)}, values.to(at::kCPU));
+      const std::span<const float> a(whole.data_ptr<float>(), static_cast<std::size_t>(whole.numel()));
       const std::size_t bad = detail::first_nonfinite(a);
       fallback = detail::concat(
           "gradcomp::compressor::compress: the accumulated gradient (feedback state + gradient) "

@@ -111,7 +111,9 @@ def _matches_cpu_worker(rank: int, world: int) -> int:
             for key in ("n", "selected", "threshold"):
                 if s_cpu[key] != s_cuda[key]:
                     raise AssertionError(f"n={n}: stats {key} {s_cuda[key]} on CUDA, {s_cpu[key]} on CPU")
-            if abs(s_cpu["contraction"] - s_cuda["contraction"]) > 1e-9:
+            # The host sums ||e + g||^2 in float lanes over chunks (then the chunks in double),
+            # the device in double: relative differences of about 1e-8 at these sizes.
+            if abs(s_cpu["contraction"] - s_cuda["contraction"]) > 1e-6 * abs(s_cpu["contraction"]):
                 raise AssertionError(f"n={n}: contraction {s_cuda['contraction']} vs {s_cpu['contraction']}")
             for state in states.values():
                 state.close()
