@@ -40,6 +40,17 @@ struct compress_layout {
 // (a plain select after dgc_accumulate_kernel; clipped: with dgc_clip_norm > 0).
 enum class selection_form { fused, plain, dgc, dgc_clipped };
 
+// Scratch bytes of the residual's gather_and_clear over n elements and `capacity` picks.
+std::size_t clear_bytes(std::size_t n, std::size_t capacity) {
+  temp_storage c;
+  residual feedback;
+  const auto c_stats = reinterpret_cast<const selection_stats*>(alignof(selection_stats));
+  on_device(feedback).gather_and_clear(c, device_span<float>(nullptr, n),
+                                         device_span<const std::uint32_t>(nullptr, capacity),
+                                         c_stats, device_span<float>(nullptr, capacity));
+  return c.bytes;
+}
+
 // k: the selection's target; capacity: the picks it may write (k for top-k, up to n for
 // Gaussian-k and threshold).
 template <class Sel>
@@ -62,13 +73,7 @@ compress_layout compress_sizes(const Sel& sel, std::size_t n, std::size_t k, std
                                      device_span<std::uint32_t>(nullptr, capacity), d_stats);
   }
   out.select = q.bytes;
-  temp_storage c;
-  residual feedback;
-  const auto c_stats = reinterpret_cast<const selection_stats*>(alignof(selection_stats));
-  on_device(feedback).gather_and_clear(c, device_span<float>(nullptr, n),
-                                         device_span<const std::uint32_t>(nullptr, capacity),
-                                         c_stats, device_span<float>(nullptr, capacity));
-  out.clear = c.bytes;
+  out.clear = clear_bytes(n, capacity);
   return out;
 }
 
@@ -253,10 +258,10 @@ template <class Sel>
 void compress_residual(const Sel& sel, void* scratch, std::size_t scratch_bytes, float* e,
                        const float* g, std::size_t n, std::size_t k, std::size_t capacity,
                        std::uint32_t* indices, float* values, selection_stats* stats,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, const call_id& id = {}) {
   compress_parts parts = carve(compress_sizes(sel, n, k, capacity, selection_form::fused), scratch,
                                scratch_bytes, "torch_cuda::compress", "compress_scratch");
-  const select_context ctx{k, 0.0, {}};
+  const select_context ctx{k, 0.0, id};
   on_device(sel).select_accumulate(parts.select_tmp, device_span<float>(e, n),
                                    device_span<const float>(g, n), ctx,
                                    device_span<std::uint32_t>(indices, capacity), stats, stream);
@@ -277,6 +282,16 @@ void compress(const gaussiank& sel, void* scratch, std::size_t scratch_bytes, fl
               cudaStream_t stream) {
   compress_residual(sel, scratch, scratch_bytes, e, g, n, k, capacity, indices, values, stats,
                     stream);
+}
+
+std::size_t compress_scratch(const randomk& sel, std::size_t n, std::size_t k) {
+  return layout_bytes(compress_sizes(sel, n, k, k, selection_form::fused));
+}
+
+void compress(const randomk& sel, const call_id& id, void* scratch, std::size_t scratch_bytes,
+              float* e, const float* g, std::size_t n, std::size_t k, std::uint32_t* indices,
+              float* values, selection_stats* stats, cudaStream_t stream) {
+  compress_residual(sel, scratch, scratch_bytes, e, g, n, k, k, indices, values, stats, stream, id);
 }
 
 void compress(const threshold& sel, void* scratch, std::size_t scratch_bytes, float* e,

@@ -12,6 +12,7 @@
 
 #include <gradcomp/context.hpp>
 #include <gradcomp/select/gaussiank.hpp>
+#include <gradcomp/select/randomk.hpp>
 #include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 
@@ -37,6 +38,15 @@ void compress(const gaussiank& sel, void* scratch, std::size_t scratch_bytes, fl
               const float* g, std::size_t n, std::size_t k, std::size_t capacity,
               std::uint32_t* indices, float* values, selection_stats* stats,
               cudaStream_t stream);
+
+// Random-k's (its device form): e = e + g (element by element, as the host residual's
+// accumulate), then the k indices the host draws for `id` (randomk::draw, as the host engine
+// with the same call_id: seed, step, bucket, rank), copied to the device (the call waits for
+// the stream once, for its pageable copy), gathered and cleared as above; stats count k.
+std::size_t compress_scratch(const randomk& sel, std::size_t n, std::size_t k);
+void compress(const randomk& sel, const call_id& id, void* scratch, std::size_t scratch_bytes,
+              float* e, const float* g, std::size_t n, std::size_t k, std::uint32_t* indices,
+              float* values, selection_stats* stats, cudaStream_t stream);
 
 // Threshold's: e = e + g (element by element, as the host residual's accumulate), then every
 // index whose |e| passes the selector's threshold (the host's set, ascending; stats->count of

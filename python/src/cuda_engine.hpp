@@ -21,13 +21,13 @@
 // called (set_stream() passes its handle for gradcomp's kernels; torch's operations use it as
 // the current stream), so the caller orders the bucket after the backward pass that filled it.
 //
-// So far the CUDA path runs selector 'topk', 'gaussiank', 'gaussiank_published' or
-// 'threshold', quantizer 'fp32', 'fp16' or 'bf16', feedback 'residual' or 'dgc' (DGC's
+// So far the CUDA path runs selector 'topk', 'gaussiank', 'gaussiank_published', 'threshold'
+// or 'randomk', quantizer 'fp32', 'fp16' or 'bf16', feedback 'residual' or 'dgc' (DGC's
 // momentum correction, with 'topk', with its clipping by the bucket's L2 norm where
 // dgc_clip_norm > 0) and exchange 'allgather' (sparsified SGD with error feedback, or TopK-SGD
 // with DGC, the picked values sent as floats or 16-bit codes); any other configuration is
 // refused when the engine is made, naming what is allowed. Top-k and threshold pick the
-// host's index set. Gaussian-k's statistics
+// host's index set, and Random-k's picks are the host's own draw. Gaussian-k's statistics
 // are summed on the device in another order than the host's, so its threshold differs from
 // the host's in the last bits, and where a count lands on the other side of a band edge the
 // two take different corrections: its picks are not the host's (the device's own result is
@@ -67,6 +67,7 @@
 #include <gradcomp/runtime/bucket_engine.hpp>
 #include <gradcomp/runtime/registry.hpp>
 #include <gradcomp/select/gaussiank.hpp>
+#include <gradcomp/select/randomk.hpp>
 #include <gradcomp/select/threshold.hpp>
 #include <gradcomp/select/topk.hpp>
 #include <gradcomp/torch/process_group.hpp>
@@ -83,11 +84,12 @@ inline void check_cuda_config(const rt::engine_config& c) {
   const bool quantizer = c.quantizer == "fp32" || c.quantizer == "fp16" || c.quantizer == "bf16";
   const bool feedback = c.feedback == "residual" || c.feedback == "dgc";
   const bool selector = c.selector == "topk" || c.selector == "gaussiank" ||
-                        c.selector == "gaussiank_published" || c.selector == "threshold";
+                        c.selector == "gaussiank_published" || c.selector == "threshold" ||
+                        c.selector == "randomk";
   if (!selector || !quantizer || !feedback || c.exchange != "allgather") {
     throw invalid_argument(detail::concat(
-        "gradcomp: CUDA buckets run selector 'topk', 'gaussiank', 'gaussiank_published' or "
-        "'threshold', "
+        "gradcomp: CUDA buckets run selector 'topk', 'gaussiank', 'gaussiank_published', "
+        "'threshold' or 'randomk', "
         "quantizer 'fp32', 'fp16' or 'bf16', feedback 'residual' or 'dgc' (with 'topk') and "
         "exchange 'allgather' so far; this state has selector '",
         c.selector, "', quantizer '", c.quantizer, "', feedback '", c.feedback, "', exchange '", c.exchange,
@@ -108,7 +110,7 @@ class cuda_engine {
     rt::with_selector(config_, [&](auto s) {
       using S = decltype(s);
       if constexpr (std::is_same_v<S, topk> || std::is_same_v<S, gaussiank> ||
-                    std::is_same_v<S, threshold>) {
+                    std::is_same_v<S, threshold> || std::is_same_v<S, randomk>) {
         sel_ = s;
       }
     });
@@ -180,6 +182,14 @@ class cuda_engine {
                        committed.data_ptr<float>() + n, g.data_ptr<float>(), n, k,
                        static_cast<float>(config_.dgc_momentum), config_.dgc_clip_norm, idx,
                        values.data_ptr<float>(), sel_stats_dev, stream_);
+        } else if (const randomk* const rk = std::get_if<randomk>(&sel_)) {
+          // The host engine's picks: randomk::draw for its call_id (seed, step, bucket, rank;
+          // they do not depend on the values), drawn and copied by the device form.
+          const call_id cid{config_.seed, step, id, static_cast<std::uint32_t>(comm_.rank())};
+          at::Tensor scratch = bytes_on_device(compress_scratch(*rk, n, k));
+          compress(*rk, cid, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
+                   e.data_ptr<float>(), g.data_ptr<float>(), n, k, idx, values.data_ptr<float>(),
+                   sel_stats_dev, stream_);
         } else if (th != nullptr) {
           at::Tensor scratch = bytes_on_device(compress_scratch(*th, n, capacity));
           compress(*th, scratch.data_ptr(), static_cast<std::size_t>(scratch.numel()),
@@ -482,7 +492,7 @@ class cuda_engine {
   pick_code code_ = code_of(config_.quantizer);  // how the picked values travel
   c10::Device device_;
   process_group_comm comm_;
-  std::variant<topk, gaussiank, threshold> sel_;  // the selector (check_cuda_config's)
+  std::variant<topk, gaussiank, threshold, randomk> sel_;  // the selector (check_cuda_config's)
   cudaStream_t stream_ = nullptr;
   detail::bucket_slots<at::Tensor> feedback_;  // every bucket's committed and staged residual
   std::uint64_t pending_step_ = 0;

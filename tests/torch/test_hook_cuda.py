@@ -8,15 +8,16 @@ GPU or gradcomp.torch was built without its CUDA path):
   overlap (with clipping, of gradients in multiples of 1/8, whose squares add up exactly in
   any order: the device sums the bucket's norm in another order than the host); with the
   values sent as fp16 or bf16 codes (both feedbacks, clipped too, float32 and float16 buckets:
-  the codes and what the feedback keeps of the rounding are the host's); and threshold
-  (floats and fp16 codes), whose picks are the host's too;
+  the codes and what the feedback keeps of the rounding are the host's); threshold (floats and
+  fp16 codes), whose picks are the host's too; and Random-k (the host's draw; floats, bf16
+  codes);
 - DDP on CUDA: a checkpoint taken at step 3 resumes bit for bit; what was applied plus what is
   left in the residuals equals the sum of the gradients (conservation), across DDP's rebuild;
 - a step that fails in its last bucket changes no state, and the retried step is the
   unfaulted one;
 - a non-finite gradient on one rank is refused on every rank naming the parameter, or (skip)
-  skipped on every rank, with either feedback, clipping and codes, and with Gaussian-k and
-  threshold;
+  skipped on every rank, with either feedback, clipping and codes, and with Gaussian-k,
+  threshold and Random-k;
 - configurations the CUDA path does not run, and a bucket on another device, are refused with
   errors that say what is allowed;
 - Gaussian-k (both forms; fp32, fp16 and bf16 codes; float32 and float16 buckets) at P = 2:
@@ -55,14 +56,17 @@ def _eighths(g: torch.Tensor) -> torch.Tensor:
     return (g * 8).round().clamp(-512, 512) / 8
 
 
-# The selectors whose device form picks the host's index set.
-SELECTORS = {"topk": dict(selector="topk"), "threshold": dict(selector="threshold", threshold=1.5)}
+# The selectors whose device form picks the host's index set (Random-k's: the host's draw).
+SELECTORS = {"topk": dict(selector="topk"), "threshold": dict(selector="threshold", threshold=1.5),
+             "randomk": dict(selector="randomk")}
 # (bucket dtype, feedback, quantizer, selector) compared with the CPU hook at every size.
 MATCH_CONFIGS = ([(d, f, "fp32", "topk") for d in (torch.float32, torch.float16) for f in FEEDBACKS] +
                  [(torch.float32, f, q, "topk") for f in ("residual", "dgc") for q in ("fp16", "bf16")] +
                  [(torch.float16, "residual", "bf16", "topk"), (torch.float16, "dgc+clip", "fp16", "topk"),
                   (torch.float32, "residual", "fp32", "threshold"),
-                  (torch.float16, "residual", "fp16", "threshold")])
+                  (torch.float16, "residual", "fp16", "threshold"),
+                  (torch.float32, "residual", "fp32", "randomk"),
+                  (torch.float16, "residual", "bf16", "randomk")])
 CODE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
@@ -232,11 +236,13 @@ def _failed_step_worker(rank: int, world: int) -> int:
 
 
 # The non-finite test's configurations by name: top-k with each feedback (the values as fp16
-# codes with clipping: a refusal comes before any encoding), and Gaussian-k.
+# codes with clipping: a refusal comes before any encoding), Gaussian-k, threshold and
+# Random-k.
 NONFINITE_CONFIGS = {**{f: dict(selector="topk", quantizer="fp16" if f == "dgc+clip" else "fp32", **kw)
                         for f, kw in FEEDBACKS.items()},
                      "gaussiank": dict(selector="gaussiank", quantizer="bf16"),
-                     "threshold": dict(selector="threshold", threshold=1.5)}
+                     "threshold": dict(selector="threshold", threshold=1.5),
+                     "randomk": dict(selector="randomk", quantizer="fp16")}
 
 
 def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
@@ -272,7 +278,7 @@ def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
 def _refusal_worker(rank: int, world: int) -> List[str]:
     texts = []
     p = torch.nn.Parameter(torch.zeros(100, device="cuda"))
-    for cfg in (dict(selector="randomk"), dict(quantizer="qsgd"), dict(exchange="gtopk")):
+    for cfg in (dict(selector="redsync"), dict(quantizer="qsgd"), dict(exchange="gtopk")):
         state = gct.GradcompState(density=0.05, overlap=False, **cfg)
         try:
             gct.gradcomp_hook(state, FakeBucket(0, torch.ones(100, device="cuda"), [p])).wait()
