@@ -64,7 +64,9 @@ compress_layout compress_sizes(const Sel& sel, std::size_t n, std::size_t k, std
     on_device(sel).select(q, device_span<const float>(nullptr, n), ctx,
                           device_span<std::uint32_t>(nullptr, capacity), d_stats);
     if (form != selection_form::plain) out.errors = sizeof(cuda::error_record);
-    if (form == selection_form::dgc_clipped) out.clip = clip_blocks * sizeof(double) + sizeof(float);
+    if (form == selection_form::dgc_clipped) {
+      out.clip = clip_blocks * sizeof(double) + sizeof(float);
+    }
   } else if constexpr (std::is_same_v<Sel, threshold>) {
     throw std::logic_error("torch_cuda::compress_sizes: threshold selects from e + g made first");
   } else {
@@ -301,8 +303,9 @@ void compress(const threshold& sel, void* scratch, std::size_t scratch_bytes, fl
                                scratch_bytes, "torch_cuda::compress", "compress_scratch");
   // e += g (the host residual's accumulate, element by element), then the picks of e.
   if (n) cuda::feedback_impl::launch_accumulate(e, g, n, stream);
-  on_device(sel).select(parts.select_tmp, device_span<const float>(e, n), select_context{0, 0.0, {}},
-                        device_span<std::uint32_t>(indices, capacity), stats, stream);
+  on_device(sel).select(parts.select_tmp, device_span<const float>(e, n),
+                        select_context{0, 0.0, {}}, device_span<std::uint32_t>(indices, capacity),
+                        stats, stream);
   take_picks(parts.clear_tmp, e, n, indices, capacity, stats, values, stream);
 }
 

@@ -31,11 +31,11 @@
 // are summed on the device in another order than the host's, so its threshold differs from
 // the host's in the last bits, and where a count lands on the other side of a band edge the
 // two take different corrections: its picks are not the host's (the device's own result is
-// the same in every run). With 'dgc' a bucket's state is u and v, kept as
-// one tensor of 2 n (u, then v) per slot. With fp16 or bf16 the picks' values are encoded on
-// the device after the statistics, decoded again, and the feedback keeps what the codes lost
-// (e, or v, = value - decoded at the picks), as the host's compressor does; the ranks send
-// (index, code) pairs of 6 bytes and every rank decodes all of them before the mean.
+// the same in every run). With 'dgc' a bucket's state is u and v, kept as one tensor of 2 n
+// (u, then v) per slot. With fp16 or bf16 the picks' values are encoded on the device after
+// the statistics, decoded again, and the feedback keeps what the codes lost (e, or v, = value
+// - decoded at the picks), as the host's compressor does; the ranks send (index, code) pairs
+// of 6 bytes and every rank decodes all of them before the mean.
 #pragma once
 
 #ifdef GRADCOMP_TORCH_CUDA
@@ -89,11 +89,10 @@ inline void check_cuda_config(const rt::engine_config& c) {
   if (!selector || !quantizer || !feedback || c.exchange != "allgather") {
     throw invalid_argument(detail::concat(
         "gradcomp: CUDA buckets run selector 'topk', 'gaussiank', 'gaussiank_published', "
-        "'threshold' or 'randomk', "
-        "quantizer 'fp32', 'fp16' or 'bf16', feedback 'residual' or 'dgc' (with 'topk') and "
-        "exchange 'allgather' so far; this state has selector '",
-        c.selector, "', quantizer '", c.quantizer, "', feedback '", c.feedback, "', exchange '", c.exchange,
-        "' (allowed on CUDA: those; every combination runs on CPU buckets)"));
+        "'threshold' or 'randomk', quantizer 'fp32', 'fp16' or 'bf16', feedback 'residual' or "
+        "'dgc' (with 'topk') and exchange 'allgather' so far; this state has selector '",
+        c.selector, "', quantizer '", c.quantizer, "', feedback '", c.feedback, "', exchange '",
+        c.exchange, "' (allowed on CUDA: those; every combination runs on CPU buckets)"));
   }
 }
 
@@ -403,7 +402,8 @@ class cuda_engine {
     if (detail::first_nonfinite(h) == h.size()) {
       at::Tensor whole = acc.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
       whole.index_put_({indices.to(at::kCPU).to(at::kLong)}, values.to(at::kCPU));
-      const std::span<const float> a(whole.data_ptr<float>(), static_cast<std::size_t>(whole.numel()));
+      const std::span<const float> a(whole.data_ptr<float>(),
+                                     static_cast<std::size_t>(whole.numel()));
       const std::size_t bad = detail::first_nonfinite(a);
       fallback = detail::concat(
           "gradcomp::compressor::compress: the accumulated gradient (feedback state + gradient) "
