@@ -33,6 +33,7 @@
 #include <gradcomp/sparsified_sgd.hpp>
 
 #include "../support/cuda_buffers.hpp"
+#include "../support/cuda_ranks.hpp"
 #include "../support/fault_comm.hpp"
 
 namespace {
@@ -40,6 +41,12 @@ namespace {
 using namespace gradcomp;
 using gradcomp_test::fault_comm;
 using gradcomp_test::fault_kind;
+using gradcomp_test::gradient;
+using gradcomp_test::gradient_value;
+using gradcomp_test::require_none_threw;
+using gradcomp_test::run_world;
+using gradcomp_test::stream_t;
+using gradcomp_test::what_of;
 
 using comm_t = fault_comm<in_process_comm>;
 using staged_t = gradcomp::cuda::staged_comm<comm_t>;
@@ -170,37 +177,6 @@ payload host_encoded(std::size_t n) {
 using C = sparse_p::C;
 using device_t = sparse_p::device_t;
 
-// Not Gaussian: kind 0 uniform in [-1, 1), 1 heavy-tailed (a ratio of uniforms, as Cauchy),
-// 2 multiples of 1/8 in [-1, 1] (many ties and zeros). Every rank and step its own values.
-float gradient_value(int kind, int rank, int step, std::size_t i) {
-  std::uint64_t x = (static_cast<std::uint64_t>(rank) << 56) ^ (static_cast<std::uint64_t>(step) << 40) ^ i;
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  const float u = static_cast<float>(x >> 40) / static_cast<float>(1ull << 24) * 2.0f - 1.0f;
-  const float v = static_cast<float>((x >> 16) & 0xffffff) / static_cast<float>(1ull << 24) + 1e-3f;
-  switch (kind) {
-    case 0: return u;
-    case 1: return u / v;
-    default: return std::round(u * 8.0f) / 8.0f;
-  }
-}
-
-std::vector<float> gradient(std::size_t n, int kind, int rank, int step) {
-  std::vector<float> g(n);
-  for (std::size_t i = 0; i < n; ++i) g[i] = gradient_value(kind, rank, step, i);
-  return g;
-}
-
-struct stream_t {
-  cudaStream_t s = nullptr;
-  stream_t() { detail::cuda_check(cudaStreamCreate(&s), "cudaStreamCreate"); }
-  stream_t(const stream_t&) = delete;
-  stream_t& operator=(const stream_t&) = delete;
-  ~stream_t() { cudaStreamDestroy(s); }
-};
-
 // One rank: its communicator (rebound to a fresh world each step), both drivers, their
 // parameters and the device gradient.
 template <class Pol>
@@ -228,44 +204,6 @@ std::size_t total_of(const setup_t& s) {
   std::size_t n = 0;
   for (const std::size_t x : s.sizes) n += x;
   return n;
-}
-
-// Runs body(r, comm, world) on P threads over a fresh world; a rank that throws keeps its
-// exception and fails the world, so that the others stop waiting.
-template <class Body>
-std::vector<std::exception_ptr> run_world(int P, Body&& body) {
-  in_process_world world(P);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(P));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < P; ++r) {
-    threads.emplace_back([&, r] {
-      in_process_comm comm = world.comm(r);
-      try {
-        detail::cuda_check(cudaSetDevice(0), "cudaSetDevice");
-        body(r, comm, world);
-        world.rank_done(r);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-        world.abort(r, "failed");
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  }
-}
-
-void require_none_threw(const std::vector<std::exception_ptr>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    if (errors[r]) FAIL("rank ", r, " threw: ", what_of(errors[r]));
-  }
 }
 
 template <class Pol = sparse_p>

@@ -433,28 +433,17 @@ class device_sparsified_sgd {
 
   // Compresses and exchanges every tensor into staged buffers; changes nothing observable.
   void exchange_step(device_span<const T> grads) {
-    staged_ready_ = false;
-    check_size("grads.size()", grads.size());
-    const double rho = schedule_.at(step_);
-    if constexpr (dense_gathered) {
-      compress_dense(grads, rho);
-      exchange_picks();
-    } else if constexpr (dense_path) {
-      compress_dense(grads, rho);
-      exchange_dense();
-    } else {
-      compress(grads, rho);
-      if constexpr (reduces_picks) {
-        exchange_reduced_picks();
-      } else if constexpr (tree_exchange) {
-        exchange_tree();
-      } else if constexpr (a2a_exchange) {
-        exchange_a2a();
-      } else {
-        exchange_picks();
-      }
-    }
-    staged_ready_ = true;
+    draw_.reset();
+    exchange_staged(grads);
+  }
+
+  // exchange_step(grads) with the quantizers' and Random-k's draws made from `draw` (its seed,
+  // step and rank; the tensor id is each tensor's) in place of (seed, this step, this rank):
+  // for a driver that steps this one on its own schedule and draws as its host twin does
+  // (cuda/periodic_averaging.cuh: a round's call_id is the host periodic_averaging's).
+  void exchange_step(device_span<const T> grads, const call_id& draw) {
+    draw_ = draw;
+    exchange_staged(grads);
   }
 
   // Applies the staged update to params (asynchronously, on the stream) and keeps the staged
@@ -462,18 +451,31 @@ class device_sparsified_sgd {
   // kernel (a CUDA error), which leaves everything as it was.
   const step_stats& commit_step(device_span<T> params) {
     check_size("params.size()", params.size());
-    if (!staged_ready_) {
-      detail::throw_invalid_argument("device_sparsified_sgd::commit_step", "state",
-                                     "no staged step", "a successful exchange_step() first");
-    }
+    require_staged("device_sparsified_sgd::commit_step");
     update(params, staged_average());
-    committed_ ^= 1u;
-    stats_ = std::move(staged_stats_);
-    total_bytes_sent_ += stats_.bytes_sent;
-    total_bytes_received_ += stats_.bytes_received;
-    ++step_;
-    staged_ready_ = false;
-    return stats_;
+    return keep_staged();
+  }
+
+  // Keeps the staged state, as commit_step, with no update: averaged_gradient() is then the
+  // step's mean over ranks, for a caller that applies it itself (cuda/periodic_averaging.cuh).
+  // Cannot fail once a staged step is there.
+  const step_stats& commit_exchange() {
+    require_staged("device_sparsified_sgd::commit_exchange");
+    return keep_staged();
+  }
+
+  // Zeroes the committed feedback state (the residual; DGC's u and v), on the stream: the
+  // next step starts without what earlier steps kept (periodic_averaging's error_feedback =
+  // false).
+  void clear_feedback() {
+    if (!total_) return;
+    const cudaStream_t s = stream();
+    detail::cuda_check(cudaMemsetAsync(residual_[committed_].data(), 0, total_ * sizeof(T), s),
+                       "cudaMemsetAsync");
+    if constexpr (is_dgc) {
+      detail::cuda_check(cudaMemsetAsync(momentum_[committed_].data(), 0, total_ * sizeof(T), s),
+                         "cudaMemsetAsync");
+    }
   }
 
   void discard_step() noexcept { staged_ready_ = false; }
@@ -563,6 +565,49 @@ class device_sparsified_sgd {
   // DGC's clipping: the blocks of each tensor's sum of squares (a fixed grid, so that the sums
   // are the same in every run).
   static constexpr unsigned clip_blocks = 256;
+
+  // exchange_step's work, with draw_ set (or not) by the caller.
+  void exchange_staged(device_span<const T> grads) {
+    staged_ready_ = false;
+    check_size("grads.size()", grads.size());
+    const double rho = schedule_.at(step_);
+    if constexpr (dense_gathered) {
+      compress_dense(grads, rho);
+      exchange_picks();
+    } else if constexpr (dense_path) {
+      compress_dense(grads, rho);
+      exchange_dense();
+    } else {
+      compress(grads, rho);
+      if constexpr (reduces_picks) {
+        exchange_reduced_picks();
+      } else if constexpr (tree_exchange) {
+        exchange_tree();
+      } else if constexpr (a2a_exchange) {
+        exchange_a2a();
+      } else {
+        exchange_picks();
+      }
+    }
+    staged_ready_ = true;
+  }
+
+  void require_staged(std::string_view where) const {
+    if (!staged_ready_) {
+      detail::throw_invalid_argument(where, "state", "no staged step",
+                                     "a successful exchange_step() first");
+    }
+  }
+
+  const step_stats& keep_staged() {
+    committed_ ^= 1u;
+    stats_ = std::move(staged_stats_);
+    total_bytes_sent_ += stats_.bytes_sent;
+    total_bytes_received_ += stats_.bytes_received;
+    ++step_;
+    staged_ready_ = false;
+    return stats_;
+  }
 
   void check_size(const char* what, std::size_t n) const {
     if (n != total_) {
@@ -1788,6 +1833,7 @@ class device_sparsified_sgd {
             device_span<float>(side_.data() + side_at_[t], side_at_[t + 1] - side_at_[t])};
   }
   select_context context(std::size_t t, double rho) const {
+    if (draw_) return select_context{k_[t], rho, call_id{draw_->seed, draw_->step, tensors_[t].id, draw_->rank}};
     return select_context{k_[t], rho,
                           call_id{opt_.seed, step_, tensors_[t].id,
                                   static_cast<std::uint32_t>(comm_->rank())}};
@@ -1874,6 +1920,7 @@ class device_sparsified_sgd {
   step_stats staged_stats_;
   bool staged_ready_ = false;
   std::uint64_t step_ = 0;
+  std::optional<call_id> draw_;  // exchange_step(grads, draw)'s draws, for the step in flight
   std::size_t total_bytes_sent_ = 0;
   std::size_t total_bytes_received_ = 0;
 };

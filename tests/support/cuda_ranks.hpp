@@ -1,0 +1,92 @@
+// Helpers of the CUDA tests that run the device drivers beside the host ones on P ranks
+// (threads of this process sharing the GPU, one stream each): gradients that are not
+// Gaussian, a stream, and a fresh in-process world per collective step.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gradcomp/comm/in_process.hpp>
+#include <gradcomp/cuda/memory.cuh>
+
+namespace gradcomp_test {
+
+// Not Gaussian: kind 0 uniform in [-1, 1), 1 heavy-tailed (a ratio of uniforms, as Cauchy),
+// 2 multiples of 1/8 in [-1, 1] (many ties and zeros). Every rank and step its own values.
+inline float gradient_value(int kind, int rank, int step, std::size_t i) {
+  std::uint64_t x = (static_cast<std::uint64_t>(rank) << 56) ^ (static_cast<std::uint64_t>(step) << 40) ^ i;
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  const float u = static_cast<float>(x >> 40) / static_cast<float>(1ull << 24) * 2.0f - 1.0f;
+  const float v = static_cast<float>((x >> 16) & 0xffffff) / static_cast<float>(1ull << 24) + 1e-3f;
+  switch (kind) {
+    case 0: return u;
+    case 1: return u / v;
+    default: return std::round(u * 8.0f) / 8.0f;
+  }
+}
+
+inline std::vector<float> gradient(std::size_t n, int kind, int rank, int step) {
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = gradient_value(kind, rank, step, i);
+  return g;
+}
+
+struct stream_t {
+  cudaStream_t s = nullptr;
+  stream_t() { gradcomp::detail::cuda_check(cudaStreamCreate(&s), "cudaStreamCreate"); }
+  stream_t(const stream_t&) = delete;
+  stream_t& operator=(const stream_t&) = delete;
+  ~stream_t() { cudaStreamDestroy(s); }
+};
+
+// Runs body(r, comm, world) on P threads over a fresh world; a rank that throws keeps its
+// exception and fails the world, so that the others stop waiting.
+template <class Body>
+std::vector<std::exception_ptr> run_world(int P, Body&& body) {
+  gradcomp::in_process_world world(P);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(P));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r) {
+    threads.emplace_back([&, r] {
+      gradcomp::in_process_comm comm = world.comm(r);
+      try {
+        gradcomp::detail::cuda_check(cudaSetDevice(0), "cudaSetDevice");
+        body(r, comm, world);
+        world.rank_done(r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        world.abort(r, "failed");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+inline std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+}
+
+inline void require_none_threw(const std::vector<std::exception_ptr>& errors) {
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (errors[r]) FAIL("rank ", r, " threw: ", what_of(errors[r]));
+  }
+}
+
+}  // namespace gradcomp_test
