@@ -401,6 +401,42 @@ TEST_CASE("module_averaging with identity and period 1 equals torch::optim::SGD 
   }
 }
 
+TEST_CASE("module_averaging: a checkpoint keyed by name resumes bit for bit") {
+  torch::manual_seed(9);
+  const int in = 11, hidden = 7, ranks = 2;
+  const sgd_options opt{.lr = 0.05, .momentum = 0.9, .nesterov = false, .weight_decay = 0.0, .seed = 3};
+  const averaging_options avg{.period = 2, .subsets = 2, .error_feedback = true};
+  using driver = tm::module_averaging<qsgd, sparse_allgather, in_process_comm>;
+  Net initial(in, hidden);
+  std::vector<Net> models = copies_of(initial, ranks, in, hidden);
+  std::vector<Net> resumed = copies_of(initial, ranks, in, hidden);
+  auto train = [&](Net& m, driver& o, int rank, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      o.zero_grad();
+      auto [x, y] = batch(rank, s, in);
+      torch::mse_loss(m->forward(x), y).backward();
+      o.step();
+    }
+  };
+  run_in_process(ranks, [&](in_process_comm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    driver o(*models[r], comm, {}, {}, opt, avg);
+    train(models[r], o, comm.rank(), 0, 5);  // the checkpoint holds a residual and momentum
+    std::stringstream checkpoint;
+    o.save(checkpoint);
+    copy_parameters(models[r], resumed[r]);
+    train(models[r], o, comm.rank(), 5, 9);
+    driver again(*resumed[r], comm, {}, {}, opt, avg);
+    again.load(checkpoint);
+    train(resumed[r], again, comm.rank(), 5, 9);
+    CHECK(again.driver().rounds_done() == o.driver().rounds_done());
+  });
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    CHECK(same_bits(models[static_cast<std::size_t>(r)], resumed[static_cast<std::size_t>(r)]));
+  }
+}
+
 // The name table's count is backed by the bytes that follow it: 12 bytes that claim 2^24
 // tensors are refused as truncated before memory grows by anything like the count (before,
 // the reader sized its tables from the count: about 640 MB).

@@ -1,10 +1,13 @@
-// gradcomp/torch/device_module.hpp: device_module_sgd over a torch::nn::Module on a CUDA device.
+// gradcomp/torch/device_module.hpp: device_module_sgd and device_module_averaging over a
+// torch::nn::Module on a CUDA device.
 // Without a GPU (or with a torch that has no CUDA, as Debian's) only the refusals run, and the
 // program exits 77 (skipped). With one: given the same gradients, device_module_sgd with
 // top-k equals module_sgd on the CPU bit for bit at P = 2, in both layouts, and its checkpoint
 // moves to the CPU driver; dense SGD on CUDA equals torch::optim::SGD on CUDA on averaged
-// gradients over 20 steps. Ranks are threads (in_process_comm; the device drivers' exchange over
-// cuda::staged_comm on it, their kernels from module_sgd_cuda_drivers.cu).
+// gradients over 20 steps; device_module_averaging (PQASGD, qsgd codes) equals
+// module_averaging on the CPU bit for bit, and its checkpoint moves to the CPU driver. Ranks
+// are threads (in_process_comm; the device drivers' exchange over cuda::staged_comm on it,
+// their kernels from module_sgd_cuda_drivers.cu).
 #include <torch/torch.h>
 
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -193,6 +196,94 @@ TEST_CASE("device_module_sgd with dense SGD on CUDA equals torch::optim::SGD on 
     for (int r = 0; r < ranks; ++r) CHECK(max_relative_difference(models[static_cast<std::size_t>(r)], ref) < 1e-5);
     CHECK(same_bits(models[0], models[1]));
   }
+}
+
+TEST_CASE("device_module_averaging refuses a module that is not on one CUDA device, and an empty factory") {
+  Net m(5, 4);  // on the CPU
+  bool called = false;
+  const cuda::averaging_driver_factory make = [&called](std::span<const tensor_spec>) {
+    called = true;
+    return std::unique_ptr<cuda::device_averaging_driver>();
+  };
+  CHECK_THROWS_WITH_AS(tm::device_module_averaging(*m, make),
+                       doctest::Contains("parameter 'fc1.weight' is dtype Float, device cpu"),
+                       invalid_argument);
+  CHECK(!called);
+  if (!have_cuda()) return;
+  m->to(torch::kCUDA);
+  CHECK_THROWS_WITH_AS(tm::device_module_averaging(*m, cuda::averaging_driver_factory()),
+                       doctest::Contains("an empty factory"), invalid_argument);
+  CHECK_THROWS_WITH_AS(tm::device_module_averaging(*m, make),
+                       doctest::Contains("a factory that returned no driver"), invalid_argument);
+}
+
+TEST_CASE("device_module_averaging equals module_averaging on the CPU bit for bit, given the same gradients, P = 2") {
+  if (!have_cuda()) return;
+  torch::manual_seed(11);
+  const int in = 13, hidden = 17, ranks = 2, steps = 11;  // the last round after the 9th step
+  const sgd_options opt{.lr = 0.05, .momentum = 0.9, .nesterov = true, .weight_decay = 1e-3, .seed = 5};
+  const averaging_options avg{.period = 3, .subsets = 2, .error_feedback = true};
+  Net initial(in, hidden);
+  std::vector<Net> host, dev;
+  for (int r = 0; r < ranks; ++r) {
+    host.emplace_back(in, hidden);
+    dev.emplace_back(in, hidden);
+    copy_parameters(initial, host.back());
+    copy_parameters(initial, dev.back());
+    dev.back()->to(torch::kCUDA);
+  }
+  std::vector<std::string> checkpoints(ranks);
+  run_in_process(ranks, [&](in_process_comm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    stream_t stream;
+    tm::module_averaging<qsgd, sparse_allgather, in_process_comm> h(*host[r], comm, {}, {}, opt, avg);
+    tm::device_module_averaging d(*dev[r], gradcomp_test::averaging_driver(comm, stream.s, opt, avg));
+    for (int s = 0; s < steps; ++s) {
+      h.zero_grad();
+      auto [x, y] = batch(comm.rank(), s, in);
+      torch::mse_loss(host[r]->forward(x), y).backward();
+      auto hp = host[r]->named_parameters();
+      for (auto& p : dev[r]->named_parameters()) p.value().mutable_grad() = hp[p.key()].grad().to(torch::kCUDA);
+      h.step();
+      d.step(nullptr);
+    }
+    CHECK(d.driver().rounds_done() == h.driver().rounds_done());
+    // A round now (the last step had none): the next slice.
+    h.average();
+    d.average(nullptr);
+    std::ostringstream hs, ds;
+    h.save(hs);
+    d.save(ds);
+    CHECK(hs.str() == ds.str());
+    checkpoints[r] = ds.str();
+  });
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    CHECK(same_bits(host[static_cast<std::size_t>(r)], dev[static_cast<std::size_t>(r)]));
+  }
+  // The device checkpoint loads into the CPU driver; both go on as one.
+  run_in_process(ranks, [&](in_process_comm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    stream_t stream;
+    Net fresh(in, hidden);
+    copy_parameters(dev[r], fresh);  // to the CPU
+    tm::module_averaging<qsgd, sparse_allgather, in_process_comm> h(*fresh, comm, {}, {}, opt, avg);
+    std::istringstream is(checkpoints[r]);
+    h.load(is);
+    tm::device_module_averaging d(*dev[r], gradcomp_test::averaging_driver(comm, stream.s, opt, avg));
+    std::istringstream again(checkpoints[r]);
+    d.load(again);
+    for (int s = steps; s < steps + 3; ++s) {
+      h.zero_grad();
+      auto [x, y] = batch(comm.rank(), s, in);
+      torch::mse_loss(fresh->forward(x), y).backward();
+      auto hp = fresh->named_parameters();
+      for (auto& p : dev[r]->named_parameters()) p.value().mutable_grad() = hp[p.key()].grad().to(torch::kCUDA);
+      h.step();
+      d.step(nullptr);
+    }
+    CHECK(same_bits(fresh, dev[r]));
+  });
 }
 
 int main(int argc, char** argv) {

@@ -34,4 +34,11 @@ gradcomp::cuda::device_driver_factory dense_driver(in_process_comm& comm, cudaSt
                                                       density_schedule::constant(1.0));
 }
 
+gradcomp::cuda::averaging_driver_factory averaging_driver(in_process_comm& comm,
+                                                          cudaStream_t stream, sgd_options opt,
+                                                          averaging_options avg) {
+  return gradcomp::cuda::device_averaging_factory<qsgd, sparse_allgather>(
+      std::make_shared<staged>(comm, stream), qsgd{}, sparse_allgather{}, opt, avg);
+}
+
 }  // namespace gradcomp_test

@@ -7,6 +7,7 @@
 
 #include <gradcomp/comm/in_process.hpp>
 #include <gradcomp/cuda/device_driver.hpp>
+#include <gradcomp/schedule/periodic_averaging.hpp>
 #include <gradcomp/sgd.hpp>
 
 namespace gradcomp_test {
@@ -18,5 +19,12 @@ gradcomp::cuda::device_driver_factory topk_driver(gradcomp::in_process_comm& com
 // Dense SGD: compressor<dense, identity, residual> over dense_allreduce.
 gradcomp::cuda::device_driver_factory dense_driver(gradcomp::in_process_comm& comm,
                                                    cudaStream_t stream, gradcomp::sgd_options opt);
+
+// PQASGD: device_periodic_averaging<qsgd, sparse_allgather> (stochastic codes, drawn as the
+// host's).
+gradcomp::cuda::averaging_driver_factory averaging_driver(gradcomp::in_process_comm& comm,
+                                                          cudaStream_t stream,
+                                                          gradcomp::sgd_options opt,
+                                                          gradcomp::averaging_options avg);
 
 }  // namespace gradcomp_test

@@ -1,5 +1,6 @@
-// gradcomp/cuda/device_driver.cuh: device_sparsified_sgd<C, X, Comm> behind the virtual
-// interface of cuda/device_driver.hpp, and the factory that makes it. Compile with nvcc; hand
+// gradcomp/cuda/device_driver.cuh: device_sparsified_sgd<C, X, Comm> and
+// device_periodic_averaging<Q, X, Comm> behind the virtual interfaces of
+// cuda/device_driver.hpp, and the factories that make them. Compile with nvcc; hand
 // the factory to host-compiled code (torch/device_module.hpp's device_module_sgd).
 //
 //     // drivers.cu (nvcc):
@@ -14,6 +15,7 @@
 #include <utility>
 
 #include <gradcomp/cuda/device_driver.hpp>
+#include <gradcomp/cuda/periodic_averaging.cuh>
 #include <gradcomp/cuda/sparsified_sgd.cuh>
 
 namespace gradcomp::cuda {
@@ -68,6 +70,58 @@ device_driver_factory device_sgd_factory(Comm& comm, C c = {}, X x = {}, sgd_opt
                                          density_schedule schedule = density_schedule::constant(1.0)) {
   return device_sgd_factory<C, X, Comm>(std::shared_ptr<Comm>(std::shared_ptr<Comm>(), &comm),
                                         std::move(c), std::move(x), opt, schedule);
+}
+
+// device_periodic_averaging<Q, X, Comm> as a device_averaging_driver, keeping *comm alive as
+// device_sgd_driver does.
+template <class Q, class X, class Comm>
+class device_averaging_driver_of final : public device_averaging_driver {
+ public:
+  using driver_type = device_periodic_averaging<Q, X, Comm>;
+
+  device_averaging_driver_of(std::shared_ptr<Comm> comm, std::span<const tensor_spec> tensors,
+                             Q q, X x, sgd_options opt, averaging_options avg)
+      : comm_(std::move(comm)), driver_(*comm_, tensors, std::move(q), std::move(x), opt, avg) {}
+
+  const step_stats& step(device_span<float> params, device_span<const float> grads) override {
+    return driver_.step(params, grads);
+  }
+  const step_stats& average(device_span<float> params) override { return driver_.average(params); }
+  [[nodiscard]] bool just_averaged() const override { return driver_.just_averaged(); }
+  [[nodiscard]] std::size_t size() const override { return driver_.size(); }
+  [[nodiscard]] cudaStream_t stream() const override { return driver_.stream(); }
+  [[nodiscard]] const step_stats& last_stats() const override { return driver_.last_stats(); }
+  [[nodiscard]] std::uint64_t steps_done() const override { return driver_.steps_done(); }
+  [[nodiscard]] std::uint64_t rounds_done() const override { return driver_.rounds_done(); }
+  void save_state(std::ostream& os) const override { driver_.save_state(os); }
+  void load_state(std::istream& is) override { driver_.load_state(is); }
+
+  [[nodiscard]] driver_type& driver() noexcept { return driver_; }
+
+ private:
+  std::shared_ptr<Comm> comm_;  // declared first: destroyed after the driver
+  driver_type driver_;
+};
+
+// A factory of device_periodic_averaging<Q, X, Comm> drivers over a communicator they share
+// and keep alive.
+template <class Q, class X, class Comm>
+averaging_driver_factory device_averaging_factory(std::shared_ptr<Comm> comm, Q q = {}, X x = {},
+                                                  sgd_options opt = {},
+                                                  averaging_options avg = {}) {
+  return [comm, q, x, opt, avg](std::span<const tensor_spec> tensors) {
+    return std::unique_ptr<device_averaging_driver>(
+        std::make_unique<device_averaging_driver_of<Q, X, Comm>>(comm, tensors, q, x, opt, avg));
+  };
+}
+
+// The same over comm, which the caller keeps alive as long as the drivers it makes.
+template <class Q, class X, class Comm>
+averaging_driver_factory device_averaging_factory(Comm& comm, Q q = {}, X x = {},
+                                                  sgd_options opt = {},
+                                                  averaging_options avg = {}) {
+  return device_averaging_factory<Q, X, Comm>(std::shared_ptr<Comm>(std::shared_ptr<Comm>(), &comm),
+                                              std::move(q), std::move(x), opt, avg);
 }
 
 }  // namespace gradcomp::cuda

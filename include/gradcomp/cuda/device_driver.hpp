@@ -1,6 +1,6 @@
 // gradcomp/cuda/device_driver.hpp: the device-resident step behind a virtual interface, so that
 // code compiled by the host compiler alone (a LibTorch training loop: torch/device_module.hpp)
-// can drive it. device_sparsified_sgd<C, X, Comm> launches kernels, so it is compiled by nvcc;
+// can drive it (and likewise device_periodic_averaging<Q, X, Comm>: device_averaging_driver). device_sparsified_sgd<C, X, Comm> launches kernels, so it is compiled by nvcc;
 // LibTorch's headers are not (nvcc 13 in C++20 mode refuses torch 1.13's). The two meet here:
 // a translation unit compiled by nvcc makes a device_driver_factory
 // (cuda/device_driver.cuh: device_sgd_factory<C, X, Comm>), and the host side calls it with
@@ -42,5 +42,28 @@ class device_step_driver {
 // Makes a driver over the given tensors (their ids and sizes, in the flat buffer's order).
 using device_driver_factory =
     std::function<std::unique_ptr<device_step_driver>(std::span<const tensor_spec>)>;
+
+// What a device periodic averaging driver (PQASGD: cuda/periodic_averaging.cuh) offers its
+// host-side caller: device_periodic_averaging's local steps, rounds, statistics and
+// checkpoints, every call on stream().
+class device_averaging_driver {
+ public:
+  virtual ~device_averaging_driver() = default;
+  // A local step, and a round every `period` steps (collective then only).
+  virtual const step_stats& step(device_span<float> params, device_span<const float> grads) = 0;
+  // A round now (collective).
+  virtual const step_stats& average(device_span<float> params) = 0;
+  [[nodiscard]] virtual bool just_averaged() const = 0;
+  [[nodiscard]] virtual std::size_t size() const = 0;
+  [[nodiscard]] virtual cudaStream_t stream() const = 0;
+  [[nodiscard]] virtual const step_stats& last_stats() const = 0;
+  [[nodiscard]] virtual std::uint64_t steps_done() const = 0;
+  [[nodiscard]] virtual std::uint64_t rounds_done() const = 0;
+  virtual void save_state(std::ostream& os) const = 0;
+  virtual void load_state(std::istream& is) = 0;
+};
+
+using averaging_driver_factory =
+    std::function<std::unique_ptr<device_averaging_driver>(std::span<const tensor_spec>)>;
 
 }  // namespace gradcomp::cuda

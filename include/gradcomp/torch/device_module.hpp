@@ -50,9 +50,80 @@
 
 namespace gradcomp::torch_module {
 
-class device_module_sgd : public module_base<float> {
+// What device_module_sgd and device_module_averaging share: the module's flat buffers on one
+// CUDA device (module_base), the check that the current device is theirs, and a driver's call
+// on its own stream ordered between the work queued on torch's stream before and after it.
+class device_module_base : public module_base<float> {
   using base = module_base<float>;
 
+ protected:
+  device_module_base(torch::nn::Module& m, module_layout layout,
+                     const std::optional<merge_plan>& groups, const char* who, bool has_factory)
+      : base(m, layout, groups, parameter_device::cuda) {
+    int current = -1;
+    detail::cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+    const int where = this->params_.front().tensor.device().index();
+    if (current != where) {
+      detail::throw_invalid_argument(who, "the current CUDA device", current,
+                                     detail::concat("the parameters' device, ", where,
+                                                    " (cudaSetDevice first)"));
+    }
+    if (!has_factory) {
+      detail::throw_invalid_argument(who, "make", "an empty factory",
+                                     "a factory of device drivers (cuda/device_driver.cuh)");
+    }
+    cudaEvent_t e = nullptr;
+    detail::cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    event_.reset(e);
+  }
+
+  // The driver a factory returned: there, and over the module's elements.
+  void check_driver(const char* who, bool made, std::size_t size) const {
+    if (!made) {
+      detail::throw_invalid_argument(who, "make", "a factory that returned no driver",
+                                     "a factory of device drivers (cuda/device_driver.cuh)");
+    }
+    const auto n = static_cast<std::size_t>(this->flat_.params.numel());
+    if (size != n) {
+      detail::throw_invalid_argument(who, "the driver's size()", size,
+                                     detail::concat("the module's ", n, " parameter elements"));
+    }
+  }
+
+  device_span<float> params() { return {this->flat_.params.data_ptr<float>(), elements()}; }
+  device_span<const float> grads() { return {this->flat_.grads.data_ptr<float>(), elements()}; }
+
+  // work() (a driver's call, on `own`) after what `compute` has queued, and what `compute`
+  // queues next after it, whether it returns or throws (then the ordering is best effort: the
+  // call's own error is the one reported).
+  template <class Work>
+  const step_stats& ordered(cudaStream_t compute, cudaStream_t own, Work&& work) {
+    detail::cuda_check(cudaEventRecord(event_.get(), compute), "cudaEventRecord");
+    detail::cuda_check(cudaStreamWaitEvent(own, event_.get(), 0), "cudaStreamWaitEvent");
+    const step_stats* s = nullptr;
+    try {
+      s = &work();
+    } catch (...) {
+      cudaEventRecord(event_.get(), own);
+      cudaStreamWaitEvent(compute, event_.get(), 0);
+      throw;
+    }
+    detail::cuda_check(cudaEventRecord(event_.get(), own), "cudaEventRecord");
+    detail::cuda_check(cudaStreamWaitEvent(compute, event_.get(), 0), "cudaStreamWaitEvent");
+    return *s;
+  }
+
+ private:
+  struct destroy_event {
+    void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
+  };
+
+  std::size_t elements() const { return static_cast<std::size_t>(this->flat_.params.numel()); }
+
+  std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, destroy_event> event_;
+};
+
+class device_module_sgd : public device_module_base {
  public:
   // Every parameter of m must be a contiguous float tensor on one CUDA device (refused
   // otherwise, naming the parameter, before the factory is called); `make` is called once with
@@ -61,32 +132,9 @@ class device_module_sgd : public module_base<float> {
   device_module_sgd(torch::nn::Module& m, const cuda::device_driver_factory& make,
                     module_layout layout = module_layout::flat,
                     const std::optional<merge_plan>& groups = {})
-      : base(m, layout, groups, parameter_device::cuda) {
-    int current = -1;
-    detail::cuda_check(cudaGetDevice(&current), "cudaGetDevice");
-    const int where = this->params_.front().tensor.device().index();
-    if (current != where) {
-      detail::throw_invalid_argument("device_module_sgd", "the current CUDA device", current,
-                                     detail::concat("the parameters' device, ", where,
-                                                    " (cudaSetDevice first)"));
-    }
-    if (!make) {
-      detail::throw_invalid_argument("device_module_sgd", "make", "an empty factory",
-                                     "a factory of device drivers (cuda/device_driver.cuh)");
-    }
+      : device_module_base(m, layout, groups, "device_module_sgd", static_cast<bool>(make)) {
     driver_ = make(detail_module::specs(this->groups_));
-    if (!driver_) {
-      detail::throw_invalid_argument("device_module_sgd", "make", "a factory that returned no driver",
-                                     "a factory of device drivers (cuda/device_driver.cuh)");
-    }
-    const auto n = static_cast<std::size_t>(this->flat_.params.numel());
-    if (driver_->size() != n) {
-      detail::throw_invalid_argument("device_module_sgd", "the driver's size()", driver_->size(),
-                                     detail::concat("the module's ", n, " parameter elements"));
-    }
-    cudaEvent_t e = nullptr;
-    detail::cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    event_.reset(e);
+    check_driver("device_module_sgd", driver_ != nullptr, driver_ ? driver_->size() : 0);
   }
 
   // One step on every rank: each parameter's .grad() (zero where undefined) is compressed,
@@ -95,25 +143,12 @@ class device_module_sgd : public module_base<float> {
   // (c10::cuda::getCurrentCUDAStream().stream(); nullptr where the caller never set one).
   const step_stats& step(cudaStream_t compute) {
     this->sync_buffers();
-    const cudaStream_t own = driver_->stream();
-    detail::cuda_check(cudaEventRecord(event_.get(), compute), "cudaEventRecord");
-    detail::cuda_check(cudaStreamWaitEvent(own, event_.get(), 0), "cudaStreamWaitEvent");
-    const auto n = static_cast<std::size_t>(this->flat_.params.numel());
-    // compute waits for what the driver queued, whether the step succeeds or throws.
-    const step_stats* s = nullptr;
-    try {
-      s = &driver_->step(device_span<float>(this->flat_.params.data_ptr<float>(), n),
-                         device_span<const float>(this->flat_.grads.data_ptr<float>(), n));
-    } catch (...) {
-      // The step's own error is the one to report; the ordering is best effort here.
-      cudaEventRecord(event_.get(), own);
-      cudaStreamWaitEvent(compute, event_.get(), 0);
-      throw;
-    }
-    detail::cuda_check(cudaEventRecord(event_.get(), own), "cudaEventRecord");
-    detail::cuda_check(cudaStreamWaitEvent(compute, event_.get(), 0), "cudaStreamWaitEvent");
+    const step_stats& s =
+        ordered(compute, driver_->stream(), [&]() -> const step_stats& {
+          return driver_->step(params(), grads());
+        });
     this->sync_module();
-    return *s;
+    return s;
   }
 
   // Checkpoints keyed by tensor name, as module_sgd's (the driver's state in the host drivers'
@@ -131,12 +166,71 @@ class device_module_sgd : public module_base<float> {
   [[nodiscard]] const cuda::device_step_driver& driver() const noexcept { return *driver_; }
 
  private:
-  struct destroy_event {
-    void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
-  };
-
   std::unique_ptr<cuda::device_step_driver> driver_;
-  std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, destroy_event> event_;
+};
+
+// module_averaging (PQASGD) for a module whose parameters are on a CUDA device: local SGD
+// steps on the device, and every `period` steps a round of device_periodic_averaging
+// (cuda/periodic_averaging.cuh), behind cuda::device_averaging_driver, made by nvcc:
+//
+//     // drivers.cu (nvcc):
+//     gradcomp::cuda::averaging_driver_factory make_driver(gradcomp::nccl_comm& comm) {
+//       return gradcomp::cuda::device_averaging_factory<fp16, dense_allreduce>(comm, {}, {},
+//                                                                          options, {4, 1});
+//     }
+//     // train.cpp (the host compiler, LibTorch):
+//     gradcomp::torch_module::device_module_averaging opt(model, make_driver(comm));
+//     opt.step(c10::cuda::getCurrentCUDAStream().stream());
+//
+// The parameters must be equal on every rank before the first step (broadcast them). Streams,
+// the transaction and the layouts are device_module_sgd's; checkpoints keyed by tensor name
+// move between it and module_averaging.
+class device_module_averaging : public device_module_base {
+ public:
+  device_module_averaging(torch::nn::Module& m, const cuda::averaging_driver_factory& make,
+                          module_layout layout = module_layout::flat,
+                          const std::optional<merge_plan>& groups = {})
+      : device_module_base(m, layout, groups, "device_module_averaging",
+                           static_cast<bool>(make)) {
+    driver_ = make(detail_module::specs(this->groups_));
+    check_driver("device_module_averaging", driver_ != nullptr, driver_ ? driver_->size() : 0);
+  }
+
+  // A local step; a round after every `period` of them (collective then). `compute`: torch's
+  // current stream, as device_module_sgd::step's.
+  const step_stats& step(cudaStream_t compute) {
+    this->sync_buffers();
+    const step_stats& s =
+        ordered(compute, driver_->stream(), [&]() -> const step_stats& {
+          return driver_->step(params(), grads());
+        });
+    this->sync_module();
+    return s;
+  }
+
+  // A round now unless the last step ended with one (e.g. before evaluating). Collective.
+  void average(cudaStream_t compute) {
+    if (driver_->just_averaged()) return;
+    this->sync_buffers();
+    ordered(compute, driver_->stream(),
+            [&]() -> const step_stats& { return driver_->average(params()); });
+    this->sync_module();
+  }
+
+  void save(std::ostream& os) const {
+    detail_module::save_names(os, this->groups_);
+    driver_->save_state(os);
+  }
+  void load(std::istream& is) {
+    detail_module::check_names(is, this->groups_);
+    driver_->load_state(is);
+  }
+
+  [[nodiscard]] cuda::device_averaging_driver& driver() noexcept { return *driver_; }
+  [[nodiscard]] const cuda::device_averaging_driver& driver() const noexcept { return *driver_; }
+
+ private:
+  std::unique_ptr<cuda::device_averaging_driver> driver_;
 };
 
 }  // namespace gradcomp::torch_module

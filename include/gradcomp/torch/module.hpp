@@ -183,6 +183,17 @@ class module_averaging : public module_base<T> {
     this->sync_module();
   }
 
+  // Checkpoints keyed by tensor name, as module_sgd's (periodic_averaging's format: a
+  // checkpoint moves between module_averaging and device_module_averaging).
+  void save(std::ostream& os) const {
+    detail_module::save_names(os, this->groups_);
+    driver_.save_state(os);
+  }
+  void load(std::istream& is) {
+    detail_module::check_names(is, this->groups_);
+    driver_.load_state(is);
+  }
+
   [[nodiscard]] driver_type& driver() noexcept { return driver_; }
   [[nodiscard]] const driver_type& driver() const noexcept { return driver_; }
 
