@@ -40,6 +40,11 @@ struct compress_layout {
 // (a plain select after dgc_accumulate_kernel; clipped: with dgc_clip_norm > 0).
 enum class selection_form { fused, plain, dgc, dgc_clipped };
 
+// DGC's form: with the clipping's partial sums where clip_norm > 0.
+selection_form dgc_form(double clip_norm) {
+  return clip_norm > 0.0 ? selection_form::dgc_clipped : selection_form::dgc;
+}
+
 // Scratch bytes of the residual's gather_and_clear over n elements and `capacity` picks.
 std::size_t clear_bytes(std::size_t n, std::size_t capacity) {
   temp_storage c;
@@ -197,8 +202,7 @@ std::size_t compress_scratch(const threshold& sel, std::size_t n, std::size_t ca
 }
 
 std::size_t compress_dgc_scratch(const topk& sel, std::size_t n, std::size_t k, double clip_norm) {
-  return layout_bytes(compress_sizes(
-      sel, n, k, k, clip_norm > 0.0 ? selection_form::dgc_clipped : selection_form::dgc));
+  return layout_bytes(compress_sizes(sel, n, k, k, dgc_form(clip_norm)));
 }
 
 void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, float* u, float* v,
@@ -210,11 +214,8 @@ void compress_dgc(const topk& sel, void* scratch, std::size_t scratch_bytes, flo
                                    "clip_norm >= 0 (0 disables clipping)");
   }
   const bool clipped = clip_norm > 0.0;
-  compress_parts parts = carve(compress_sizes(sel, n, k, k, clipped ? selection_form::dgc_clipped
-                                                                   : selection_form::dgc),
-                               scratch,
-                                     scratch_bytes, "torch_cuda::compress_dgc",
-                                     "compress_dgc_scratch");
+  compress_parts parts = carve(compress_sizes(sel, n, k, k, dgc_form(clip_norm)), scratch,
+                               scratch_bytes, "torch_cuda::compress_dgc", "compress_dgc_scratch");
   // dgc_accumulate_kernel reports a non-finite v here; the engine learns of it from the
   // energies instead (as for the residual), so the record is cleared and not read.
   detail::cuda_check(cudaMemsetAsync(parts.errors, 0xff, sizeof(cuda::error_record), stream),
