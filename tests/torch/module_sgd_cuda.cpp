@@ -1,13 +1,16 @@
-// gradcomp/torch/device_module.hpp: device_module_sgd and device_module_averaging over a
-// torch::nn::Module on a CUDA device.
+// gradcomp/torch/device_module.hpp: device_module_sgd, device_module_averaging and
+// device_module_lags over a torch::nn::Module on a CUDA device.
 // Without a GPU (or with a torch that has no CUDA, as Debian's) only the refusals run, and the
 // program exits 77 (skipped). With one: given the same gradients, device_module_sgd with
 // top-k equals module_sgd on the CPU bit for bit at P = 2, in both layouts, and its checkpoint
 // moves to the CPU driver; dense SGD on CUDA equals torch::optim::SGD on CUDA on averaged
 // gradients over 20 steps; device_module_averaging (PQASGD, qsgd codes) equals
-// module_averaging on the CPU bit for bit, and its checkpoint moves to the CPU driver. Ranks
-// are threads (in_process_comm; the device drivers' exchange over cuda::staged_comm on it,
-// their kernels from module_sgd_cuda_drivers.cu).
+// module_averaging on the CPU bit for bit, and its checkpoint moves to the CPU driver;
+// device_module_lags equals module_lags on the CPU bit for bit through autograd's hooks (on a
+// loss linear in the parameters, whose gradients are exact on either device), and a gradient
+// missing on one rank fails the step on every rank. Ranks are threads (in_process_comm; the
+// device drivers' exchange over cuda::staged_comm on it, their kernels from
+// module_sgd_cuda_drivers.cu).
 #include <torch/torch.h>
 
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -284,6 +287,96 @@ TEST_CASE("device_module_averaging equals module_averaging on the CPU bit for bi
     }
     CHECK(same_bits(fresh, dev[r]));
   });
+}
+
+namespace {
+
+// Two parameters whose loss is linear in them: loss = sum(a * xa) + sum(b * xb), so that the
+// gradients are xa and xb exactly on either device (multiples of 1/8: every sum is exact), and
+// LAGS on CUDA can be compared with LAGS on the CPU bit for bit through autograd's own hooks.
+struct LinearLossImpl : torch::nn::Module {
+  LinearLossImpl() {
+    a = register_parameter("a", torch::linspace(-1.0, 1.0, 5));
+    b = register_parameter("b", torch::linspace(0.5, -0.5, 12).reshape({3, 4}));
+  }
+  // Rank r's loss at step s; without `a` where full is false (its gradient is then missing).
+  torch::Tensor loss(int rank, int step, bool full = true) {
+    auto eighths = [&](std::int64_t n, int salt) {
+      auto i = torch::arange(n, torch::kFloat32);
+      return torch::round(torch::sin(i * 1.7 + rank * 3.1 + step * 0.7 + salt) * 8.0) / 8.0;
+    };
+    const auto device = b.device();
+    torch::Tensor out = (b * eighths(12, 2).reshape({3, 4}).to(device)).sum();
+    if (full) out = out + (a * eighths(5, 1).to(device)).sum();
+    return out;
+  }
+  torch::Tensor a, b;
+};
+TORCH_MODULE(LinearLoss);
+
+bool same_values(LinearLoss& x, LinearLoss& y) {
+  return torch::equal(x->a.detach().cpu(), y->a.detach().cpu()) &&
+         torch::equal(x->b.detach().cpu(), y->b.detach().cpu());
+}
+
+}  // namespace
+
+TEST_CASE("device_module_lags equals module_lags on the CPU bit for bit through autograd's hooks, P = 2; a missing gradient fails the step on every rank") {
+  if (!have_cuda()) return;
+  const int ranks = 2, steps = 6;
+  const sgd_options opt{.lr = 0.05, .momentum = 0.9, .nesterov = false, .weight_decay = 0.0};
+  const std::vector<double> densities{0.4, 0.25};  // a, then b: registration order
+  std::vector<LinearLoss> host, dev;
+  for (int r = 0; r < ranks; ++r) {
+    host.emplace_back();
+    dev.emplace_back();
+    dev.back()->to(torch::kCUDA);
+  }
+  std::vector<std::string> errors(ranks);
+  std::vector<bool> unchanged(ranks, false);
+  run_in_process(ranks, [&](in_process_comm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    stream_t stream;
+    tm::module_lags<compressor<topk, identity, residual>, sparse_allgather, in_process_comm> h(
+        *host[r], comm, densities, {}, {}, opt);
+    tm::device_module_lags d(*dev[r], gradcomp_test::lags_driver(comm, stream.s, opt), densities);
+    for (int s = 0; s < steps; ++s) {
+      h.begin_step();
+      host[r]->loss(comm.rank(), s).backward();
+      h.finish_step();
+      d.begin_step(nullptr);  // torch's current stream: the legacy default stream here
+      dev[r]->loss(comm.rank(), s).backward();
+      const layerwise_stats& st = d.finish_step();
+      CHECK(st.layers.size() == 2);
+      CHECK(st.overlap >= 0.0);
+      CHECK(st.overlap <= 1.0);
+    }
+    CHECK(same_values(host[r], dev[r]));
+    // Rank 1's loss skips `a`: every rank throws, none applies the step.
+    const torch::Tensor a = dev[r]->a.detach().cpu(), b = dev[r]->b.detach().cpu();
+    try {
+      d.begin_step(nullptr);
+      dev[r]->loss(comm.rank(), steps, comm.rank() != 1).backward();
+      d.finish_step();
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+    }
+    unchanged[r] = torch::equal(dev[r]->a.detach().cpu(), a) && torch::equal(dev[r]->b.detach().cpu(), b);
+    // The retry is the host's step.
+    h.begin_step();
+    host[r]->loss(comm.rank(), steps).backward();
+    h.finish_step();
+    d.begin_step(nullptr);
+    dev[r]->loss(comm.rank(), steps).backward();
+    d.finish_step();
+    CHECK(same_values(host[r], dev[r]));
+    CHECK(d.driver().steps_done() == static_cast<std::uint64_t>(steps + 1));
+  });
+  CHECK(errors[1].find("the gradient of 'a'") != std::string::npos);
+  CHECK(errors[1].find("no rank applied this step") != std::string::npos);
+  CHECK(errors[0].find("rank 1's backward pass did not produce every gradient") != std::string::npos);
+  CHECK(unchanged[0]);
+  CHECK(unchanged[1]);
 }
 
 int main(int argc, char** argv) {

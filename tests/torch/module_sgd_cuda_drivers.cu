@@ -41,4 +41,11 @@ gradcomp::cuda::averaging_driver_factory averaging_driver(in_process_comm& comm,
       std::make_shared<staged>(comm, stream), qsgd{}, sparse_allgather{}, opt, avg);
 }
 
+gradcomp::cuda::layerwise_driver_factory lags_driver(in_process_comm& comm, cudaStream_t stream,
+                                                     sgd_options opt) {
+  using C = compressor<topk, identity, residual>;
+  return gradcomp::cuda::device_layerwise_factory<C, sparse_allgather>(
+      std::make_shared<staged>(comm, stream), C{}, sparse_allgather{}, opt);
+}
+
 }  // namespace gradcomp_test

@@ -27,4 +27,9 @@ gradcomp::cuda::averaging_driver_factory averaging_driver(gradcomp::in_process_c
                                                           gradcomp::sgd_options opt,
                                                           gradcomp::averaging_options avg);
 
+// LAGS: device_layerwise_sgd<compressor<topk, identity, residual>, sparse_allgather>.
+gradcomp::cuda::layerwise_driver_factory lags_driver(gradcomp::in_process_comm& comm,
+                                                     cudaStream_t stream,
+                                                     gradcomp::sgd_options opt);
+
 }  // namespace gradcomp_test

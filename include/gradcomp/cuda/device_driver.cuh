@@ -1,7 +1,8 @@
-// gradcomp/cuda/device_driver.cuh: device_sparsified_sgd<C, X, Comm> and
-// device_periodic_averaging<Q, X, Comm> behind the virtual interfaces of
-// cuda/device_driver.hpp, and the factories that make them. Compile with nvcc; hand
-// the factory to host-compiled code (torch/device_module.hpp's device_module_sgd).
+// gradcomp/cuda/device_driver.cuh: device_sparsified_sgd<C, X, Comm>,
+// device_periodic_averaging<Q, X, Comm> and device_layerwise_sgd<C, X, Comm> behind the
+// virtual interfaces of cuda/device_driver.hpp, and the factories that make them. Compile with
+// nvcc; hand the factory to host-compiled code (torch/device_module.hpp's device_module_sgd,
+// device_module_averaging and device_module_lags).
 //
 //     // drivers.cu (nvcc):
 //     gradcomp::cuda::device_driver_factory make_driver(gradcomp::nccl_comm& comm) {
@@ -15,6 +16,7 @@
 #include <utility>
 
 #include <gradcomp/cuda/device_driver.hpp>
+#include <gradcomp/cuda/layerwise.cuh>
 #include <gradcomp/cuda/periodic_averaging.cuh>
 #include <gradcomp/cuda/sparsified_sgd.cuh>
 
@@ -122,6 +124,58 @@ averaging_driver_factory device_averaging_factory(Comm& comm, Q q = {}, X x = {}
                                                   averaging_options avg = {}) {
   return device_averaging_factory<Q, X, Comm>(std::shared_ptr<Comm>(std::shared_ptr<Comm>(), &comm),
                                               std::move(q), std::move(x), opt, avg);
+}
+
+// device_layerwise_sgd<C, X, Comm> as a device_layerwise_driver, keeping *comm alive as
+// device_sgd_driver does.
+template <class C, class X, class Comm>
+class device_layerwise_driver_of final : public device_layerwise_driver {
+ public:
+  using driver_type = device_layerwise_sgd<C, X, Comm>;
+
+  device_layerwise_driver_of(std::shared_ptr<Comm> comm, std::span<const tensor_spec> tensors,
+                             std::span<const double> densities, C c, X x, sgd_options opt)
+      : comm_(std::move(comm)), driver_(*comm_, tensors, densities, std::move(c), std::move(x), opt) {}
+
+  void begin_step(device_span<float> params, device_span<const float> grads,
+                  cudaStream_t compute) override {
+    driver_.begin_step(params, grads, compute);
+  }
+  void ready(std::size_t t) override { driver_.ready(t); }
+  bool wait_exchanges() override { return driver_.wait_exchanges(); }
+  float agree_max(float mine) override { return driver_.agree_max(mine); }
+  void abandon_step() override { driver_.abandon_step(); }
+  const layerwise_stats& finish_step() override { return driver_.finish_step(); }
+  [[nodiscard]] int rank() const override { return comm_->rank(); }
+  [[nodiscard]] std::size_t size() const override { return driver_.size(); }
+  [[nodiscard]] cudaStream_t stream() const override { return driver_.stream(); }
+  [[nodiscard]] const layerwise_stats& last_stats() const override { return driver_.last_stats(); }
+  [[nodiscard]] std::uint64_t steps_done() const override { return driver_.steps_done(); }
+
+  [[nodiscard]] driver_type& driver() noexcept { return driver_; }
+
+ private:
+  std::shared_ptr<Comm> comm_;  // declared first: destroyed after the driver
+  driver_type driver_;
+};
+
+// A factory of device_layerwise_sgd<C, X, Comm> drivers over a communicator they share and
+// keep alive.
+template <class C, class X, class Comm>
+layerwise_driver_factory device_layerwise_factory(std::shared_ptr<Comm> comm, C c = {}, X x = {},
+                                                  sgd_options opt = {}) {
+  return [comm, c, x, opt](std::span<const tensor_spec> tensors, std::span<const double> densities) {
+    return std::unique_ptr<device_layerwise_driver>(
+        std::make_unique<device_layerwise_driver_of<C, X, Comm>>(comm, tensors, densities, c, x, opt));
+  };
+}
+
+// The same over comm, which the caller keeps alive as long as the drivers it makes.
+template <class C, class X, class Comm>
+layerwise_driver_factory device_layerwise_factory(Comm& comm, C c = {}, X x = {},
+                                                  sgd_options opt = {}) {
+  return device_layerwise_factory<C, X, Comm>(std::shared_ptr<Comm>(std::shared_ptr<Comm>(), &comm),
+                                              std::move(c), std::move(x), opt);
 }
 
 }  // namespace gradcomp::cuda

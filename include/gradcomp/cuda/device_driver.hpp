@@ -1,6 +1,7 @@
 // gradcomp/cuda/device_driver.hpp: the device-resident step behind a virtual interface, so that
 // code compiled by the host compiler alone (a LibTorch training loop: torch/device_module.hpp)
-// can drive it (and likewise device_periodic_averaging<Q, X, Comm>: device_averaging_driver). device_sparsified_sgd<C, X, Comm> launches kernels, so it is compiled by nvcc;
+// can drive it (and likewise device_periodic_averaging<Q, X, Comm>: device_averaging_driver;
+// device_layerwise_sgd<C, X, Comm>: device_layerwise_driver). device_sparsified_sgd<C, X, Comm> launches kernels, so it is compiled by nvcc;
 // LibTorch's headers are not (nvcc 13 in C++20 mode refuses torch 1.13's). The two meet here:
 // a translation unit compiled by nvcc makes a device_driver_factory
 // (cuda/device_driver.cuh: device_sgd_factory<C, X, Comm>), and the host side calls it with
@@ -18,6 +19,7 @@
 #include <span>
 
 #include <gradcomp/device.hpp>
+#include <gradcomp/schedule/layerwise.hpp>
 #include <gradcomp/sgd.hpp>
 
 namespace gradcomp::cuda {
@@ -65,5 +67,30 @@ class device_averaging_driver {
 
 using averaging_driver_factory =
     std::function<std::unique_ptr<device_averaging_driver>(std::span<const tensor_spec>)>;
+
+// What a device LAGS driver (cuda/layerwise.cuh: device_layerwise_sgd) offers its host-side
+// caller (device_module_lags): the step in its parts, as layerwise_sgd's, with the compute
+// stream the gradients are written on.
+class device_layerwise_driver {
+ public:
+  virtual ~device_layerwise_driver() = default;
+  virtual void begin_step(device_span<float> params, device_span<const float> grads,
+                          cudaStream_t compute) = 0;
+  virtual void ready(std::size_t t) = 0;
+  virtual bool wait_exchanges() = 0;
+  // After wait_exchanges(): the largest of every rank's `mine` (one collective).
+  virtual float agree_max(float mine) = 0;
+  virtual void abandon_step() = 0;
+  virtual const layerwise_stats& finish_step() = 0;
+  [[nodiscard]] virtual int rank() const = 0;
+  [[nodiscard]] virtual std::size_t size() const = 0;
+  [[nodiscard]] virtual cudaStream_t stream() const = 0;
+  [[nodiscard]] virtual const layerwise_stats& last_stats() const = 0;
+  [[nodiscard]] virtual std::uint64_t steps_done() const = 0;
+};
+
+// Makes a driver over the given tensors, densities[t] for tensor t.
+using layerwise_driver_factory = std::function<std::unique_ptr<device_layerwise_driver>(
+    std::span<const tensor_spec>, std::span<const double>)>;
 
 }  // namespace gradcomp::cuda

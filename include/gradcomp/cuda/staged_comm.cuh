@@ -36,6 +36,13 @@ class staged_comm {
   [[nodiscard]] int size() const { return host_->size(); }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
   [[nodiscard]] HostComm& host() noexcept { return *host_; }
+  // The host communicator's check that it may be called from another thread than the one
+  // that made it (mpi_comm: MPI_THREAD_SERIALIZED), where it has one (device_layerwise_sgd).
+  void require_thread_support(std::string_view who) const
+    requires checks_thread_support<HostComm>
+  {
+    host_->require_thread_support(who);
+  }
 
   // out[r * mine.size() + j] = rank r's mine[j], for every rank (mine.size() the same on every
   // rank: a rank that sends another number of counts is refused on every rank, naming it).

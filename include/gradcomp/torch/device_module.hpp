@@ -39,7 +39,9 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <type_traits>
+#include <utility>
 
 #include <torch/nn/module.h>
 
@@ -100,17 +102,23 @@ class device_module_base : public module_base<float> {
   const step_stats& ordered(cudaStream_t compute, cudaStream_t own, Work&& work) {
     detail::cuda_check(cudaEventRecord(event_.get(), compute), "cudaEventRecord");
     detail::cuda_check(cudaStreamWaitEvent(own, event_.get(), 0), "cudaStreamWaitEvent");
-    const step_stats* s = nullptr;
+    return followed(compute, own, std::forward<Work>(work));
+  }
+
+  // work(), then what `compute` queues next after what `own` has queued, whether work
+  // returns or throws (then best effort, as above).
+  template <class Work>
+  decltype(auto) followed(cudaStream_t compute, cudaStream_t own, Work&& work) {
     try {
-      s = &work();
+      decltype(auto) out = work();
+      detail::cuda_check(cudaEventRecord(event_.get(), own), "cudaEventRecord");
+      detail::cuda_check(cudaStreamWaitEvent(compute, event_.get(), 0), "cudaStreamWaitEvent");
+      return out;
     } catch (...) {
       cudaEventRecord(event_.get(), own);
       cudaStreamWaitEvent(compute, event_.get(), 0);
       throw;
     }
-    detail::cuda_check(cudaEventRecord(event_.get(), own), "cudaEventRecord");
-    detail::cuda_check(cudaStreamWaitEvent(compute, event_.get(), 0), "cudaStreamWaitEvent");
-    return *s;
   }
 
  private:
@@ -231,6 +239,73 @@ class device_module_averaging : public device_module_base {
 
  private:
   std::unique_ptr<cuda::device_averaging_driver> driver_;
+};
+
+// module_lags (LAGS-SGD) for a module whose parameters are on a CUDA device: autograd's hooks
+// release each tensor, in module_lags's fixed order, as its gradient is complete, and
+// device_layerwise_sgd (cuda/layerwise.cuh, behind cuda::device_layerwise_driver) exchanges it
+// on the communicator's stream while the backward pass goes on on the compute stream; the
+// overlap is measured with CUDA events. Always the flat layout. A step:
+//
+//     const cudaStream_t compute = c10::cuda::getCurrentCUDAStream().stream();
+//     lags.begin_step(compute);   // before backward(): gradients zeroed, hooks armed
+//     loss.backward();
+//     lags.finish_step();         // waits for the exchanges; every parameter updated, or none
+//
+// The missing-gradient agreement, the refusals and the transaction are module_lags's (one
+// collective of one number through the driver); `compute` then waits for the updates.
+class device_module_lags : public device_module_base {
+ public:
+  // densities[i] for the i-th tensor in registration order (module_lags's).
+  device_module_lags(torch::nn::Module& m, const cuda::layerwise_driver_factory& make,
+                     std::span<const double> densities,
+                     const std::optional<merge_plan>& groups = {})
+      : device_module_base(m, module_layout::flat, groups, "device_module_lags",
+                           static_cast<bool>(make)),
+        release_(this->groups_, this->params_.size()) {
+    driver_ = make(detail_module::specs(this->groups_),
+                   release_.by_name(densities, "torch_module::device_module_lags"));
+    check_driver("device_module_lags", driver_ != nullptr, driver_ ? driver_->size() : 0);
+    hooks_.emplace(this->params_,
+                   [this](std::size_t param) { release_.gradient_done(*driver_, param); },
+                   "device_module_lags");
+  }
+
+  device_module_lags(const device_module_lags&) = delete;
+  device_module_lags& operator=(const device_module_lags&) = delete;
+
+  // Before backward(): the gradients are zeroed (in place, on torch's current stream, which
+  // must be `compute`) and the hooks armed.
+  void begin_step(cudaStream_t compute) {
+    this->sync_buffers();
+    {
+      at::NoGradGuard no_grad;
+      this->flat_.grads.zero_();
+    }
+    compute_ = compute;
+    release_.arm([&] { driver_->begin_step(params(), grads(), compute); });
+  }
+
+  // After backward(): module_lags's agreement, then every update (or none); the compute
+  // stream waits for them.
+  const layerwise_stats& finish_step() {
+    return followed(compute_, driver_->stream(), [this]() -> const layerwise_stats& {
+      return release_.finish(
+          *driver_, driver_->rank(),
+          [this](double mine) { return static_cast<double>(driver_->agree_max(static_cast<float>(mine))); },
+          "device_module_lags");
+    });
+  }
+
+  [[nodiscard]] cuda::device_layerwise_driver& driver() noexcept { return *driver_; }
+  [[nodiscard]] const cuda::device_layerwise_driver& driver() const noexcept { return *driver_; }
+
+ private:
+  detail_module::lags_release release_;
+  std::unique_ptr<cuda::device_layerwise_driver> driver_;
+  cudaStream_t compute_ = nullptr;
+  // Last: removed (and silenced) before the members they call into go.
+  std::optional<detail_module::accumulator_hooks> hooks_;
 };
 
 }  // namespace gradcomp::torch_module

@@ -201,6 +201,118 @@ class module_averaging : public module_base<T> {
   driver_type driver_;
 };
 
+namespace detail_module {
+
+// module_lags's bookkeeping, shared with device_module_lags (torch/device_module.hpp): the
+// densities by registration order, the release of tensors in one fixed order as the hooks
+// report gradients, and finish_step's agreement on a missing gradient. `Driver` is
+// layerwise_sgd or a device layerwise driver (ready, wait_exchanges, abandon_step, finish_step).
+class lags_release {
+ public:
+  lags_release(const std::vector<tensor_group>& groups, std::size_t params)
+      : groups_(&groups), group_of_(group_of_parameters(groups, params)), missing_(groups.size()),
+        order_(registration_order(groups)) {
+    std::reverse(order_.begin(), order_.end());  // the release order: reverse registration
+  }
+
+  // densities[i] for the i-th tensor in registration order, by tensor index.
+  std::vector<double> by_name(std::span<const double> densities, const char* who) const {
+    if (densities.size() != groups_->size()) {
+      detail::throw_invalid_argument(who, "densities.size()", densities.size(),
+                                     detail::concat(groups_->size(), " (one per tensor)"));
+    }
+    const std::vector<std::size_t> reg = registration_order(*groups_);
+    std::vector<double> out(densities.size());
+    for (std::size_t i = 0; i < reg.size(); ++i) out[reg[i]] = densities[i];
+    return out;
+  }
+
+  // Before backward(): every tensor's gradients are awaited, begin() (the driver's
+  // begin_step) runs, and the hooks release from now on.
+  template <class Begin>
+  void arm(Begin&& begin) {
+    const std::lock_guard lock(mu_);
+    for (std::size_t g = 0; g < groups_->size(); ++g) missing_[g] = (*groups_)[g].count;
+    cursor_ = 0;
+    armed_ = true;
+    begin();
+  }
+
+  // A hook's report: releases, in the fixed order, every tensor whose gradients are complete.
+  template <class Driver>
+  void gradient_done(Driver& driver, std::size_t param) {
+    const std::lock_guard lock(mu_);
+    if (!armed_) return;  // a backward pass outside begin_step()/finish_step()
+    const std::size_t g = group_of_[param];
+    if (missing_[g] > 0) --missing_[g];
+    while (cursor_ < order_.size() && missing_[order_[cursor_]] == 0) {
+      driver.ready(order_[cursor_++]);
+    }
+  }
+
+  // After backward(): every tensor must have been handed over. Before anything is applied, the
+  // ranks agree (agree(mine): the largest of every rank's number) on whether every rank's
+  // backward pass produced every gradient: if one did not, that rank still hands the missing
+  // tensors over (zeros) so that the exchanges match, and then no rank applies any of the
+  // step; the rank that missed one throws invalid_argument naming the parameter, the others
+  // communicator_error naming the rank. A retry then applies the step once.
+  template <class Driver, class Agree>
+  decltype(auto) finish(Driver& driver, int rank, Agree&& agree, const char* who) {
+    {
+      const std::lock_guard lock(mu_);
+      armed_ = false;
+    }
+    const bool missing = cursor_ != order_.size();
+    const std::size_t first_missing = missing ? order_[cursor_] : 0;
+    try {
+      while (cursor_ < order_.size()) driver.ready(order_[cursor_++]);
+    } catch (...) {
+      driver.abandon_step();
+      throw;
+    }
+    // The exchanges' own failures throw on every rank alike (finish_step() rethrows them); a
+    // missing gradient is known to its rank only, so every rank says whether it missed one.
+    // The communicator is free again once the exchanges are done.
+    const bool exchanged = driver.wait_exchanges();
+    double missed = missing ? static_cast<double>(rank + 1) : 0.0;
+    if (exchanged) {
+      try {
+        missed = agree(missed);
+      } catch (...) {
+        driver.abandon_step();
+        throw;
+      }
+    }
+    if (missing) {
+      driver.abandon_step();
+      throw invalid_argument(detail::concat(
+          "gradcomp::torch_module::", who, "::finish_step: the gradient of '",
+          (*groups_)[first_missing].name,
+          "' was not produced by the backward pass; every parameter must take part in the loss "
+          "(no rank applied this step)"));
+    }
+    if (missed > 0.0) {
+      driver.abandon_step();
+      throw communicator_error(detail::concat(
+          "gradcomp::torch_module::", who, "::finish_step: rank ", static_cast<int>(missed) - 1,
+          "'s backward pass did not produce every gradient (its own error names the parameter); "
+          "no rank applied this step"));
+    }
+    return driver.finish_step();
+  }
+
+ private:
+  const std::vector<tensor_group>* groups_;
+  std::vector<std::size_t> group_of_;
+  std::vector<std::size_t> missing_;
+  std::vector<std::size_t> order_;
+  std::size_t cursor_ = 0;
+  bool armed_ = false;
+  std::mutex mu_;
+};
+
+}  // namespace detail_module
+
 // layerwise_sgd (LAGS) over a module's parameters, driven by autograd. A step:
 //
 //     lags.begin_step();       // before backward()
@@ -225,14 +337,12 @@ class module_lags : public module_base<typename Compressor::value_type> {
               Exchange x = {}, sgd_options sgd = {}, std::optional<merge_plan> groups = {})
       : base(m, module_layout::flat, groups),
         comm_(&comm),
-        driver_(comm, detail_module::specs(this->groups_), by_name(densities), std::move(c), std::move(x), sgd),
-        hooks_(this->params_, [this](std::size_t param) { gradient_done(param); }, "module_lags") {
-    group_of_ = detail_module::group_of_parameters(this->groups_, this->params_.size());
-    missing_.resize(this->groups_.size());
-    // The release order: the reverse of registration.
-    order_ = registration_order(this->groups_);
-    std::reverse(order_.begin(), order_.end());
-  }
+        release_(this->groups_, this->params_.size()),
+        driver_(comm, detail_module::specs(this->groups_),
+                release_.by_name(densities, "torch_module::module_lags"), std::move(c), std::move(x),
+                sgd),
+        hooks_(this->params_, [this](std::size_t param) { release_.gradient_done(driver_, param); },
+               "module_lags") {}
 
   module_lags(const module_lags&) = delete;
   module_lags& operator=(const module_lags&) = delete;
@@ -244,99 +354,31 @@ class module_lags : public module_base<typename Compressor::value_type> {
       at::NoGradGuard no_grad;
       this->flat_.grads.zero_();
     }
-    const std::lock_guard lock(mu_);
-    for (std::size_t g = 0; g < this->groups_.size(); ++g) missing_[g] = this->groups_[g].count;
-    cursor_ = 0;
-    armed_ = true;
-    driver_.begin_step(this->param_span("module_lags"), this->grad_span("module_lags"));
+    release_.arm([this] {
+      driver_.begin_step(this->param_span("module_lags"), this->grad_span("module_lags"));
+    });
   }
 
-  // After backward(): every tensor must have been handed over. Before anything is applied, the
-  // ranks agree (one allreduce of one number) on whether every rank's backward pass produced
-  // every gradient: if one did not, that rank still hands the missing tensors over (zeros) so
-  // that the exchanges match, and then no rank applies any of the step; the rank that missed
-  // one throws invalid_argument naming the parameter, the others communicator_error naming the
-  // rank. A retry then applies the step once.
+  // After backward(): detail_module::lags_release::finish's agreement (one allreduce of one
+  // number), then the step is applied on every rank or on none.
   const layerwise_stats& finish_step() {
-    {
-      const std::lock_guard lock(mu_);
-      armed_ = false;
-    }
-    const bool missing = cursor_ != order_.size();
-    const std::size_t first_missing = missing ? order_[cursor_] : 0;
-    try {
-      while (cursor_ < order_.size()) driver_.ready(order_[cursor_++]);
-    } catch (...) {
-      driver_.abandon_step();
-      throw;
-    }
-    // The exchanges' own failures throw on every rank alike (finish_step() rethrows them); a
-    // missing gradient is known to its rank only, so every rank says whether it missed one.
-    // The communicator is free again once the exchanges are done.
-    const bool exchanged = driver_.wait_exchanges();
-    double missed[1] = {missing ? static_cast<double>(comm_->rank() + 1) : 0.0};
-    if (exchanged) {
-      try {
-        comm_->allreduce(std::span<double>(missed), reduce_op::max);
-      } catch (...) {
-        driver_.abandon_step();
-        throw;
-      }
-    }
-    if (missing) {
-      driver_.abandon_step();
-      throw invalid_argument(detail::concat(
-          "gradcomp::torch_module::module_lags::finish_step: the gradient of '",
-          this->groups_[first_missing].name,
-          "' was not produced by the backward pass; every parameter must take part in the loss "
-          "(no rank applied this step)"));
-    }
-    if (missed[0] > 0.0) {
-      driver_.abandon_step();
-      throw communicator_error(detail::concat(
-          "gradcomp::torch_module::module_lags::finish_step: rank ",
-          static_cast<int>(missed[0]) - 1,
-          "'s backward pass did not produce every gradient (its own error names the parameter); "
-          "no rank applied this step"));
-    }
-    return driver_.finish_step();
+    return release_.finish(
+        driver_, comm_->rank(),
+        [this](double mine) {
+          double missed[1] = {mine};
+          comm_->allreduce(std::span<double>(missed), reduce_op::max);
+          return missed[0];
+        },
+        "module_lags");
   }
 
   [[nodiscard]] driver_type& driver() noexcept { return driver_; }
   [[nodiscard]] const driver_type& driver() const noexcept { return driver_; }
 
  private:
-  std::vector<double> by_name(std::span<const double> densities) const {
-    if (densities.size() != this->groups_.size()) {
-      detail::throw_invalid_argument("torch_module::module_lags", "densities.size()", densities.size(),
-                                     detail::concat(this->groups_.size(), " (one per tensor)"));
-    }
-    const std::vector<std::size_t> reg = registration_order(this->groups_);
-    std::vector<double> out(densities.size());
-    for (std::size_t i = 0; i < reg.size(); ++i) out[reg[i]] = densities[i];
-    return out;
-  }
-
-  // Called by the hooks (under the hook target's lock).
-  void gradient_done(std::size_t param) {
-    const std::lock_guard lock(mu_);
-    if (!armed_) return;  // a backward pass outside begin_step()/finish_step()
-    const std::size_t g = group_of_[param];
-    if (missing_[g] > 0) --missing_[g];
-    // Release, in the fixed order, every tensor whose gradients are all complete.
-    while (cursor_ < order_.size() && missing_[order_[cursor_]] == 0) {
-      driver_.ready(order_[cursor_++]);
-    }
-  }
-
   Comm* comm_;
+  detail_module::lags_release release_;
   driver_type driver_;
-  std::vector<std::size_t> group_of_;
-  std::vector<std::size_t> missing_;
-  std::vector<std::size_t> order_;
-  std::size_t cursor_ = 0;
-  bool armed_ = false;
-  std::mutex mu_;
   // Last: removed (and silenced) before the members they call into go.
   detail_module::accumulator_hooks hooks_;
 };
