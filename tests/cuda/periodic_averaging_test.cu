@@ -235,18 +235,21 @@ TEST_CASE("device_periodic_averaging: the host's bits, every quantizer over spar
   SUBCASE("scaled_sign") { check_bit_for_bit<pol<scaled_sign, sparse_allgather>>(); }
 }
 
-TEST_CASE("device_periodic_averaging: a failed round changes nothing on any rank") {
-  using P2 = pol<qsgd, sparse_allgather>;
-  setup_t s{{300, 7}, {}, {2, 1, true}, 1};
-  s.opt.lr = 0.1;
-  s.opt.momentum = 0.9;
+namespace {
+
+// A fault before each of a round's collective calls in turn (the call count from 0 up, until
+// one goes past the round's last call), on every rank of P: every rank throws, none changes
+// anything, and the retried step is the host's. At least `least` calls must have faulted.
+template <class Pol>
+void check_failed_rounds(const setup_t& s, std::size_t least) {
   for (const int P : {2, 4}) {
     for (int faulty = 0; faulty < P; ++faulty) {
-      for (std::size_t at = 0; at < 6; ++at) {
+      std::size_t at = 0;
+      for (;; ++at) {
         CAPTURE(P);
         CAPTURE(faulty);
         CAPTURE(at);
-        auto ranks = make_ranks<P2>(s, P);
+        auto ranks = make_ranks<Pol>(s, P);
         step_both(ranks, s, 0);  // a local step: the next one has the round
         std::vector<std::vector<float>> params;
         std::vector<std::string> saved;
@@ -261,10 +264,9 @@ TEST_CASE("device_periodic_averaging: a failed round changes nothing on any rank
           k.comm->on_throw = [&world, r](std::string_view what) { world.abort(r, what); };
           device_step(k, gradient(total_of(s), s.kind, r, 1));
         });
-        const bool fired = ranks[static_cast<std::size_t>(faulty)].comm->effect() ==
-                           gradcomp_test::fault_effect::thrown;
-        if (!fired) {
-          // The round made fewer collective calls: it went through, as the host's will.
+        if (ranks[static_cast<std::size_t>(faulty)].comm->effect() !=
+            gradcomp_test::fault_effect::thrown) {
+          // Past the round's last call: the round went through, as the host's does.
           require_none_threw(errors);
           require_none_threw(run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
             auto& k = ranks[static_cast<std::size_t>(r)];
@@ -274,7 +276,7 @@ TEST_CASE("device_periodic_averaging: a failed round changes nothing on any rank
             k.host->step(std::span<float>(k.host_params), std::span<const float>(g));
           }));
           for (const auto& k : ranks) check_same_state(k);
-          continue;
+          break;
         }
         for (std::size_t r = 0; r < ranks.size(); ++r) {
           CAPTURE(r);
@@ -285,8 +287,21 @@ TEST_CASE("device_periodic_averaging: a failed round changes nothing on any rank
         step_both(ranks, s, 1);  // the retry is the unfaulted step
         for (const auto& k : ranks) check_same_state(k);
       }
+      CHECK(at >= least);
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("device_periodic_averaging: a failed round changes nothing on any rank") {
+  setup_t s{{300, 7}, {}, {2, 1, true}, 1};
+  s.opt.lr = 0.1;
+  s.opt.momentum = 0.9;
+  // qsgd over sparse_allgather: the counts, the codes and the side values.
+  check_failed_rounds<pol<qsgd, sparse_allgather>>(s, 3);
+  // fp16 over dense_allreduce: the counts, then the allreduce of the codes.
+  check_failed_rounds<pol<fp16, dense_allreduce>>(s, 2);
 }
 
 TEST_CASE("device_periodic_averaging: a non-finite gradient is refused and changes nothing") {
@@ -315,26 +330,42 @@ TEST_CASE("device_periodic_averaging: checkpoints move between the host and devi
   setup_t s{{33, 0, 1000}, {}, {2, 3, true}, 1};
   s.opt.momentum = 0.9;
   s.opt.lr = 0.05;
-  auto ranks = make_ranks<Pq>(s, 2);
-  for (int step = 0; step < 5; ++step) step_both(ranks, s, step);
-  // Host to device and device to host, then both go on as one.
-  for (auto& k : ranks) {
-    std::istringstream from_host(checkpoint_of(*k.host));
-    std::istringstream from_device(checkpoint_of(*k.dev));
-    k.dev->load_state(from_host);
-    k.host->load_state(from_device);
-  }
-  for (int step = 5; step < 9; ++step) {
-    step_both(ranks, s, step);
-    for (const auto& k : ranks) check_same_state(k);
+  for (const int saved_at : {0, 1, 5}) {  // no anchor yet; a local step; after two rounds
+    CAPTURE(saved_at);
+    auto ranks = make_ranks<Pq>(s, 2);
+    for (int step = 0; step < saved_at; ++step) step_both(ranks, s, step);
+    // Fresh drivers on the same parameters: the device ones load the host checkpoints, the host
+    // ones the device checkpoints; then each pair goes on as one, and as the originals.
+    auto fresh = make_ranks<Pq>(s, 2);
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      std::istringstream from_host(checkpoint_of(*ranks[r].host));
+      std::istringstream from_device(checkpoint_of(*ranks[r].dev));
+      fresh[r].dev->load_state(from_host);
+      fresh[r].host->load_state(from_device);
+      fresh[r].host_params = ranks[r].host_params;
+      fresh[r].dev_params = gradcomp_test::upload(ranks[r].host_params);
+      check_same_state(fresh[r]);
+    }
+    for (int step = saved_at; step < saved_at + 4; ++step) {
+      step_both(ranks, s, step);
+      step_both(fresh, s, step);
+      for (std::size_t r = 0; r < ranks.size(); ++r) {
+        check_same_state(fresh[r]);
+        CHECK(first_difference(device_params(fresh[r]), ranks[r].host_params) == -1);
+        CHECK(checkpoint_of(*fresh[r].dev) == checkpoint_of(*ranks[r].host));
+      }
+    }
   }
   // A checkpoint of another layout is refused and changes nothing.
+  auto ranks = make_ranks<Pq>(s, 1);
+  step_both(ranks, s, 0);
   setup_t other = s;
   other.sizes = {33, 1, 1000};
   auto wrong = make_ranks<Pq>(other, 1);
   std::istringstream is(checkpoint_of(*wrong[0].host));
   const std::string saved = checkpoint_of(*ranks[0].dev);
-  CHECK_THROWS_WITH_AS(ranks[0].dev->load_state(is), doctest::Contains("tensor 1 of 0"), invalid_argument);
+  CHECK_THROWS_WITH_AS(ranks[0].dev->load_state(is), doctest::Contains("tensor 1 of 0"),
+                       invalid_argument);
   CHECK(checkpoint_of(*ranks[0].dev) == saved);
 }
 

@@ -1,11 +1,13 @@
-// gradcomp/cuda/device_driver.hpp: the device-resident step behind a virtual interface, so that
-// code compiled by the host compiler alone (a LibTorch training loop: torch/device_module.hpp)
-// can drive it (and likewise device_periodic_averaging<Q, X, Comm>: device_averaging_driver;
-// device_layerwise_sgd<C, X, Comm>: device_layerwise_driver). device_sparsified_sgd<C, X, Comm> launches kernels, so it is compiled by nvcc;
-// LibTorch's headers are not (nvcc 13 in C++20 mode refuses torch 1.13's). The two meet here:
-// a translation unit compiled by nvcc makes a device_driver_factory
-// (cuda/device_driver.cuh: device_sgd_factory<C, X, Comm>), and the host side calls it with
-// its tensors and steps the driver it returns. Needs the CUDA runtime's header only.
+// gradcomp/cuda/device_driver.hpp: the device-resident drivers behind virtual interfaces, so
+// that code compiled by the host compiler alone (a LibTorch training loop:
+// torch/device_module.hpp) can drive them: device_sparsified_sgd<C, X, Comm>
+// (device_step_driver), device_periodic_averaging<Q, X, Comm> (device_averaging_driver) and
+// device_layerwise_sgd<C, X, Comm> (device_layerwise_driver). They launch kernels, so they are
+// compiled by nvcc; LibTorch's headers are not (nvcc 13 in C++20 mode refuses torch 1.13's).
+// The two meet here: a translation unit compiled by nvcc makes a factory
+// (cuda/device_driver.cuh: device_sgd_factory, device_averaging_factory,
+// device_layerwise_factory), and the host side calls it with its tensors and steps the driver
+// it returns. Needs the CUDA runtime's header only.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -26,6 +26,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <istream>
@@ -35,6 +36,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -106,6 +108,14 @@ class device_periodic_averaging {
         parts_[c].push_back(part{t, offsets_[t] + begin, end - begin, pos});
         specs.push_back(tensor_spec{tensors_[t].id, end - begin});
         pos += end - begin;
+      }
+      // The dense device step over sparse_allgather numbers its coordinates in 32 bits: refused
+      // here, with this driver's name (the host's periodic_averaging has no such bound).
+      if (std::is_same_v<Exchange, sparse_allgather> && pos > (std::size_t{1} << 32)) {
+        detail::throw_invalid_argument(
+            driver_name, "the elements of one round's slices", pos,
+            "<= 2^32 with sparse_allgather (the dense device step's 32-bit indices; more "
+            "subsets make each round's slices smaller)");
       }
       change_capacity_ = std::max(change_capacity_, pos);
       rounds_.push_back(specs.empty() ? nullptr
@@ -282,19 +292,18 @@ class device_periodic_averaging {
       }
     }
     // Everything read and checked: now the device state (each round driver's residuals through
-    // its own checkpoint format, which it checks again).
+    // its own checkpoint format, which it checks again; only a CUDA error can fail from here,
+    // and then the drivers loaded before it keep what they loaded).
     for (unsigned c = 0; c < avg_.subsets; ++c) {
       if (!rounds_[c]) continue;
       const round_driver& d = *rounds_[c];
       std::stringstream ss;
-      std::size_t at = 0;
       detail::save_sgd_checkpoint<T>(
           ss, "device_sparsified_sgd", d.steps_done(), d.tensors(),
           [&](std::size_t i) {
-            const std::size_t from = at;
-            at += d.tensors()[i].size;
+            const part& pt = parts_[c][i];
             return std::vector<std::span<const T>>{
-                std::span<const T>(residuals[c].data() + from, d.tensors()[i].size)};
+                std::span<const T>(residuals[c].data() + pt.pos, pt.n)};
           },
           std::span<const T>());
       rounds_[c]->load_state(ss);
@@ -439,9 +448,10 @@ class device_periodic_averaging {
   }
 
   // One round: slice c's changes exchanged by its round driver (a throw there changes nothing:
-  // its transaction), then, once they have all arrived, the anchor and the parameters take
-  // the means and the round driver keeps its staged residual. Nothing after the exchange can
-  // fail but a CUDA error.
+  // its transaction), then, once they have all arrived, the round driver keeps its staged
+  // residual and the anchor and the parameters take the means. Nothing after the exchange can
+  // fail but a CUDA error (a failed launch or memset), which would leave the round driver's
+  // residual kept while step() restores the parameters.
   void run_round(device_span<T> params, step_stats& st) {
     const unsigned c = static_cast<unsigned>(round_ % avg_.subsets);
     const cudaStream_t s = stream();

@@ -150,6 +150,7 @@
 #include <cstdint>
 #include <istream>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <span>
 #include <string>
@@ -432,10 +433,7 @@ class device_sparsified_sgd {
   }
 
   // Compresses and exchanges every tensor into staged buffers; changes nothing observable.
-  void exchange_step(device_span<const T> grads) {
-    draw_.reset();
-    exchange_staged(grads);
-  }
+  void exchange_step(device_span<const T> grads) { exchange_staged(grads); }
 
   // exchange_step(grads) with the quantizers' and Random-k's draws made from `draw` (its seed,
   // step and rank; the tensor id is each tensor's) in place of (seed, this step, this rank):
@@ -443,7 +441,13 @@ class device_sparsified_sgd {
   // (cuda/periodic_averaging.cuh: a round's call_id is the host periodic_averaging's).
   void exchange_step(device_span<const T> grads, const call_id& draw) {
     draw_ = draw;
-    exchange_staged(grads);
+    try {
+      exchange_staged(grads);
+    } catch (...) {
+      draw_.reset();
+      throw;
+    }
+    draw_.reset();
   }
 
   // Applies the staged update to params (asynchronously, on the stream) and keeps the staged
@@ -1833,7 +1837,10 @@ class device_sparsified_sgd {
             device_span<float>(side_.data() + side_at_[t], side_at_[t + 1] - side_at_[t])};
   }
   select_context context(std::size_t t, double rho) const {
-    if (draw_) return select_context{k_[t], rho, call_id{draw_->seed, draw_->step, tensors_[t].id, draw_->rank}};
+    if (draw_) {
+      return select_context{k_[t], rho,
+                            call_id{draw_->seed, draw_->step, tensors_[t].id, draw_->rank}};
+    }
     return select_context{k_[t], rho,
                           call_id{opt_.seed, step_, tensors_[t].id,
                                   static_cast<std::uint32_t>(comm_->rank())}};
@@ -1920,7 +1927,7 @@ class device_sparsified_sgd {
   step_stats staged_stats_;
   bool staged_ready_ = false;
   std::uint64_t step_ = 0;
-  std::optional<call_id> draw_;  // exchange_step(grads, draw)'s draws, for the step in flight
+  std::optional<call_id> draw_;  // exchange_step(grads, draw)'s, while its exchange runs
   std::size_t total_bytes_sent_ = 0;
   std::size_t total_bytes_received_ = 0;
 };
