@@ -135,7 +135,8 @@ class device_layerwise_driver_of final : public device_layerwise_driver {
 
   device_layerwise_driver_of(std::shared_ptr<Comm> comm, std::span<const tensor_spec> tensors,
                              std::span<const double> densities, C c, X x, sgd_options opt)
-      : comm_(std::move(comm)), driver_(*comm_, tensors, densities, std::move(c), std::move(x), opt) {}
+      : comm_(std::move(comm)),
+        driver_(*comm_, tensors, densities, std::move(c), std::move(x), opt) {}
 
   void begin_step(device_span<float> params, device_span<const float> grads,
                   cudaStream_t compute) override {
@@ -164,9 +165,11 @@ class device_layerwise_driver_of final : public device_layerwise_driver {
 template <class C, class X, class Comm>
 layerwise_driver_factory device_layerwise_factory(std::shared_ptr<Comm> comm, C c = {}, X x = {},
                                                   sgd_options opt = {}) {
-  return [comm, c, x, opt](std::span<const tensor_spec> tensors, std::span<const double> densities) {
+  return [comm, c, x, opt](std::span<const tensor_spec> tensors,
+                           std::span<const double> densities) {
     return std::unique_ptr<device_layerwise_driver>(
-        std::make_unique<device_layerwise_driver_of<C, X, Comm>>(comm, tensors, densities, c, x, opt));
+        std::make_unique<device_layerwise_driver_of<C, X, Comm>>(comm, tensors, densities, c, x,
+                                                                 opt));
   };
 }
 

@@ -139,11 +139,13 @@ class device_layerwise_sgd {
                                      "begin_step() first");
     }
     if (t >= tensors_.size()) {
-      detail::throw_invalid_argument("device_layerwise_sgd::ready", "t", t,
-                                     detail::concat("< the number of tensors (", tensors_.size(), ")"));
+      detail::throw_invalid_argument(
+          "device_layerwise_sgd::ready", "t", t,
+          detail::concat("< the number of tensors (", tensors_.size(), ")"));
     }
     if (is_ready_[t]) {
-      detail::throw_invalid_argument("device_layerwise_sgd::ready", "t", t, "each tensor once per step");
+      detail::throw_invalid_argument("device_layerwise_sgd::ready", "t", t,
+                                     "each tensor once per step");
     }
     {
       const std::lock_guard lock(mu_);
@@ -177,8 +179,8 @@ class device_layerwise_sgd {
   // whether a rank's backward pass missed a gradient: mine = rank + 1 there, else 0).
   float agree_max(float mine) {
     if (!in_step_ || !waited_) {
-      detail::throw_invalid_argument("device_layerwise_sgd::agree_max", "state", "no step waited for",
-                                     "begin_step(), then wait_exchanges()");
+      detail::throw_invalid_argument("device_layerwise_sgd::agree_max", "state",
+                                     "no step waited for", "begin_step(), then wait_exchanges()");
     }
     const cudaStream_t s = stream();
     detail::cuda_check(cudaMemcpyAsync(agreement_.data(), &mine, sizeof(float),
@@ -310,8 +312,9 @@ class device_layerwise_sgd {
 
   void check_size(const char* what, std::size_t n) const {
     if (n != total_) {
-      detail::throw_invalid_argument("device_layerwise_sgd::begin_step", what, n,
-                                     detail::concat("the total of the tensor sizes (", total_, ")"));
+      detail::throw_invalid_argument(
+          "device_layerwise_sgd::begin_step", what, n,
+          detail::concat("the total of the tensor sizes (", total_, ")"));
     }
   }
 
@@ -333,7 +336,8 @@ class device_layerwise_sgd {
       try {
         detail::cuda_check(set, "cudaSetDevice");
         const cudaStream_t s = stream();
-        detail::cuda_check(cudaStreamWaitEvent(s, ready_events_[j].get(), 0), "cudaStreamWaitEvent");
+        detail::cuda_check(cudaStreamWaitEvent(s, ready_events_[j].get(), 0),
+                           "cudaStreamWaitEvent");
         detail::cuda_check(cudaEventRecord(begin_events_[j].get(), s), "cudaEventRecord");
         if (!skip) optimizers_[t]->exchange_step(grads);
       } catch (...) {

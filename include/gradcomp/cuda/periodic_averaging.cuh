@@ -200,7 +200,9 @@ class device_periodic_averaging {
     return stats_;
   }
 
-  [[nodiscard]] bool just_averaged() const noexcept { return last_round_step_ == step_ && step_ > 0; }
+  [[nodiscard]] bool just_averaged() const noexcept {
+    return last_round_step_ == step_ && step_ > 0;
+  }
   [[nodiscard]] const step_stats& last_stats() const noexcept { return stats_; }
   [[nodiscard]] std::uint64_t steps_done() const noexcept { return step_; }
   [[nodiscard]] std::uint64_t rounds_done() const noexcept { return round_; }
@@ -241,7 +243,8 @@ class device_periodic_averaging {
       }
     }
     if (!os) {
-      throw error("gradcomp::device_periodic_averaging::save_state: the stream failed while writing");
+      throw error(
+          "gradcomp::device_periodic_averaging::save_state: the stream failed while writing");
     }
   }
 
@@ -254,11 +257,12 @@ class device_periodic_averaging {
     const auto round = get<std::uint64_t>(is);
     const auto last_round_step = get<std::uint64_t>(is);
     if (const auto subsets = get<std::uint32_t>(is); subsets != avg_.subsets) {
-      fail_load(detail::concat("checkpoint averages ", subsets, " slices per tensor, this optimizer ",
-                               avg_.subsets));
+      fail_load(detail::concat("checkpoint averages ", subsets,
+                               " slices per tensor, this optimizer ", avg_.subsets));
     }
     if (const auto count = get<std::uint32_t>(is); count != tensors_.size()) {
-      fail_load(detail::concat("checkpoint has ", count, " tensors, this optimizer has ", tensors_.size()));
+      fail_load(detail::concat("checkpoint has ", count, " tensors, this optimizer has ",
+                               tensors_.size()));
     }
     for (const tensor_spec& t : tensors_) {
       const auto id = get<std::uint32_t>(is);
@@ -280,7 +284,8 @@ class device_periodic_averaging {
       for (unsigned c = 0; c < avg_.subsets; ++c) {
         const auto [begin, end] = slice(t, c);
         if (const auto nbuf = get<std::uint32_t>(is); nbuf != 1) {
-          fail_load(detail::concat("a slice has ", nbuf, " feedback buffers in the checkpoint, 1 here"));
+          fail_load(
+              detail::concat("a slice has ", nbuf, " feedback buffers in the checkpoint, 1 here"));
         }
         if (const auto n = get<std::uint64_t>(is); n != end - begin) {
           fail_load(detail::concat("a feedback buffer has ", n, " elements in the checkpoint, ",
@@ -332,7 +337,9 @@ class device_periodic_averaging {
     std::size_t pos = 0;
   };
 
-  [[noreturn]] static void fail_load(const std::string& why) { detail::fail_load(driver_name, why); }
+  [[noreturn]] static void fail_load(const std::string& why) {
+    detail::fail_load(driver_name, why);
+  }
   template <class V>
   static V get(std::istream& is) {
     return detail::get<V>(is, driver_name);
@@ -355,8 +362,8 @@ class device_periodic_averaging {
 
   void check_size(const char* what, std::size_t n) const {
     if (n != total_) {
-      detail::throw_invalid_argument(driver_name, what, n,
-                                     detail::concat("the total of the tensor sizes (", total_, ")"));
+      detail::throw_invalid_argument(
+          driver_name, what, n, detail::concat("the total of the tensor sizes (", total_, ")"));
     }
   }
 
@@ -383,8 +390,9 @@ class device_periodic_averaging {
   std::vector<T> download(const T* p, std::size_t n) const {
     std::vector<T> v(n);
     if (n) {
-      detail::cuda_check(cudaMemcpyAsync(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, stream()),
-                         "cudaMemcpyAsync");
+      detail::cuda_check(
+          cudaMemcpyAsync(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, stream()),
+          "cudaMemcpyAsync");
     }
     detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
     return v;

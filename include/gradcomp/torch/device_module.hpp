@@ -75,7 +75,8 @@ class device_module_base : public module_base<float> {
                                      "a factory of device drivers (cuda/device_driver.cuh)");
     }
     cudaEvent_t e = nullptr;
-    detail::cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    detail::cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                       "cudaEventCreateWithFlags");
     event_.reset(e);
   }
 
@@ -292,7 +293,9 @@ class device_module_lags : public device_module_base {
     return followed(compute_, driver_->stream(), [this]() -> const layerwise_stats& {
       return release_.finish(
           *driver_, driver_->rank(),
-          [this](double mine) { return static_cast<double>(driver_->agree_max(static_cast<float>(mine))); },
+          [this](double mine) {
+            return static_cast<double>(driver_->agree_max(static_cast<float>(mine)));
+          },
           "device_module_lags");
     });
   }

@@ -333,16 +333,18 @@ class module_lags : public module_base<typename Compressor::value_type> {
 
   // densities[i] for the i-th tensor in registration order (parameters, or the plan's groups;
   // registration_order()): the order of lags_densities()'s layers.
-  module_lags(torch::nn::Module& m, Comm& comm, std::span<const double> densities, Compressor c = {},
-              Exchange x = {}, sgd_options sgd = {}, std::optional<merge_plan> groups = {})
+  module_lags(torch::nn::Module& m, Comm& comm, std::span<const double> densities,
+              Compressor c = {}, Exchange x = {}, sgd_options sgd = {},
+              std::optional<merge_plan> groups = {})
       : base(m, module_layout::flat, groups),
         comm_(&comm),
         release_(this->groups_, this->params_.size()),
         driver_(comm, detail_module::specs(this->groups_),
-                release_.by_name(densities, "torch_module::module_lags"), std::move(c), std::move(x),
-                sgd),
-        hooks_(this->params_, [this](std::size_t param) { release_.gradient_done(driver_, param); },
-               "module_lags") {}
+                release_.by_name(densities, "torch_module::module_lags"), std::move(c),
+                std::move(x), sgd),
+        hooks_(
+            this->params_, [this](std::size_t param) { release_.gradient_done(driver_, param); },
+            "module_lags") {}
 
   module_lags(const module_lags&) = delete;
   module_lags& operator=(const module_lags&) = delete;
