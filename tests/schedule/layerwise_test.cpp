@@ -218,6 +218,9 @@ TEST_CASE("layerwise_sgd rejects misuse") {
     CHECK_THROWS_AS(sgd.ready(2), invalid_argument);
     sgd.ready(1);
     CHECK_THROWS_AS(sgd.ready(1), invalid_argument);          // twice in one step
+    CHECK(sgd.wait_exchanges());
+    CHECK_THROWS_WITH_AS(sgd.ready(0), doctest::Contains("after wait_exchanges()"),
+                         invalid_argument);                     // after the wait
     CHECK_THROWS_AS(sgd.finish_step(), invalid_argument);     // tensor 0 never made ready
     // A full step afterwards works.
     sgd.begin_step(params, grads);

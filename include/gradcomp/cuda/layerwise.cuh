@@ -117,6 +117,9 @@ class device_layerwise_sgd {
     }
     check_size("params.size()", params.size());
     check_size("grads.size()", grads.size());
+    // nullptr is the legacy default stream, as torch's, also in a program compiled with
+    // --default-stream per-thread (ready() may be called from autograd's thread).
+    if (compute == nullptr) compute = cudaStreamLegacy;
     detail::cuda_check(cudaEventRecord(start_.get(), compute), "cudaEventRecord");
     const std::lock_guard lock(mu_);
     params_ = params;
@@ -146,6 +149,11 @@ class device_layerwise_sgd {
     if (is_ready_[t]) {
       detail::throw_invalid_argument("device_layerwise_sgd::ready", "t", t,
                                      "each tensor once per step");
+    }
+    if (waited_) {
+      detail::throw_invalid_argument("device_layerwise_sgd::ready", "state",
+                                     "after wait_exchanges()",
+                                     "every ready() before wait_exchanges() and finish_step()");
     }
     {
       const std::lock_guard lock(mu_);
@@ -222,58 +230,48 @@ class device_layerwise_sgd {
       detail::throw_invalid_argument("device_layerwise_sgd::finish_step", "tensors made ready",
                                      queue_.size(), detail::concat("all ", tensors_.size()));
     }
-    // The timings, on the device's clock: every event recorded is waited for (the exchanges'
-    // last work and the backward pass's).
-    if (!queue_.empty()) {
-      detail::cuda_check(cudaEventSynchronize(end_events_[queue_.size() - 1].get()),
-                         "cudaEventSynchronize");
-    }
-    detail::cuda_check(cudaEventSynchronize(backward_end_.get()), "cudaEventSynchronize");
+    // The timings, on the device's clock, all read before anything is committed: every event
+    // recorded is waited for (the exchanges' last work and the backward pass's). A CUDA error
+    // here discards the step, as a failed exchange does.
     layerwise_stats next;
-    const double backward_end = seconds_to(backward_end_.get());
+    std::vector<layer_timing> timings(queue_.size());
+    double backward_end = 0.0, last_end = 0.0;
+    try {
+      if (!queue_.empty()) {
+        detail::cuda_check(cudaEventSynchronize(end_events_[queue_.size() - 1].get()),
+                           "cudaEventSynchronize");
+      }
+      detail::cuda_check(cudaEventSynchronize(backward_end_.get()), "cudaEventSynchronize");
+      backward_end = seconds_to(backward_end_.get());
+      last_end = backward_end;
+      for (std::size_t j = 0; j < queue_.size(); ++j) {
+        layer_timing& timing = timings[j];
+        timing.id = tensors_[queue_[j]].id;
+        timing.density = densities_[queue_[j]];
+        timing.ready = seconds_to(ready_events_[j].get());
+        timing.comm_begin = seconds_to(begin_events_[j].get());
+        timing.comm_end = seconds_to(end_events_[j].get());
+        last_end = std::max(last_end, timing.comm_end);
+      }
+    } catch (...) {
+      for (const std::size_t t : queue_) optimizers_[t]->discard_step();
+      throw;
+    }
     next.backward_seconds = backward_end;
-    step_stats& s = next.step;
-    s.step = step_;
-    double weighted_target = 0.0, last_end = backward_end;
+    next.wait_seconds = last_end - backward_end;
+    next.step.step = step_;
+    // The updates, in ready() order (commit_step fails only with a CUDA error: a failed launch).
+    detail::layerwise_totals totals(next);
     for (std::size_t j = 0; j < queue_.size(); ++j) {
       const std::size_t t = queue_[j];
       const step_stats& ts = optimizers_[t]->commit_step(
           device_span<T>(params_.data() + offsets_[t], tensors_[t].size));
-      layer_timing timing;
-      timing.id = tensors_[t].id;
-      timing.density = densities_[t];
-      timing.ready = seconds_to(ready_events_[j].get());
-      timing.comm_begin = seconds_to(begin_events_[j].get());
-      timing.comm_end = seconds_to(end_events_[j].get());
-      next.layers.push_back(timing);
-      const double busy = timing.comm_end - timing.comm_begin;
-      next.communication_seconds += busy;
-      next.overlapped_seconds +=
-          std::clamp(std::min(timing.comm_end, backward_end) - timing.comm_begin, 0.0, busy);
-      last_end = std::max(last_end, timing.comm_end);
-      s.n += ts.n;
-      s.selected += ts.selected;
-      s.bytes_sent += ts.bytes_sent;
-      s.bytes_received += ts.bytes_received;
-      s.seconds.accumulate += ts.seconds.accumulate;
-      s.seconds.select += ts.seconds.select;
-      s.seconds.encode += ts.seconds.encode;
-      s.seconds.exchange += ts.seconds.exchange;
-      s.seconds.update += ts.seconds.update;
-      s.tensors.insert(s.tensors.end(), ts.tensors.begin(), ts.tensors.end());
-      weighted_target += ts.target_density * static_cast<double>(ts.n);
+      totals.add_layer(ts, timings[j], backward_end);
     }
-    next.wait_seconds = last_end - backward_end;
-    if (s.n) {
-      s.density = static_cast<double>(s.selected) / static_cast<double>(s.n);
-      s.target_density = weighted_target / static_cast<double>(s.n);
-    }
-    if (next.communication_seconds > 0.0) {
-      next.overlap = next.overlapped_seconds / next.communication_seconds;
-    }
+    totals.finish_layers();
     stats_ = std::move(next);
-    total_bytes_sent_ += s.bytes_sent;
-    total_bytes_received_ += s.bytes_received;
+    total_bytes_sent_ += stats_.step.bytes_sent;
+    total_bytes_received_ += stats_.step.bytes_received;
     ++step_;
     return stats_;
   }
@@ -343,8 +341,16 @@ class device_layerwise_sgd {
       } catch (...) {
         failure = std::current_exception();
       }
-      // Recorded whatever happened, so that finish_step()'s timings can be read.
-      cudaEventRecord(end_events_[j].get(), stream());
+      // Recorded whatever happened, so that finish_step()'s timings can be read; where the
+      // record itself fails, the step fails with it.
+      const cudaError_t recorded = cudaEventRecord(end_events_[j].get(), stream());
+      if (recorded != cudaSuccess && !failure) {
+        try {
+          detail::cuda_check(recorded, "cudaEventRecord");
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
 
       lock.lock();
       if (failure && !error_) error_ = failure;

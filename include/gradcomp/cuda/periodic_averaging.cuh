@@ -42,6 +42,7 @@
 
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/cuda/dispatch/launch.cuh>
+#include <gradcomp/cuda/dispatch/sgd.cuh>
 #include <gradcomp/cuda/kernels/step_kernels.cuh>
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/cuda/sparsified_sgd.cuh>
@@ -214,20 +215,12 @@ class device_periodic_averaging {
 
   // The host periodic_averaging's checkpoint, byte for byte. Waits for the stream.
   void save_state(std::ostream& os) const {
-    detail::put(os, checkpoint_magic);
-    detail::put(os, checkpoint_version);
-    detail::put(os, static_cast<std::uint32_t>(sizeof(T)));
-    detail::put(os, step_);
-    detail::put(os, round_);
-    detail::put(os, last_round_step_);
-    detail::put(os, static_cast<std::uint32_t>(avg_.subsets));
-    detail::put(os, static_cast<std::uint32_t>(tensors_.size()));
-    for (const tensor_spec& t : tensors_) {
-      detail::put(os, t.id);
-      detail::put(os, static_cast<std::uint64_t>(t.size));
-    }
-    put_vector(os, download(anchor_.data(), has_anchor_ ? total_ : 0));
-    put_vector(os, download(velocity_.data(), velocity_.size()));
+    detail::put_averaging_header<T>(os, {step_, round_, last_round_step_}, avg_.subsets,
+                                    tensors_);
+    const std::vector<T> anchor = download(anchor_.data(), has_anchor_ ? total_ : 0);
+    const std::vector<T> velocity = download(velocity_.data(), velocity_.size());
+    detail::put_sized(os, std::span<const T>(anchor));
+    detail::put_sized(os, std::span<const T>(velocity));
     // Slice s = t R + c (the host's order): one buffer, the residual of that slice.
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       for (unsigned c = 0; c < avg_.subsets; ++c) {
@@ -251,30 +244,11 @@ class device_periodic_averaging {
   // Loads the host's format (either driver's); checks all of it and changes nothing unless it
   // all matches.
   void load_state(std::istream& is) {
-    detail::check_header(is, driver_name, "gradcomp periodic_averaging", checkpoint_magic,
-                         checkpoint_version, static_cast<std::uint32_t>(sizeof(T)));
-    const auto step = get<std::uint64_t>(is);
-    const auto round = get<std::uint64_t>(is);
-    const auto last_round_step = get<std::uint64_t>(is);
-    if (const auto subsets = get<std::uint32_t>(is); subsets != avg_.subsets) {
-      fail_load(detail::concat("checkpoint averages ", subsets,
-                               " slices per tensor, this optimizer ", avg_.subsets));
-    }
-    if (const auto count = get<std::uint32_t>(is); count != tensors_.size()) {
-      fail_load(detail::concat("checkpoint has ", count, " tensors, this optimizer has ",
-                               tensors_.size()));
-    }
-    for (const tensor_spec& t : tensors_) {
-      const auto id = get<std::uint32_t>(is);
-      const auto n = get<std::uint64_t>(is);
-      if (id != t.id || n != t.size) {
-        fail_load(detail::concat("checkpoint has tensor ", id, " of ", n, " elements where this "
-                                 "optimizer has tensor ", t.id, " of ", t.size));
-      }
-    }
-    const std::vector<T> anchor = get_vector(is, "anchor", {0, total_});
+    const detail::averaging_counters at =
+        detail::get_averaging_header<T>(is, driver_name, avg_.subsets, tensors_);
+    const std::vector<T> anchor = detail::get_sized<T>(is, driver_name, "anchor", {0, total_});
     const std::vector<T> velocity =
-        get_vector(is, "velocity", {velocity_.size(), velocity_.size()});
+        detail::get_sized<T>(is, driver_name, "velocity", {velocity_.size(), velocity_.size()});
     // Each slice index's residuals, flat in its round driver's order.
     std::vector<std::vector<T>> residuals(avg_.subsets);
     for (unsigned c = 0; c < avg_.subsets; ++c) {
@@ -317,14 +291,12 @@ class device_periodic_averaging {
     if (!velocity.empty()) upload(velocity_.data(), velocity);
     detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
     has_anchor_ = !anchor.empty();
-    step_ = step;
-    round_ = round;
-    last_round_step_ = last_round_step;
+    step_ = at.step;
+    round_ = at.round;
+    last_round_step_ = at.last_round_step;
   }
 
  private:
-  static constexpr std::uint32_t checkpoint_magic = 0x41504347;  // the host's "GCPA"
-  static constexpr std::uint32_t checkpoint_version = 1;
   static constexpr std::string_view driver_name = "device_periodic_averaging";
   static constexpr unsigned threads = 256;
   static constexpr std::size_t max_blocks = 4096;
@@ -344,22 +316,6 @@ class device_periodic_averaging {
   static V get(std::istream& is) {
     return detail::get<V>(is, driver_name);
   }
-  static void put_vector(std::ostream& os, const std::vector<T>& v) {
-    detail::put(os, static_cast<std::uint64_t>(v.size()));
-    detail::put_array(os, std::span<const T>(v));
-  }
-  static std::vector<T> get_vector(std::istream& is, const char* what,
-                                   std::pair<std::size_t, std::size_t> sizes) {
-    const auto n = get<std::uint64_t>(is);
-    if (n != sizes.first && n != sizes.second) {
-      fail_load(detail::concat("checkpoint has a ", what, " of ", n, " elements, this optimizer ",
-                               sizes.second));
-    }
-    std::vector<T> v(static_cast<std::size_t>(n));
-    detail::get_array(is, std::span<T>(v), driver_name);
-    return v;
-  }
-
   void check_size(const char* what, std::size_t n) const {
     if (n != total_) {
       detail::throw_invalid_argument(
@@ -367,12 +323,9 @@ class device_periodic_averaging {
     }
   }
 
-  // The host's slices: [c n / R, (c + 1) n / R) with the remainder spread over the first ones.
+  // The host's slices.
   std::pair<std::size_t, std::size_t> slice(std::size_t t, unsigned c) const {
-    const std::size_t n = tensors_[t].size;
-    const std::size_t r = avg_.subsets;
-    return {n / r * c + std::min<std::size_t>(c, n % r),
-            n / r * (c + 1) + std::min<std::size_t>(c + 1, n % r)};
+    return detail::averaging_slice(tensors_[t].size, avg_.subsets, c);
   }
 
   // Tensor t's place among slice index c's parts (its slice is not empty).
@@ -429,24 +382,7 @@ class device_periodic_averaging {
 
   // The local step: detail::sgd_update's operations (sgd_kernel), on this rank's gradient.
   void update(device_span<T> params, device_span<const T> g) {
-    if (!total_) return;
-    const cudaStream_t s = stream();
-    const auto lr = static_cast<float>(opt_.lr);
-    const auto wd = static_cast<float>(opt_.weight_decay);
-    const auto m = static_cast<float>(opt_.momentum);
-    const unsigned grid = cuda::grid_for(total_, threads, max_blocks);
-    using cuda::step_impl::sgd_kind;
-    if (opt_.momentum == 0.0) {
-      cuda::step_impl::sgd_kernel<sgd_kind::plain>
-          <<<grid, threads, 0, s>>>(params.data(), g.data(), nullptr, total_, lr, wd, m);
-    } else if (opt_.nesterov) {
-      cuda::step_impl::sgd_kernel<sgd_kind::nesterov>
-          <<<grid, threads, 0, s>>>(params.data(), g.data(), velocity_.data(), total_, lr, wd, m);
-    } else {
-      cuda::step_impl::sgd_kernel<sgd_kind::momentum>
-          <<<grid, threads, 0, s>>>(params.data(), g.data(), velocity_.data(), total_, lr, wd, m);
-    }
-    cuda::check_launch("sgd_kernel");
+    cuda::launch_sgd_update(params.data(), g.data(), velocity_.data(), total_, opt_, stream());
   }
 
   void finish(step_stats&& next) {

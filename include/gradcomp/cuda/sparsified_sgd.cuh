@@ -161,6 +161,7 @@
 
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/cuda/dispatch/launch.cuh>
+#include <gradcomp/cuda/dispatch/sgd.cuh>
 #include <gradcomp/cuda/feedback.cuh>
 #include <gradcomp/cuda/gtopk.cuh>
 #include <gradcomp/cuda/kernels/step_kernels.cuh>
@@ -1768,24 +1769,7 @@ class device_sparsified_sgd {
 
   // Phase 3: params -= lr * update.
   void update(device_span<T> params, device_span<const T> g) {
-    if (!total_) return;
-    const cudaStream_t s = stream();
-    const auto lr = static_cast<float>(opt_.lr);
-    const auto wd = static_cast<float>(opt_.weight_decay);
-    const auto m = static_cast<float>(opt_.momentum);
-    const unsigned grid = cuda::grid_for(total_, threads, max_blocks);
-    using cuda::step_impl::sgd_kind;
-    if (opt_.momentum == 0.0) {
-      cuda::step_impl::sgd_kernel<sgd_kind::plain><<<grid, threads, 0, s>>>(
-          params.data(), g.data(), nullptr, total_, lr, wd, m);
-    } else if (opt_.nesterov) {
-      cuda::step_impl::sgd_kernel<sgd_kind::nesterov><<<grid, threads, 0, s>>>(
-          params.data(), g.data(), velocity_.data(), total_, lr, wd, m);
-    } else {
-      cuda::step_impl::sgd_kernel<sgd_kind::momentum><<<grid, threads, 0, s>>>(
-          params.data(), g.data(), velocity_.data(), total_, lr, wd, m);
-    }
-    cuda::check_launch("sgd_kernel");
+    cuda::launch_sgd_update(params.data(), g.data(), velocity_.data(), total_, opt_, stream());
   }
 
   // What a non-finite pick at position j of the step's picks is refused with. Where the check

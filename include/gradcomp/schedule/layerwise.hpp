@@ -139,6 +139,57 @@ struct layerwise_stats {
   double wait_seconds = 0.0;  // finish_step() waiting for the exchanges still in flight
 };
 
+namespace detail {
+
+// A LAGS step's statistics (layerwise_sgd's and device_layerwise_sgd's finish_step), tensor by
+// tensor in the order they were exchanged: add_layer() each, then finish_layers().
+class layerwise_totals {
+ public:
+  explicit layerwise_totals(layerwise_stats& next) : next_(&next) {}
+
+  // Tensor statistics `ts`, exchanged over [timing.comm_begin, timing.comm_end) of a step whose
+  // backward pass ended at `backward_end`.
+  void add_layer(const step_stats& ts, const layer_timing& timing, double backward_end) {
+    layerwise_stats& next = *next_;
+    next.layers.push_back(timing);
+    const double busy = timing.comm_end - timing.comm_begin;
+    next.communication_seconds += busy;
+    next.overlapped_seconds +=
+        std::clamp(std::min(timing.comm_end, backward_end) - timing.comm_begin, 0.0, busy);
+    step_stats& s = next.step;
+    s.n += ts.n;
+    s.selected += ts.selected;
+    s.bytes_sent += ts.bytes_sent;
+    s.bytes_received += ts.bytes_received;
+    s.seconds.accumulate += ts.seconds.accumulate;
+    s.seconds.select += ts.seconds.select;
+    s.seconds.encode += ts.seconds.encode;
+    s.seconds.exchange += ts.seconds.exchange;
+    s.seconds.update += ts.seconds.update;
+    s.tensors.insert(s.tensors.end(), ts.tensors.begin(), ts.tensors.end());
+    weighted_target_ += ts.target_density * static_cast<double>(ts.n);
+  }
+
+  // The step's density, target density (the tensors' weighted by size) and overlap.
+  void finish_layers() {
+    layerwise_stats& next = *next_;
+    step_stats& s = next.step;
+    if (s.n) {
+      s.density = static_cast<double>(s.selected) / static_cast<double>(s.n);
+      s.target_density = weighted_target_ / static_cast<double>(s.n);
+    }
+    if (next.communication_seconds > 0.0) {
+      next.overlap = next.overlapped_seconds / next.communication_seconds;
+    }
+  }
+
+ private:
+  layerwise_stats* next_;
+  double weighted_target_ = 0.0;
+};
+
+}  // namespace detail
+
 // One sparsified_sgd per tensor, each with a constant density of its own, run by a
 // communication thread that this object owns. A step:
 //
@@ -241,6 +292,10 @@ class layerwise_sgd {
     if (is_ready_[t]) {
       detail::throw_invalid_argument("layerwise_sgd::ready", "t", t, "each tensor once per step");
     }
+    if (waited_) {
+      detail::throw_invalid_argument("layerwise_sgd::ready", "state", "after wait_exchanges()",
+                                     "every ready() before wait_exchanges() and finish_step()");
+    }
     is_ready_[t] = true;
     {
       const std::lock_guard lock(mu_);
@@ -305,9 +360,8 @@ class layerwise_sgd {
     layerwise_stats next;
     next.backward_seconds = backward_end;
     next.wait_seconds = finished - backward_end;
-    step_stats& s = next.step;
-    s.step = step_;
-    double weighted_target = 0.0;
+    next.step.step = step_;
+    detail::layerwise_totals totals(next);
     for (std::size_t j = 0; j < queue_.size(); ++j) {
       const std::size_t t = queue_[j];
       const step_stats& ts =
@@ -315,33 +369,12 @@ class layerwise_sgd {
       layer_timing timing = timings_[j];
       timing.id = tensors_[t].id;
       timing.density = densities_[t];
-      next.layers.push_back(timing);
-      const double busy = timing.comm_end - timing.comm_begin;
-      next.communication_seconds += busy;
-      next.overlapped_seconds +=
-          std::clamp(std::min(timing.comm_end, backward_end) - timing.comm_begin, 0.0, busy);
-      s.n += ts.n;
-      s.selected += ts.selected;
-      s.bytes_sent += ts.bytes_sent;
-      s.bytes_received += ts.bytes_received;
-      s.seconds.accumulate += ts.seconds.accumulate;
-      s.seconds.select += ts.seconds.select;
-      s.seconds.encode += ts.seconds.encode;
-      s.seconds.exchange += ts.seconds.exchange;
-      s.seconds.update += ts.seconds.update;
-      s.tensors.insert(s.tensors.end(), ts.tensors.begin(), ts.tensors.end());
-      weighted_target += ts.target_density * static_cast<double>(ts.n);
+      totals.add_layer(ts, timing, backward_end);
     }
-    if (s.n) {
-      s.density = static_cast<double>(s.selected) / static_cast<double>(s.n);
-      s.target_density = weighted_target / static_cast<double>(s.n);
-    }
-    if (next.communication_seconds > 0.0) {
-      next.overlap = next.overlapped_seconds / next.communication_seconds;
-    }
+    totals.finish_layers();
     stats_ = std::move(next);
-    total_bytes_sent_ += s.bytes_sent;
-    total_bytes_received_ += s.bytes_received;
+    total_bytes_sent_ += stats_.step.bytes_sent;
+    total_bytes_received_ += stats_.step.bytes_received;
     ++step_;
     return stats_;
   }

@@ -38,6 +38,100 @@ struct averaging_options {
   bool error_feedback = true;
 };
 
+namespace detail {
+
+// Slice c of a tensor of n elements split into `subsets` (periodic_averaging's rounds):
+// [c n / R, (c + 1) n / R), the remainder spread over the first slices.
+inline std::pair<std::size_t, std::size_t> averaging_slice(std::size_t n, unsigned subsets,
+                                                           unsigned c) {
+  const std::size_t r = subsets;
+  return {n / r * c + std::min<std::size_t>(c, n % r),
+          n / r * (c + 1) + std::min<std::size_t>(c + 1, n % r)};
+}
+
+// periodic_averaging's checkpoint (and device_periodic_averaging's, byte for byte): a header
+// (magic, version, element size, the counters, the number of slices, each tensor's id and
+// size), the anchor and the velocity (each with its length), then every slice's feedback
+// buffers. The header's and the vectors' parts are here; the slices' are each driver's.
+inline constexpr std::uint32_t averaging_checkpoint_magic = 0x41504347;  // "GCPA" little-endian
+inline constexpr std::uint32_t averaging_checkpoint_version = 1;
+
+struct averaging_counters {
+  std::uint64_t step = 0;
+  std::uint64_t round = 0;
+  std::uint64_t last_round_step = 0;
+};
+
+template <class T>
+void put_averaging_header(std::ostream& os, const averaging_counters& at, unsigned subsets,
+                          std::span<const tensor_spec> tensors) {
+  put(os, averaging_checkpoint_magic);
+  put(os, averaging_checkpoint_version);
+  put(os, static_cast<std::uint32_t>(sizeof(T)));
+  put(os, at.step);
+  put(os, at.round);
+  put(os, at.last_round_step);
+  put(os, static_cast<std::uint32_t>(subsets));
+  put(os, static_cast<std::uint32_t>(tensors.size()));
+  for (const tensor_spec& t : tensors) {
+    put(os, t.id);
+    put(os, static_cast<std::uint64_t>(t.size));
+  }
+}
+
+// Reads and checks the header against the driver's slices and tensors (refused naming the
+// first mismatch; nothing of the driver changes).
+template <class T>
+averaging_counters get_averaging_header(std::istream& is, std::string_view driver,
+                                        unsigned subsets, std::span<const tensor_spec> tensors) {
+  check_header(is, driver, "gradcomp periodic_averaging", averaging_checkpoint_magic,
+               averaging_checkpoint_version, static_cast<std::uint32_t>(sizeof(T)));
+  averaging_counters at;
+  at.step = get<std::uint64_t>(is, driver);
+  at.round = get<std::uint64_t>(is, driver);
+  at.last_round_step = get<std::uint64_t>(is, driver);
+  if (const auto r = get<std::uint32_t>(is, driver); r != subsets) {
+    fail_load(driver, concat("checkpoint averages ", r, " slices per tensor, this optimizer ",
+                             subsets));
+  }
+  if (const auto count = get<std::uint32_t>(is, driver); count != tensors.size()) {
+    fail_load(driver, concat("checkpoint has ", count, " tensors, this optimizer has ",
+                             tensors.size()));
+  }
+  for (const tensor_spec& t : tensors) {
+    const auto id = get<std::uint32_t>(is, driver);
+    const auto n = get<std::uint64_t>(is, driver);
+    if (id != t.id || n != t.size) {
+      fail_load(driver, concat("checkpoint has tensor ", id, " of ", n, " elements where this "
+                               "optimizer has tensor ", t.id, " of ", t.size));
+    }
+  }
+  return at;
+}
+
+// A vector with its length (the anchor, the velocity).
+template <class T>
+void put_sized(std::ostream& os, std::span<const T> v) {
+  put(os, static_cast<std::uint64_t>(v.size()));
+  put_array(os, v);
+}
+
+// A vector whose length must be one of `sizes` (the anchor is empty before the first step).
+template <class T>
+std::vector<T> get_sized(std::istream& is, std::string_view driver, const char* what,
+                         std::pair<std::size_t, std::size_t> sizes) {
+  const auto n = get<std::uint64_t>(is, driver);
+  if (n != sizes.first && n != sizes.second) {
+    fail_load(driver, concat("checkpoint has a ", what, " of ", n, " elements, this optimizer ",
+                             sizes.second));
+  }
+  std::vector<T> v(static_cast<std::size_t>(n));
+  get_array(is, std::span<T>(v), driver);
+  return v;
+}
+
+}  // namespace detail
+
 // Round r, for tensor t of n elements and R = subsets, averages the slice
 // [c n / R, (c + 1) n / R) with c = r mod R; a slice that is empty is skipped on every rank.
 // A rank's change d = theta - anchor + e over the slice (anchor: the slice at its last
@@ -164,20 +258,10 @@ class periodic_averaging {
   // buffers, with the tensors' ids and sizes. load_state() checks all of it against this
   // optimizer and changes nothing unless it all matches.
   void save_state(std::ostream& os) const {
-    detail::put(os, checkpoint_magic);
-    detail::put(os, checkpoint_version);
-    detail::put(os, static_cast<std::uint32_t>(sizeof(T)));
-    detail::put(os, step_);
-    detail::put(os, round_);
-    detail::put(os, last_round_step_);
-    detail::put(os, static_cast<std::uint32_t>(avg_.subsets));
-    detail::put(os, static_cast<std::uint32_t>(tensors_.size()));
-    for (const tensor_spec& t : tensors_) {
-      detail::put(os, t.id);
-      detail::put(os, static_cast<std::uint64_t>(t.size));
-    }
-    put_vector(os, anchor_);
-    put_vector(os, velocity_);
+    detail::put_averaging_header<T>(os, {step_, round_, last_round_step_}, avg_.subsets,
+                                    tensors_);
+    detail::put_sized(os, std::span<const T>(anchor_));
+    detail::put_sized(os, std::span<const T>(velocity_));
     for (std::size_t s = 0; s < feedback_.size(); ++s) {
       // buffers() hands out mutable spans for load_state(); here they are only read.
       auto buffers = const_cast<typename compressor_type::state_type&>(feedback_.committed(s)).buffers();
@@ -191,28 +275,11 @@ class periodic_averaging {
   }
 
   void load_state(std::istream& is) {
-    detail::check_header(is, driver_name, "gradcomp periodic_averaging", checkpoint_magic,
-                         checkpoint_version, static_cast<std::uint32_t>(sizeof(T)));
-    const auto step = get<std::uint64_t>(is);
-    const auto round = get<std::uint64_t>(is);
-    const auto last_round_step = get<std::uint64_t>(is);
-    if (const auto subsets = get<std::uint32_t>(is); subsets != avg_.subsets) {
-      fail_load(detail::concat("checkpoint averages ", subsets, " slices per tensor, this optimizer ",
-                               avg_.subsets));
-    }
-    if (const auto count = get<std::uint32_t>(is); count != tensors_.size()) {
-      fail_load(detail::concat("checkpoint has ", count, " tensors, this optimizer has ", tensors_.size()));
-    }
-    for (const tensor_spec& t : tensors_) {
-      const auto id = get<std::uint32_t>(is);
-      const auto n = get<std::uint64_t>(is);
-      if (id != t.id || n != t.size) {
-        fail_load(detail::concat("checkpoint has tensor ", id, " of ", n, " elements where this "
-                                 "optimizer has tensor ", t.id, " of ", t.size));
-      }
-    }
-    std::vector<T> anchor = get_vector(is, "anchor", {0, total_});
-    std::vector<T> velocity = get_vector(is, "velocity", {velocity_.size(), velocity_.size()});
+    const detail::averaging_counters at =
+        detail::get_averaging_header<T>(is, driver_name, avg_.subsets, tensors_);
+    std::vector<T> anchor = detail::get_sized<T>(is, driver_name, "anchor", {0, total_});
+    std::vector<T> velocity =
+        detail::get_sized<T>(is, driver_name, "velocity", {velocity_.size(), velocity_.size()});
     std::vector<typename compressor_type::state_type> states;
     for (std::size_t s = 0; s < feedback_.size(); ++s) {
       const auto [begin, end] = slice(s / avg_.subsets, static_cast<unsigned>(s % avg_.subsets));
@@ -230,39 +297,21 @@ class periodic_averaging {
         detail::get_array(is, b, driver_name);
       }
     }
-    step_ = step;
-    round_ = round;
-    last_round_step_ = last_round_step;
+    step_ = at.step;
+    round_ = at.round;
+    last_round_step_ = at.last_round_step;
     anchor_ = std::move(anchor);
     velocity_ = std::move(velocity);
     feedback_.replace_committed(std::move(states));
   }
 
  private:
-  static constexpr std::uint32_t checkpoint_magic = 0x41504347;  // "GCPA" little-endian
-  static constexpr std::uint32_t checkpoint_version = 1;
   static constexpr std::string_view driver_name = "periodic_averaging";
 
   [[noreturn]] static void fail_load(const std::string& why) { detail::fail_load(driver_name, why); }
   template <class V>
   static V get(std::istream& is) {
     return detail::get<V>(is, driver_name);
-  }
-  static void put_vector(std::ostream& os, const std::vector<T>& v) {
-    detail::put(os, static_cast<std::uint64_t>(v.size()));
-    detail::put_array(os, std::span<const T>(v));
-  }
-  // A vector whose size must be one of `sizes` (the anchor is empty before the first step).
-  static std::vector<T> get_vector(std::istream& is, const char* what,
-                                   std::pair<std::size_t, std::size_t> sizes) {
-    const auto n = get<std::uint64_t>(is);
-    if (n != sizes.first && n != sizes.second) {
-      fail_load(detail::concat("checkpoint has a ", what, " of ", n, " elements, this optimizer ",
-                               sizes.second));
-    }
-    std::vector<T> v(static_cast<std::size_t>(n));
-    detail::get_array(is, std::span<T>(v), driver_name);
-    return v;
   }
 
   void check_size(const char* what, std::size_t n) const {
@@ -273,10 +322,7 @@ class periodic_averaging {
   }
 
   std::pair<std::size_t, std::size_t> slice(std::size_t t, unsigned c) const {
-    const std::size_t n = tensors_[t].size;
-    const std::size_t r = avg_.subsets;
-    return {n / r * c + std::min<std::size_t>(c, n % r),
-            n / r * (c + 1) + std::min<std::size_t>(c + 1, n % r)};
+    return detail::averaging_slice(tensors_[t].size, avg_.subsets, c);
   }
 
   void finish(step_stats&& next) {

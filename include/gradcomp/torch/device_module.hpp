@@ -132,24 +132,27 @@ class device_module_base : public module_base<float> {
   std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, destroy_event> event_;
 };
 
-class device_module_sgd : public device_module_base {
+// device_module_sgd's and device_module_averaging's common part: a driver of type Driver
+// (cuda/device_driver.hpp) made once by a factory with the module's tensors, its step on the
+// flat buffers ordered with torch's stream, and checkpoints keyed by tensor name.
+template <class Driver, class Factory>
+class device_module_of : public device_module_base {
  public:
   // Every parameter of m must be a contiguous float tensor on one CUDA device (refused
   // otherwise, naming the parameter, before the factory is called); `make` is called once with
   // the tensors. The current CUDA device must be the parameters' (the driver's buffers, stream
   // and events are made there; refused otherwise, before the factory is called).
-  device_module_sgd(torch::nn::Module& m, const cuda::device_driver_factory& make,
-                    module_layout layout = module_layout::flat,
-                    const std::optional<merge_plan>& groups = {})
-      : device_module_base(m, layout, groups, "device_module_sgd", static_cast<bool>(make)) {
+  device_module_of(torch::nn::Module& m, const Factory& make, module_layout layout,
+                   const std::optional<merge_plan>& groups, const char* who)
+      : device_module_base(m, layout, groups, who, static_cast<bool>(make)) {
     driver_ = make(detail_module::specs(this->groups_));
-    check_driver("device_module_sgd", driver_ != nullptr, driver_ ? driver_->size() : 0);
+    check_driver(who, driver_ != nullptr, driver_ ? driver_->size() : 0);
   }
 
-  // One step on every rank: each parameter's .grad() (zero where undefined) is compressed,
-  // exchanged and averaged on the device, and the parameters are updated in place. `compute`:
-  // torch's current stream, where the backward pass ran and the next forward pass runs
-  // (c10::cuda::getCurrentCUDAStream().stream(); nullptr where the caller never set one).
+  // One step on every rank, on the module's .grad() (zero where undefined); the parameters are
+  // updated in place. `compute`: torch's current stream, where the backward pass ran and the
+  // next forward pass runs (c10::cuda::getCurrentCUDAStream().stream(); nullptr where the
+  // caller never set one).
   const step_stats& step(cudaStream_t compute) {
     this->sync_buffers();
     const step_stats& s =
@@ -160,22 +163,26 @@ class device_module_sgd : public device_module_base {
     return s;
   }
 
-  // Checkpoints keyed by tensor name, as module_sgd's (the driver's state in the host drivers'
-  // format: a checkpoint moves between module_sgd and device_module_sgd).
-  void save(std::ostream& os) const {
-    detail_module::save_names(os, this->groups_);
-    driver_->save_state(os);
-  }
-  void load(std::istream& is) {
-    detail_module::check_names(is, this->groups_);
-    driver_->load_state(is);
-  }
+  // Checkpoints keyed by tensor name, as module_sgd's: the driver's state is in its host twin's
+  // format, so a checkpoint moves between the host and device module drivers.
+  void save(std::ostream& os) const { this->save_with(os, *driver_); }
+  void load(std::istream& is) { this->load_with(is, *driver_); }
 
-  [[nodiscard]] cuda::device_step_driver& driver() noexcept { return *driver_; }
-  [[nodiscard]] const cuda::device_step_driver& driver() const noexcept { return *driver_; }
+  [[nodiscard]] Driver& driver() noexcept { return *driver_; }
+  [[nodiscard]] const Driver& driver() const noexcept { return *driver_; }
 
- private:
-  std::unique_ptr<cuda::device_step_driver> driver_;
+ protected:
+  std::unique_ptr<Driver> driver_;
+};
+
+// module_sgd for CUDA parameters over the device-resident step (above).
+class device_module_sgd
+    : public device_module_of<cuda::device_step_driver, cuda::device_driver_factory> {
+ public:
+  device_module_sgd(torch::nn::Module& m, const cuda::device_driver_factory& make,
+                    module_layout layout = module_layout::flat,
+                    const std::optional<merge_plan>& groups = {})
+      : device_module_of(m, make, layout, groups, "device_module_sgd") {}
 };
 
 // module_averaging (PQASGD) for a module whose parameters are on a CUDA device: local SGD
@@ -194,28 +201,13 @@ class device_module_sgd : public device_module_base {
 // The parameters must be equal on every rank before the first step (broadcast them). Streams,
 // the transaction and the layouts are device_module_sgd's; checkpoints keyed by tensor name
 // move between it and module_averaging.
-class device_module_averaging : public device_module_base {
+class device_module_averaging
+    : public device_module_of<cuda::device_averaging_driver, cuda::averaging_driver_factory> {
  public:
   device_module_averaging(torch::nn::Module& m, const cuda::averaging_driver_factory& make,
                           module_layout layout = module_layout::flat,
                           const std::optional<merge_plan>& groups = {})
-      : device_module_base(m, layout, groups, "device_module_averaging",
-                           static_cast<bool>(make)) {
-    driver_ = make(detail_module::specs(this->groups_));
-    check_driver("device_module_averaging", driver_ != nullptr, driver_ ? driver_->size() : 0);
-  }
-
-  // A local step; a round after every `period` of them (collective then). `compute`: torch's
-  // current stream, as device_module_sgd::step's.
-  const step_stats& step(cudaStream_t compute) {
-    this->sync_buffers();
-    const step_stats& s =
-        ordered(compute, driver_->stream(), [&]() -> const step_stats& {
-          return driver_->step(params(), grads());
-        });
-    this->sync_module();
-    return s;
-  }
+      : device_module_of(m, make, layout, groups, "device_module_averaging") {}
 
   // A round now unless the last step ended with one (e.g. before evaluating). Collective.
   void average(cudaStream_t compute) {
@@ -225,21 +217,6 @@ class device_module_averaging : public device_module_base {
             [&]() -> const step_stats& { return driver_->average(params()); });
     this->sync_module();
   }
-
-  void save(std::ostream& os) const {
-    detail_module::save_names(os, this->groups_);
-    driver_->save_state(os);
-  }
-  void load(std::istream& is) {
-    detail_module::check_names(is, this->groups_);
-    driver_->load_state(is);
-  }
-
-  [[nodiscard]] cuda::device_averaging_driver& driver() noexcept { return *driver_; }
-  [[nodiscard]] const cuda::device_averaging_driver& driver() const noexcept { return *driver_; }
-
- private:
-  std::unique_ptr<cuda::device_averaging_driver> driver_;
 };
 
 // module_lags (LAGS-SGD) for a module whose parameters are on a CUDA device: autograd's hooks
@@ -255,6 +232,9 @@ class device_module_averaging : public device_module_base {
 //
 // The missing-gradient agreement, the refusals and the transaction are module_lags's (one
 // collective of one number through the driver); `compute` then waits for the updates.
+// Construct it while `compute` is torch's current stream: autograd accumulates a parameter's
+// gradient on the stream that was current when its gradient accumulator was made, and the
+// constructor makes them (holding them, with their hooks, as long as it lives).
 class device_module_lags : public device_module_base {
  public:
   // densities[i] for the i-th tensor in registration order (module_lags's).

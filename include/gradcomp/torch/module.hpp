@@ -99,6 +99,18 @@ class module_base {
   void sync_buffers() { detail_module::gather(params_, flat_, layout_); }
 
  protected:
+  // Checkpoints keyed by tensor name: the name table, then the driver's own state.
+  template <class Driver>
+  void save_with(std::ostream& os, const Driver& d) const {
+    detail_module::save_names(os, groups_);
+    d.save_state(os);
+  }
+  template <class Driver>
+  void load_with(std::istream& is, Driver& d) {
+    detail_module::check_names(is, groups_);
+    d.load_state(is);
+  }
+
   std::span<T> param_span(const char* who) { return torch_views::as_span<T>(flat_.params, who, "parameters"); }
   std::span<T> grad_span(const char* who) { return torch_views::as_span<T>(flat_.grads, who, "gradients"); }
 
@@ -134,14 +146,8 @@ class module_sgd : public module_base<typename Compressor::value_type> {
 
   // Checkpoints keyed by tensor name: a module whose parameters were registered in another
   // order loads it; one with other parameters is refused, naming the first mismatch.
-  void save(std::ostream& os) const {
-    detail_module::save_names(os, this->groups_);
-    driver_.save_state(os);
-  }
-  void load(std::istream& is) {
-    detail_module::check_names(is, this->groups_);
-    driver_.load_state(is);
-  }
+  void save(std::ostream& os) const { this->save_with(os, driver_); }
+  void load(std::istream& is) { this->load_with(is, driver_); }
 
   [[nodiscard]] driver_type& driver() noexcept { return driver_; }
   [[nodiscard]] const driver_type& driver() const noexcept { return driver_; }
@@ -185,14 +191,8 @@ class module_averaging : public module_base<T> {
 
   // Checkpoints keyed by tensor name, as module_sgd's (periodic_averaging's format: a
   // checkpoint moves between module_averaging and device_module_averaging).
-  void save(std::ostream& os) const {
-    detail_module::save_names(os, this->groups_);
-    driver_.save_state(os);
-  }
-  void load(std::istream& is) {
-    detail_module::check_names(is, this->groups_);
-    driver_.load_state(is);
-  }
+  void save(std::ostream& os) const { this->save_with(os, driver_); }
+  void load(std::istream& is) { this->load_with(is, driver_); }
 
   [[nodiscard]] driver_type& driver() noexcept { return driver_; }
   [[nodiscard]] const driver_type& driver() const noexcept { return driver_; }
