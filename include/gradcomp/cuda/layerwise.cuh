@@ -32,14 +32,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <span>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -91,20 +89,11 @@ class device_layerwise_sgd {
     // The exchanges run on a thread of their own: a communicator that needs to be told (MPI
     // under staged_comm without MPI_THREAD_SERIALIZED) refuses here, not in a collective later.
     if constexpr (checks_thread_support<Comm>) comm.require_thread_support(driver_name);
-    worker_ = std::thread([this] { run(); });
+    queue_.emplace([this](std::size_t j, std::size_t t, bool skip) { return exchange(j, t, skip); });
   }
 
   device_layerwise_sgd(const device_layerwise_sgd&) = delete;
   device_layerwise_sgd& operator=(const device_layerwise_sgd&) = delete;
-
-  ~device_layerwise_sgd() {
-    {
-      const std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    work_cv_.notify_all();
-    worker_.join();
-  }
 
   // Starts a step on the flat device buffers (tensors back to back, in the constructor's
   // order), whose gradients are written by work queued on `compute` (nullptr: the legacy
@@ -121,14 +110,10 @@ class device_layerwise_sgd {
     // --default-stream per-thread (ready() may be called from autograd's thread).
     if (compute == nullptr) compute = cudaStreamLegacy;
     detail::cuda_check(cudaEventRecord(start_.get(), compute), "cudaEventRecord");
-    const std::lock_guard lock(mu_);
+    queue_->reset();
     params_ = params;
     grads_ = grads;
     compute_ = compute;
-    queue_.clear();
-    next_ = 0;
-    done_ = 0;
-    error_ = nullptr;
     std::fill(is_ready_.begin(), is_ready_.end(), false);
     waited_ = false;
     in_step_ = true;
@@ -155,14 +140,10 @@ class device_layerwise_sgd {
                                      "after wait_exchanges()",
                                      "every ready() before wait_exchanges() and finish_step()");
     }
-    {
-      const std::lock_guard lock(mu_);
-      detail::cuda_check(cudaEventRecord(ready_events_[queue_.size()].get(), compute_),
-                         "cudaEventRecord");
+    queue_->push(t, [&](std::size_t j) {
+      detail::cuda_check(cudaEventRecord(ready_events_[j].get(), compute_), "cudaEventRecord");
       is_ready_[t] = true;
-      queue_.push_back(t);
-    }
-    work_cv_.notify_one();
+    });
   }
 
   // Waits for the exchanges in flight and returns whether all of them succeeded, changing
@@ -174,12 +155,10 @@ class device_layerwise_sgd {
     }
     if (!waited_) {
       detail::cuda_check(cudaEventRecord(backward_end_.get(), compute_), "cudaEventRecord");
-      std::unique_lock lock(mu_);
-      done_cv_.wait(lock, [this] { return done_ == queue_.size(); });
+      exchanged_ = queue_->wait_all();
       waited_ = true;
     }
-    const std::lock_guard lock(mu_);
-    return !error_;
+    return exchanged_;
   }
 
   // After wait_exchanges(), with the communicator free: the largest of every rank's `mine`
@@ -207,9 +186,8 @@ class device_layerwise_sgd {
   void abandon_step() {
     if (!in_step_) return;
     (void)wait_exchanges();
-    const std::lock_guard lock(mu_);
-    for (const std::size_t t : queue_) optimizers_[t]->discard_step();
-    error_ = nullptr;
+    for (const std::size_t t : queue_->order()) optimizers_[t]->discard_step();
+    (void)queue_->take_error();
     in_step_ = false;
   }
 
@@ -222,39 +200,39 @@ class device_layerwise_sgd {
                                      "begin_step() first");
     }
     (void)wait_exchanges();
-    std::unique_lock lock(mu_);
     in_step_ = false;
-    if (error_ || queue_.size() != tensors_.size()) {
-      for (const std::size_t t : queue_) optimizers_[t]->discard_step();
-      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    const std::vector<std::size_t>& order = queue_->order();
+    if (!exchanged_ || order.size() != tensors_.size()) {
+      for (const std::size_t t : order) optimizers_[t]->discard_step();
+      if (std::exception_ptr e = queue_->take_error()) std::rethrow_exception(e);
       detail::throw_invalid_argument("device_layerwise_sgd::finish_step", "tensors made ready",
-                                     queue_.size(), detail::concat("all ", tensors_.size()));
+                                     order.size(), detail::concat("all ", tensors_.size()));
     }
     // The timings, on the device's clock, all read before anything is committed: every event
     // recorded is waited for (the exchanges' last work and the backward pass's). A CUDA error
     // here discards the step, as a failed exchange does.
     layerwise_stats next;
-    std::vector<layer_timing> timings(queue_.size());
+    std::vector<layer_timing> timings(order.size());
     double backward_end = 0.0, last_end = 0.0;
     try {
-      if (!queue_.empty()) {
-        detail::cuda_check(cudaEventSynchronize(end_events_[queue_.size() - 1].get()),
+      if (!order.empty()) {
+        detail::cuda_check(cudaEventSynchronize(end_events_[order.size() - 1].get()),
                            "cudaEventSynchronize");
       }
       detail::cuda_check(cudaEventSynchronize(backward_end_.get()), "cudaEventSynchronize");
       backward_end = seconds_to(backward_end_.get());
       last_end = backward_end;
-      for (std::size_t j = 0; j < queue_.size(); ++j) {
+      for (std::size_t j = 0; j < order.size(); ++j) {
         layer_timing& timing = timings[j];
-        timing.id = tensors_[queue_[j]].id;
-        timing.density = densities_[queue_[j]];
+        timing.id = tensors_[order[j]].id;
+        timing.density = densities_[order[j]];
         timing.ready = seconds_to(ready_events_[j].get());
         timing.comm_begin = seconds_to(begin_events_[j].get());
         timing.comm_end = seconds_to(end_events_[j].get());
         last_end = std::max(last_end, timing.comm_end);
       }
     } catch (...) {
-      for (const std::size_t t : queue_) optimizers_[t]->discard_step();
+      for (const std::size_t t : order) optimizers_[t]->discard_step();
       throw;
     }
     next.backward_seconds = backward_end;
@@ -262,8 +240,8 @@ class device_layerwise_sgd {
     next.step.step = step_;
     // The updates, in ready() order (commit_step fails only with a CUDA error: a failed launch).
     detail::layerwise_totals totals(next);
-    for (std::size_t j = 0; j < queue_.size(); ++j) {
-      const std::size_t t = queue_[j];
+    for (std::size_t j = 0; j < order.size(); ++j) {
+      const std::size_t t = order[j];
       const step_stats& ts = optimizers_[t]->commit_step(
           device_span<T>(params_.data() + offsets_[t], tensors_[t].size));
       totals.add_layer(ts, timings[j], backward_end);
@@ -316,47 +294,35 @@ class device_layerwise_sgd {
     }
   }
 
-  // The communication thread: takes ready tensors in order until stopped with none left. Each
-  // waits (on the communicator's stream) for the compute stream's work before its ready().
-  void run() {
-    const cudaError_t set = cudaSetDevice(device_);
-    std::unique_lock lock(mu_);
-    for (;;) {
-      work_cv_.wait(lock, [this] { return stop_ || next_ < queue_.size(); });
-      if (next_ == queue_.size()) return;  // stopped, nothing left
-      const std::size_t j = next_++;
-      const std::size_t t = queue_[j];
-      const bool skip = error_ != nullptr;  // the ranks' collectives are out of step already
-      const device_span<const T> grads(grads_.data() + offsets_[t], tensors_[t].size);
-      lock.unlock();
-
-      std::exception_ptr failure;
+  // The communication thread's work on the j-th tensor made ready, t (skip: an earlier one
+  // failed): its stream waits for the compute stream's work before its ready(), then its
+  // exchange, between two events.
+  std::exception_ptr exchange(std::size_t j, std::size_t t, bool skip) {
+    std::exception_ptr failure;
+    try {
+      detail::cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+      const cudaStream_t s = stream();
+      detail::cuda_check(cudaStreamWaitEvent(s, ready_events_[j].get(), 0),
+                         "cudaStreamWaitEvent");
+      detail::cuda_check(cudaEventRecord(begin_events_[j].get(), s), "cudaEventRecord");
+      if (!skip) {
+        optimizers_[t]->exchange_step(
+            device_span<const T>(grads_.data() + offsets_[t], tensors_[t].size));
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    // Recorded whatever happened, so that finish_step()'s timings can be read; where the
+    // record itself fails, the step fails with it.
+    const cudaError_t recorded = cudaEventRecord(end_events_[j].get(), stream());
+    if (recorded != cudaSuccess && !failure) {
       try {
-        detail::cuda_check(set, "cudaSetDevice");
-        const cudaStream_t s = stream();
-        detail::cuda_check(cudaStreamWaitEvent(s, ready_events_[j].get(), 0),
-                           "cudaStreamWaitEvent");
-        detail::cuda_check(cudaEventRecord(begin_events_[j].get(), s), "cudaEventRecord");
-        if (!skip) optimizers_[t]->exchange_step(grads);
+        detail::cuda_check(recorded, "cudaEventRecord");
       } catch (...) {
         failure = std::current_exception();
       }
-      // Recorded whatever happened, so that finish_step()'s timings can be read; where the
-      // record itself fails, the step fails with it.
-      const cudaError_t recorded = cudaEventRecord(end_events_[j].get(), stream());
-      if (recorded != cudaSuccess && !failure) {
-        try {
-          detail::cuda_check(recorded, "cudaEventRecord");
-        } catch (...) {
-          failure = std::current_exception();
-        }
-      }
-
-      lock.lock();
-      if (failure && !error_) error_ = failure;
-      ++done_;
-      done_cv_.notify_all();
     }
+    return failure;
   }
 
   Comm* comm_;
@@ -372,29 +338,21 @@ class device_layerwise_sgd {
   std::vector<event_ptr> ready_events_, begin_events_, end_events_;
   device_buffer<float> agreement_;
 
-  // Caller's side only.
+  // Caller's side only (params_, grads_ and compute_ also read by the communication thread:
+  // written before the tensors they concern are queued).
   bool in_step_ = false;
   bool waited_ = false;
+  bool exchanged_ = false;  // wait_exchanges(): every exchange succeeded
   std::vector<bool> is_ready_;
   layerwise_stats stats_;
   std::uint64_t step_ = 0;
   std::size_t total_bytes_sent_ = 0;
   std::size_t total_bytes_received_ = 0;
-
-  // Shared with the communication thread, under mu_.
-  std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  bool stop_ = false;
   device_span<T> params_;
   device_span<const T> grads_;
   cudaStream_t compute_ = nullptr;
-  std::vector<std::size_t> queue_;
-  std::size_t next_ = 0;
-  std::size_t done_ = 0;
-  std::exception_ptr error_;
 
-  std::thread worker_;  // last: started once everything above exists
+  std::optional<detail::ready_queue> queue_;  // last: its thread stops before the rest goes
 };
 
 }  // namespace gradcomp

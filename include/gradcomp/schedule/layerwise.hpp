@@ -13,8 +13,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <utility>
@@ -188,6 +190,96 @@ class layerwise_totals {
   double weighted_target_ = 0.0;
 };
 
+// The communication thread of a LAGS driver (layerwise_sgd; device_layerwise_sgd,
+// cuda/layerwise.cuh): the tensors made ready, in that order, taken up one at a time by a
+// thread this object owns, which runs work(j, t, skip) for the j-th of them (tensor t; skip:
+// an earlier one failed, the ranks' collectives are out of step already) and keeps the first
+// failure it returns. The thread stops, once nothing queued is left, when this object goes.
+class ready_queue {
+ public:
+  using work_fn = std::function<std::exception_ptr(std::size_t j, std::size_t t, bool skip)>;
+
+  explicit ready_queue(work_fn work) : work_(std::move(work)) {
+    worker_ = std::thread([this] { run(); });
+  }
+  ready_queue(const ready_queue&) = delete;
+  ready_queue& operator=(const ready_queue&) = delete;
+  ~ready_queue() {
+    {
+      const std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    worker_.join();
+  }
+
+  // A new step: nothing queued, no failure (nothing may be in flight).
+  void reset() {
+    const std::lock_guard lock(mu_);
+    queue_.clear();
+    next_ = 0;
+    done_ = 0;
+    error_ = nullptr;
+  }
+
+  // Queues tensor t after those queued before; at(j) runs first, under the queue's lock, with
+  // its place j (the caller's record of when it was made ready).
+  template <class At>
+  void push(std::size_t t, At&& at) {
+    {
+      const std::lock_guard lock(mu_);
+      at(queue_.size());
+      queue_.push_back(t);
+    }
+    work_cv_.notify_one();
+  }
+
+  // Waits until every tensor queued is done; whether none failed.
+  bool wait_all() {
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [this] { return done_ == queue_.size(); });
+    return !error_;
+  }
+
+  // The first failure (null: none), forgotten.
+  std::exception_ptr take_error() {
+    const std::lock_guard lock(mu_);
+    return std::exchange(error_, nullptr);
+  }
+
+  // The tensors in the order they were made ready (with nothing in flight: after wait_all()).
+  [[nodiscard]] const std::vector<std::size_t>& order() const noexcept { return queue_; }
+
+ private:
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      work_cv_.wait(lock, [this] { return stop_ || next_ < queue_.size(); });
+      if (next_ == queue_.size()) return;  // stopped, nothing left
+      const std::size_t j = next_++;
+      const std::size_t t = queue_[j];
+      const bool skip = error_ != nullptr;
+      lock.unlock();
+      std::exception_ptr failure = work_(j, t, skip);
+      lock.lock();
+      if (failure && !error_) error_ = failure;
+      ++done_;
+      done_cv_.notify_all();
+    }
+  }
+
+  work_fn work_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  bool stop_ = false;
+  std::vector<std::size_t> queue_;  // tensor indices in ready() order
+  std::size_t next_ = 0;            // queue_[next_] is the next to take up
+  std::size_t done_ = 0;
+  std::exception_ptr error_;
+  std::thread worker_;  // last: started once everything above exists
+};
+
 }  // namespace detail
 
 // One sparsified_sgd per tensor, each with a constant density of its own, run by a
@@ -240,20 +332,11 @@ class layerwise_sgd {
     // The exchanges run on a thread of their own: a communicator that needs to be told (MPI
     // without MPI_THREAD_SERIALIZED) refuses here, not in a collective later.
     if constexpr (checks_thread_support<Comm>) comm.require_thread_support("layerwise_sgd");
-    worker_ = std::thread([this] { run(); });
+    queue_.emplace([this](std::size_t j, std::size_t t, bool skip) { return exchange(j, t, skip); });
   }
 
   layerwise_sgd(const layerwise_sgd&) = delete;
   layerwise_sgd& operator=(const layerwise_sgd&) = delete;
-
-  ~layerwise_sgd() {
-    {
-      const std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    work_cv_.notify_all();
-    worker_.join();
-  }
 
   // Starts a step on the flat buffers (tensors back to back, in the constructor's order).
   // Both must stay alive, and the caller must not write a tensor's gradient or touch its
@@ -265,13 +348,9 @@ class layerwise_sgd {
     }
     check_size("params.size()", params.size());
     check_size("grads.size()", grads.size());
-    const std::lock_guard lock(mu_);
+    queue_->reset();
     params_ = params;
     grads_ = grads;
-    queue_.clear();
-    next_ = 0;
-    done_ = 0;
-    error_ = nullptr;
     std::fill(is_ready_.begin(), is_ready_.end(), false);
     start_ = clock::now();
     waited_ = false;
@@ -297,12 +376,7 @@ class layerwise_sgd {
                                      "every ready() before wait_exchanges() and finish_step()");
     }
     is_ready_[t] = true;
-    {
-      const std::lock_guard lock(mu_);
-      timings_[queue_.size()].ready = since_start();
-      queue_.push_back(t);
-    }
-    work_cv_.notify_one();
+    queue_->push(t, [this](std::size_t j) { timings_[j].ready = since_start(); });
   }
 
   // Waits for the exchanges in flight and returns whether all of them succeeded, changing
@@ -315,13 +389,11 @@ class layerwise_sgd {
     }
     if (!waited_) {
       backward_end_ = since_start();
-      std::unique_lock lock(mu_);
-      done_cv_.wait(lock, [this] { return done_ == queue_.size(); });
+      exchanged_ = queue_->wait_all();
       finished_ = since_start();
       waited_ = true;
     }
-    const std::lock_guard lock(mu_);
-    return !error_;
+    return exchanged_;
   }
 
   // Ends the step without applying any of it, whatever its exchanges did: every tensor's staged
@@ -330,9 +402,8 @@ class layerwise_sgd {
   void abandon_step() {
     if (!in_step_) return;
     (void)wait_exchanges();
-    const std::lock_guard lock(mu_);
-    for (const std::size_t t : queue_) optimizers_[t]->discard_step();
-    error_ = nullptr;
+    for (const std::size_t t : queue_->order()) optimizers_[t]->discard_step();
+    (void)queue_->take_error();
     in_step_ = false;
   }
 
@@ -346,14 +417,14 @@ class layerwise_sgd {
     (void)wait_exchanges();
     const double backward_end = backward_end_;
     const double finished = finished_;
-    std::unique_lock lock(mu_);
     in_step_ = false;
-    if (error_ || queue_.size() != tensors_.size()) {
+    const std::vector<std::size_t>& order = queue_->order();
+    if (!exchanged_ || order.size() != tensors_.size()) {
       // Nothing of the step is kept: the tensors exchanged so far are discarded.
-      for (const std::size_t t : queue_) optimizers_[t]->discard_step();
-      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+      for (const std::size_t t : order) optimizers_[t]->discard_step();
+      if (std::exception_ptr e = queue_->take_error()) std::rethrow_exception(e);
       detail::throw_invalid_argument("layerwise_sgd::finish_step", "tensors made ready",
-                                     queue_.size(), detail::concat("all ", tensors_.size()));
+                                     order.size(), detail::concat("all ", tensors_.size()));
     }
 
     // Every exchange succeeded: apply the updates, in ready() order.
@@ -362,8 +433,8 @@ class layerwise_sgd {
     next.wait_seconds = finished - backward_end;
     next.step.step = step_;
     detail::layerwise_totals totals(next);
-    for (std::size_t j = 0; j < queue_.size(); ++j) {
-      const std::size_t t = queue_[j];
+    for (std::size_t j = 0; j < order.size(); ++j) {
+      const std::size_t t = order[j];
       const step_stats& ts =
           optimizers_[t]->commit_step(params_.subspan(offsets_[t], tensors_[t].size));
       layer_timing timing = timings_[j];
@@ -403,36 +474,21 @@ class layerwise_sgd {
     return std::chrono::duration<double>(clock::now() - start_).count();
   }
 
-  // The communication thread: takes ready tensors in order until stopped with none left.
-  void run() {
-    std::unique_lock lock(mu_);
-    for (;;) {
-      work_cv_.wait(lock, [this] { return stop_ || next_ < queue_.size(); });
-      if (next_ == queue_.size()) return;  // stopped, nothing left
-      const std::size_t j = next_++;
-      const std::size_t t = queue_[j];
-      const bool skip = error_ != nullptr;  // the ranks' collectives are out of step already
-      const std::span<const T> grads = grads_.subspan(offsets_[t], tensors_[t].size);
-      lock.unlock();
-
-      const double begin = since_start();
-      std::exception_ptr failure;
-      if (!skip) {
-        try {
-          optimizers_[t]->exchange_step(grads);
-        } catch (...) {
-          failure = std::current_exception();
-        }
+  // The communication thread's work on the j-th tensor made ready, t (skip: an earlier one
+  // failed): its exchange and when it ran.
+  std::exception_ptr exchange(std::size_t j, std::size_t t, bool skip) {
+    const double begin = since_start();
+    std::exception_ptr failure;
+    if (!skip) {
+      try {
+        optimizers_[t]->exchange_step(grads_.subspan(offsets_[t], tensors_[t].size));
+      } catch (...) {
+        failure = std::current_exception();
       }
-      const double end = since_start();
-
-      lock.lock();
-      timings_[j].comm_begin = begin;
-      timings_[j].comm_end = end;
-      if (failure && !error_) error_ = failure;
-      ++done_;
-      done_cv_.notify_all();
     }
+    timings_[j].comm_begin = begin;
+    timings_[j].comm_end = since_start();
+    return failure;
   }
 
   std::vector<tensor_spec> tensors_;
@@ -441,31 +497,23 @@ class layerwise_sgd {
   std::size_t total_ = 0;
   std::vector<std::unique_ptr<optimizer_type>> optimizers_;
 
-  // Caller's side only.
+  // Caller's side only (params_, grads_, start_ and timings_ also read by the communication
+  // thread: written before the tensors they concern are queued, or read after wait_all()).
   bool in_step_ = false;
   bool waited_ = false;  // wait_exchanges() ran in this step
+  bool exchanged_ = false;  // and every exchange succeeded
   double backward_end_ = 0.0, finished_ = 0.0;
   std::vector<bool> is_ready_;
   layerwise_stats stats_;
   std::uint64_t step_ = 0;
   std::size_t total_bytes_sent_ = 0;
   std::size_t total_bytes_received_ = 0;
-
-  // Shared with the communication thread, under mu_.
-  std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  bool stop_ = false;
   std::span<T> params_;
   std::span<const T> grads_;
   clock::time_point start_{};
-  std::vector<std::size_t> queue_;  // tensor indices in ready() order
-  std::size_t next_ = 0;            // queue_[next_] is the next to take up
-  std::size_t done_ = 0;
-  std::vector<layer_timing> timings_;      // by queue position
-  std::exception_ptr error_;
+  std::vector<layer_timing> timings_;  // by queue position
 
-  std::thread worker_;  // last: started once everything above exists
+  std::optional<detail::ready_queue> queue_;  // last: its thread stops before the rest goes
 };
 
 }  // namespace gradcomp
