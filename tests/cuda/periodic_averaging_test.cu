@@ -37,6 +37,7 @@ namespace {
 using namespace gradcomp;
 using gradcomp_test::fault_comm;
 using gradcomp_test::fault_kind;
+using gradcomp_test::first_difference;
 using gradcomp_test::gradient;
 using gradcomp_test::require_none_threw;
 using gradcomp_test::run_world;
@@ -153,14 +154,6 @@ std::vector<float> device_params(const rank_t<Pol>& k) {
   return gradcomp_test::download(k.dev_params.data(), k.host_params.size());
 }
 
-// The first index where a and b differ in their bits (-1: none).
-long first_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<long>(i);
-  }
-  return -1;
-}
 
 template <class Pol>
 void check_same_state(const rank_t<Pol>& k) {

@@ -41,6 +41,7 @@ namespace {
 using namespace gradcomp;
 using gradcomp_test::fault_comm;
 using gradcomp_test::fault_kind;
+using gradcomp_test::first_difference;
 using gradcomp_test::gradient;
 using gradcomp_test::gradient_value;
 using gradcomp_test::require_none_threw;
@@ -269,14 +270,6 @@ std::vector<U> down(device_span<const U> d) {
   return gradcomp_test::download(d.data(), d.size());
 }
 
-// The first index where a and b differ in their bits, or -1.
-long long first_difference(std::span<const float> a, std::span<const float> b) {
-  if (a.size() != b.size()) return -2;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<long long>(i);
-  }
-  return -1;
-}
 
 template <class Pol>
 void check_same_state(rank_t<Pol>& k, int r) {

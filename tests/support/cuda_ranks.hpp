@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,6 +75,15 @@ std::vector<std::exception_ptr> run_world(int P, Body&& body) {
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// The first index where a and b differ in their bits, or -1 (-2: their sizes differ).
+inline long long first_difference(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) return -2;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<long long>(i);
+  }
+  return -1;
 }
 
 inline std::string what_of(const std::exception_ptr& e) {

@@ -62,6 +62,14 @@ struct stream_t {
   ~stream_t() { cudaStreamDestroy(s); }
 };
 
+// The CPU model's gradients, bit for bit, on the device model (by parameter name).
+void copy_gradients(Net& cpu, Net& cuda) {
+  auto from = cpu->named_parameters();
+  for (auto& p : cuda->named_parameters()) {
+    p.value().mutable_grad() = from[p.key()].grad().to(torch::kCUDA);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("device_module_sgd refuses a module that is not on one CUDA device, naming the parameter, before its factory is called") {
@@ -124,9 +132,7 @@ TEST_CASE("device_module_sgd with top-k equals module_sgd on the CPU bit for bit
         h.zero_grad();
         auto [x, y] = batch(comm.rank(), s, in);
         torch::mse_loss(host[r]->forward(x), y).backward();
-        // The CPU model's gradients, bit for bit, on the device model.
-        auto hp = host[r]->named_parameters();
-        for (auto& p : dev[r]->named_parameters()) p.value().mutable_grad() = hp[p.key()].grad().to(torch::kCUDA);
+        copy_gradients(host[r], dev[r]);
         h.step();
         d.step(nullptr);  // torch's current stream: the legacy default stream here
       }
@@ -156,8 +162,7 @@ TEST_CASE("device_module_sgd with top-k equals module_sgd on the CPU bit for bit
       h.zero_grad();
       auto [x, y] = batch(comm.rank(), steps, in);
       torch::mse_loss(fresh->forward(x), y).backward();
-      auto hp = fresh->named_parameters();
-      for (auto& p : dev[r]->named_parameters()) p.value().mutable_grad() = hp[p.key()].grad().to(torch::kCUDA);
+      copy_gradients(fresh, dev[r]);
       h.step();
       d.step(nullptr);
       CHECK(same_bits(fresh, dev[r]));
@@ -245,8 +250,7 @@ TEST_CASE("device_module_averaging equals module_averaging on the CPU bit for bi
       h.zero_grad();
       auto [x, y] = batch(comm.rank(), s, in);
       torch::mse_loss(host[r]->forward(x), y).backward();
-      auto hp = host[r]->named_parameters();
-      for (auto& p : dev[r]->named_parameters()) p.value().mutable_grad() = hp[p.key()].grad().to(torch::kCUDA);
+      copy_gradients(host[r], dev[r]);
       h.step();
       d.step(nullptr);
     }
@@ -280,8 +284,7 @@ TEST_CASE("device_module_averaging equals module_averaging on the CPU bit for bi
       h.zero_grad();
       auto [x, y] = batch(comm.rank(), s, in);
       torch::mse_loss(fresh->forward(x), y).backward();
-      auto hp = fresh->named_parameters();
-      for (auto& p : dev[r]->named_parameters()) p.value().mutable_grad() = hp[p.key()].grad().to(torch::kCUDA);
+      copy_gradients(fresh, dev[r]);
       h.step();
       d.step(nullptr);
     }
