@@ -154,9 +154,13 @@ class device_layerwise_sgd {
                                      "begin_step() first");
     }
     if (!waited_) {
-      detail::cuda_check(cudaEventRecord(backward_end_.get(), compute_), "cudaEventRecord");
+      // The exchanges are waited for even where the record fails (its error is then thrown,
+      // and abandon_step() can end the step).
+      const cudaError_t recorded = cudaEventRecord(backward_end_.get(), compute_);
       exchanged_ = queue_->wait_all();
       waited_ = true;
+      if (recorded != cudaSuccess) exchanged_ = false;
+      detail::cuda_check(recorded, "cudaEventRecord");
     }
     return exchanged_;
   }
@@ -338,8 +342,8 @@ class device_layerwise_sgd {
   std::vector<event_ptr> ready_events_, begin_events_, end_events_;
   device_buffer<float> agreement_;
 
-  // Caller's side only (params_, grads_ and compute_ also read by the communication thread:
-  // written before the tensors they concern are queued).
+  // Caller's side only (grads_ also read by the communication thread: written before the
+  // tensors it concerns are queued).
   bool in_step_ = false;
   bool waited_ = false;
   bool exchanged_ = false;  // wait_exchanges(): every exchange succeeded

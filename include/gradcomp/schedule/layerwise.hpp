@@ -497,8 +497,8 @@ class layerwise_sgd {
   std::size_t total_ = 0;
   std::vector<std::unique_ptr<optimizer_type>> optimizers_;
 
-  // Caller's side only (params_, grads_, start_ and timings_ also read by the communication
-  // thread: written before the tensors they concern are queued, or read after wait_all()).
+  // Caller's side only (grads_, start_ and timings_ also used by the communication thread:
+  // written before the tensors they concern are queued, or read after wait_all()).
   bool in_step_ = false;
   bool waited_ = false;  // wait_exchanges() ran in this step
   bool exchanged_ = false;  // and every exchange succeeded
