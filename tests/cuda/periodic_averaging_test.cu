@@ -35,7 +35,6 @@
 namespace {
 
 using namespace gradcomp;
-using gradcomp_test::fault_comm;
 using gradcomp_test::fault_kind;
 using gradcomp_test::first_difference;
 using gradcomp_test::gradient;
@@ -43,8 +42,8 @@ using gradcomp_test::require_none_threw;
 using gradcomp_test::run_world;
 using gradcomp_test::stream_t;
 
-using comm_t = fault_comm<in_process_comm>;
-using staged_t = gradcomp::cuda::staged_comm<comm_t>;
+using comm_t = gradcomp_test::fault_in_process;
+using staged_t = gradcomp_test::staged_fault_comm;
 
 template <class Quantizer, class Exchange>
 struct pol {
@@ -67,45 +66,20 @@ std::size_t total_of(const setup_t& s) {
   return n;
 }
 
+// One rank's drivers (a type of its own per configuration, so that functions deduce Pol).
 template <class Pol>
-struct rank_t {
-  std::shared_ptr<in_process_world> first_world;
-  std::unique_ptr<in_process_comm> first;
-  std::unique_ptr<comm_t> comm;
-  std::unique_ptr<stream_t> stream;
-  std::unique_ptr<staged_t> staged;
-  std::unique_ptr<typename Pol::host_t> host;
-  std::unique_ptr<typename Pol::device_t> dev;
-  std::vector<float> host_params;
-  device_buffer<float> dev_params;
-  device_buffer<float> dev_grad;
-};
+struct rank_t : gradcomp_test::driver_rank<typename Pol::host_t, typename Pol::device_t> {};
 
 // Every rank starts from the same parameters, as the drivers require.
 template <class Pol>
 std::vector<rank_t<Pol>> make_ranks(const setup_t& s, int P) {
   using Q = typename Pol::Q;
   using X = typename Pol::X;
-  const auto first = std::make_shared<in_process_world>(P);
-  std::vector<rank_t<Pol>> ranks(static_cast<std::size_t>(P));
-  const std::size_t n = total_of(s);
-  std::vector<float> init(n);
-  for (std::size_t i = 0; i < n; ++i) init[i] = 0.5f - static_cast<float>(i % 7) * 0.125f;
   const std::vector<tensor_spec> specs = detail::tensor_specs(s.sizes);
-  for (int r = 0; r < P; ++r) {
-    rank_t<Pol>& k = ranks[static_cast<std::size_t>(r)];
-    k.first_world = first;
-    k.first = std::make_unique<in_process_comm>(first->comm(r));
-    k.comm = std::make_unique<comm_t>(*k.first);
-    k.stream = std::make_unique<stream_t>();
-    k.staged = std::make_unique<staged_t>(*k.comm, k.stream->s);
+  return gradcomp_test::make_driver_ranks<rank_t<Pol>>(P, total_of(s), [&](rank_t<Pol>& k, int) {
     k.host = std::make_unique<typename Pol::host_t>(*k.comm, specs, Q{}, X{}, s.opt, s.avg);
     k.dev = std::make_unique<typename Pol::device_t>(*k.staged, specs, Q{}, X{}, s.opt, s.avg);
-    k.host_params = init;
-    k.dev_params = gradcomp_test::upload(init);
-    k.dev_grad.resize(std::max<std::size_t>(n, 1));
-  }
-  return ranks;
+  });
 }
 
 template <class Pol>

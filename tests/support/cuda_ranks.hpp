@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <span>
 #include <string>
 #include <thread>
@@ -19,6 +20,10 @@
 
 #include <gradcomp/comm/in_process.hpp>
 #include <gradcomp/cuda/memory.cuh>
+#include <gradcomp/cuda/staged_comm.cuh>
+
+#include "cuda_buffers.hpp"
+#include "fault_comm.hpp"
 
 namespace gradcomp_test {
 
@@ -98,6 +103,53 @@ inline void require_none_threw(const std::vector<std::exception_ptr>& errors) {
   for (std::size_t r = 0; r < errors.size(); ++r) {
     if (errors[r]) FAIL("rank ", r, " threw: ", what_of(errors[r]));
   }
+}
+
+// The tests' communicators: in-process ranks with faults on demand, and the device drivers'
+// over them.
+using fault_in_process = fault_comm<gradcomp::in_process_comm>;
+using staged_fault_comm = gradcomp::cuda::staged_comm<fault_in_process>;
+
+// One rank of a test that runs a host driver and its device twin side by side: its
+// communicator (rebound to a fresh world each step), its stream, both drivers, their
+// parameters and the device gradient.
+template <class Host, class Device>
+struct driver_rank {
+  std::shared_ptr<gradcomp::in_process_world> first_world;  // comm's until the first step
+  std::unique_ptr<gradcomp::in_process_comm> first;
+  std::unique_ptr<fault_in_process> comm;
+  std::unique_ptr<stream_t> stream;  // the device driver's (its communicator's)
+  std::unique_ptr<staged_fault_comm> staged;
+  std::unique_ptr<Host> host;
+  std::unique_ptr<Device> dev;
+  std::vector<float> host_params;
+  gradcomp::device_buffer<float> dev_params;
+  gradcomp::device_buffer<float> dev_grad;
+};
+
+// P ranks of n parameters each, the same on every rank (the drivers' requirement where they
+// average parameters), with their communicators and streams; make(rank, r) then makes its
+// drivers (on *rank.comm and *rank.staged). The constructors need a communicator to point
+// at: a world of P that each step replaces.
+template <class Rank, class Make>
+std::vector<Rank> make_driver_ranks(int P, std::size_t n, Make&& make) {
+  const auto first = std::make_shared<gradcomp::in_process_world>(P);
+  std::vector<Rank> ranks(static_cast<std::size_t>(P));
+  std::vector<float> init(n);
+  for (std::size_t i = 0; i < n; ++i) init[i] = 0.5f - static_cast<float>(i % 7) * 0.125f;
+  for (int r = 0; r < P; ++r) {
+    Rank& k = ranks[static_cast<std::size_t>(r)];
+    k.first_world = first;
+    k.first = std::make_unique<gradcomp::in_process_comm>(first->comm(r));
+    k.comm = std::make_unique<fault_in_process>(*k.first);
+    k.stream = std::make_unique<stream_t>();
+    k.staged = std::make_unique<staged_fault_comm>(*k.comm, k.stream->s);
+    make(k, r);
+    k.host_params = init;
+    k.dev_params = upload(init);
+    k.dev_grad.resize(n > 0 ? n : 1);
+  }
+  return ranks;
 }
 
 }  // namespace gradcomp_test
