@@ -62,6 +62,13 @@ struct stream_t {
   ~stream_t() { cudaStreamDestroy(s); }
 };
 
+// `ranks` copies of initial on the CUDA device.
+std::vector<Net> cuda_copies_of(Net& initial, int ranks, int in, int hidden) {
+  std::vector<Net> out = copies_of(initial, ranks, in, hidden);
+  for (Net& m : out) m->to(torch::kCUDA);
+  return out;
+}
+
 // The CPU model's gradients, bit for bit, on the device model (by parameter name).
 void copy_gradients(Net& cpu, Net& cuda) {
   auto from = cpu->named_parameters();
@@ -112,14 +119,8 @@ TEST_CASE("device_module_sgd with top-k equals module_sgd on the CPU bit for bit
   for (tm::module_layout layout : {tm::module_layout::flat, tm::module_layout::per_parameter}) {
     CAPTURE(static_cast<int>(layout));
     Net initial(in, hidden);
-    std::vector<Net> host, dev;
-    for (int r = 0; r < ranks; ++r) {
-      host.emplace_back(in, hidden);
-      dev.emplace_back(in, hidden);
-      copy_parameters(initial, host.back());
-      copy_parameters(initial, dev.back());
-      dev.back()->to(torch::kCUDA);
-    }
+    std::vector<Net> host = copies_of(initial, ranks, in, hidden);
+    std::vector<Net> dev = cuda_copies_of(initial, ranks, in, hidden);
     std::vector<std::string> checkpoints(ranks);
     run_in_process(ranks, [&](in_process_comm& comm) {
       const auto r = static_cast<std::size_t>(comm.rank());
@@ -187,8 +188,7 @@ TEST_CASE("device_module_sgd with dense SGD on CUDA equals torch::optim::SGD on 
                                                  .weight_decay(opt.weight_decay));
     // The reference: the mean of the ranks' gradients, on CUDA.
     train_on_mean_gradients(ref, sgd, ranks, steps, in, torch::kCUDA);
-    std::vector<Net> models = copies_of(initial, ranks, in, hidden);
-    for (Net& m : models) m->to(torch::kCUDA);
+    std::vector<Net> models = cuda_copies_of(initial, ranks, in, hidden);
     run_in_process(ranks, [&](in_process_comm& comm) {
       Net& m = models[static_cast<std::size_t>(comm.rank())];
       stream_t stream;
@@ -232,14 +232,8 @@ TEST_CASE("device_module_averaging equals module_averaging on the CPU bit for bi
   const sgd_options opt{.lr = 0.05, .momentum = 0.9, .nesterov = true, .weight_decay = 1e-3, .seed = 5};
   const averaging_options avg{.period = 3, .subsets = 2, .error_feedback = true};
   Net initial(in, hidden);
-  std::vector<Net> host, dev;
-  for (int r = 0; r < ranks; ++r) {
-    host.emplace_back(in, hidden);
-    dev.emplace_back(in, hidden);
-    copy_parameters(initial, host.back());
-    copy_parameters(initial, dev.back());
-    dev.back()->to(torch::kCUDA);
-  }
+  std::vector<Net> host = copies_of(initial, ranks, in, hidden);
+  std::vector<Net> dev = cuda_copies_of(initial, ranks, in, hidden);
   std::vector<std::string> checkpoints(ranks);
   run_in_process(ranks, [&](in_process_comm& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
