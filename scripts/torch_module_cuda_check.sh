@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/torch_module_cuda_check.sh [OUT_DIR]: builds tests/torch/module_sgd_cuda.cpp (LibTorch's
-# device_module_sgd on a module on a CUDA device) against the torch that PYTHON imports (else
+# device_module_sgd, device_module_averaging and device_module_lags on a CUDA module) against the torch that PYTHON imports (else
 # the first of python3 and /usr/bin/python3 that imports torch), and runs it. On the GPU machine that is the pip torch with CUDA, which the CMake build here does
 # not use: Debian's torch has no CUDA, so there the test only checks its refusals and exits 77.
 # The drivers (module_sgd_cuda_drivers.cu) are compiled by nvcc for GPU_ARCH (default 90), and

@@ -10,8 +10,10 @@
 //     cuda/sparse.cuh;
 //   - device_buffer and cuda_check: cuda/memory.cuh.
 // Included on their own: the device-resident SGD step, device_sparsified_sgd
-// (cuda/sparsified_sgd.cuh), and its communicator over any host communicator
-// (cuda/staged_comm.cuh); nccl_comm (comm/nccl.hpp) serves it directly.
+// (cuda/sparsified_sgd.cuh), PQASGD and LAGS on the device (cuda/periodic_averaging.cuh,
+// cuda/layerwise.cuh), the three behind virtual interfaces for LibTorch
+// (cuda/device_driver.cuh), and their communicator over any host communicator
+// (cuda/staged_comm.cuh); nccl_comm (comm/nccl.hpp) serves them directly.
 // Layers, as in CUB: facade (these headers) -> cuda/dispatch/ (argument checks, scratch
 // carving, launches) -> cuda/kernels/ -> cuda/block/ primitives; per-element math lives in
 // GRADCOMP_HOST_DEVICE functions under gradcomp/detail/, shared with the host code.

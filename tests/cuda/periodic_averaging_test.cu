@@ -10,11 +10,8 @@
 
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstddef>
-#include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <span>
@@ -127,7 +124,6 @@ template <class Pol>
 std::vector<float> device_params(const rank_t<Pol>& k) {
   return gradcomp_test::download(k.dev_params.data(), k.host_params.size());
 }
-
 
 template <class Pol>
 void check_same_state(const rank_t<Pol>& k) {

@@ -241,7 +241,6 @@ std::vector<U> down(device_span<const U> d) {
   return gradcomp_test::download(d.data(), d.size());
 }
 
-
 template <class Pol>
 void check_same_state(rank_t<Pol>& k, int r) {
   CAPTURE(r);

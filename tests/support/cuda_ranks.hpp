@@ -1,6 +1,8 @@
 // Helpers of the CUDA tests that run the device drivers beside the host ones on P ranks
 // (threads of this process sharing the GPU, one stream each): gradients that are not
-// Gaussian, a stream, and a fresh in-process world per collective step.
+// Gaussian, a stream, a fresh in-process world per collective step, the bitwise comparison
+// of two float vectors, and each rank's scaffolding (driver_rank: its communicators, stream,
+// drivers and buffers, made by make_driver_ranks).
 #pragma once
 
 #include <doctest/doctest.h>

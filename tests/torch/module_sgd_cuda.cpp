@@ -49,7 +49,7 @@ bool have_cuda() {
 }
 
 // A rank's communicator stream: non-blocking, so that nothing orders it with torch's (the
-// legacy default stream here) but device_module_sgd's events.
+// legacy default stream here) but the device modules' events.
 struct stream_t {
   cudaStream_t s = nullptr;
   stream_t() {
@@ -225,6 +225,31 @@ TEST_CASE("device_module_averaging refuses a module that is not on one CUDA devi
                        doctest::Contains("a factory that returned no driver"), invalid_argument);
 }
 
+TEST_CASE("device_module_lags refuses a module that is not on one CUDA device, an empty factory and densities of another count") {
+  Net m(5, 4);  // on the CPU
+  bool called = false;
+  const cuda::layerwise_driver_factory make = [&called](std::span<const tensor_spec>,
+                                                        std::span<const double>) {
+    called = true;
+    return std::unique_ptr<cuda::device_layerwise_driver>();
+  };
+  const std::vector<double> densities(4, 0.5);  // fc1 and fc2: weight and bias each
+  CHECK_THROWS_WITH_AS(tm::device_module_lags(*m, make, densities),
+                       doctest::Contains("parameter 'fc1.weight' is dtype Float, device cpu"),
+                       invalid_argument);
+  CHECK(!called);
+  if (!have_cuda()) return;
+  m->to(torch::kCUDA);
+  CHECK_THROWS_WITH_AS(tm::device_module_lags(*m, cuda::layerwise_driver_factory(), densities),
+                       doctest::Contains("an empty factory"), invalid_argument);
+  CHECK_THROWS_WITH_AS(tm::device_module_lags(*m, make, std::vector<double>(3, 0.5)),
+                       doctest::Contains("densities.size()"), invalid_argument);
+  CHECK(!called);
+  CHECK_THROWS_WITH_AS(tm::device_module_lags(*m, make, densities),
+                       doctest::Contains("a factory that returned no driver"), invalid_argument);
+  CHECK(called);
+}
+
 TEST_CASE("device_module_averaging equals module_averaging on the CPU bit for bit, given the same gradients, P = 2") {
   if (!have_cuda()) return;
   torch::manual_seed(11);
@@ -345,8 +370,11 @@ TEST_CASE("device_module_lags equals module_lags on the CPU bit for bit through 
       dev[r]->loss(comm.rank(), s).backward();
       const layerwise_stats& st = d.finish_step();
       CHECK(st.layers.size() == 2);
-      CHECK(st.overlap >= 0.0);
-      CHECK(st.overlap <= 1.0);
+      for (const layer_timing& l : st.layers) {  // the events' order
+        CHECK(l.ready <= st.backward_seconds);
+        CHECK(l.comm_begin >= l.ready);
+        CHECK(l.comm_end >= l.comm_begin);
+      }
     }
     CHECK(same_values(host[r], dev[r]));
     // Rank 1's loss skips `a`: every rank throws, none applies the step.

@@ -51,8 +51,6 @@ class device_sgd_driver final : public device_step_driver {
   driver_type driver_;
 };
 
-// A factory of device_sparsified_sgd<C, X, Comm> drivers over comm, which the caller keeps
-// alive as long as the drivers it makes.
 // A factory of device_sparsified_sgd<C, X, Comm> drivers over a communicator every driver it
 // makes shares and keeps alive (for example a cuda::staged_comm made for them).
 template <class C, class X, class Comm>

@@ -100,6 +100,7 @@ class device_periodic_averaging {
     // tensors are those slices under their tensors' ids. Its own sgd_options are never used
     // for an update (commit_exchange), nor its seed (every round passes its call_id).
     parts_.resize(avg_.subsets);
+    std::size_t change_capacity = 0;  // the largest round's elements
     for (unsigned c = 0; c < avg_.subsets; ++c) {
       std::vector<tensor_spec> specs;
       std::size_t pos = 0;
@@ -118,7 +119,7 @@ class device_periodic_averaging {
             "<= 2^32 with sparse_allgather (the dense device step's 32-bit indices; more "
             "subsets make each round's slices smaller)");
       }
-      change_capacity_ = std::max(change_capacity_, pos);
+      change_capacity = std::max(change_capacity, pos);
       rounds_.push_back(specs.empty() ? nullptr
                                       : std::make_unique<round_driver>(
                                             comm, specs, compressor_type(dense{}, q), x,
@@ -134,7 +135,7 @@ class device_periodic_averaging {
       detail::cuda_check(cudaMemsetAsync(velocity_.data(), 0, total_ * sizeof(T), stream()),
                          "cudaMemsetAsync");
     }
-    change_.resize(std::max<std::size_t>(change_capacity_, 1));
+    change_.resize(std::max<std::size_t>(change_capacity, 1));
     errors_.resize(1);
     detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
   }
@@ -438,7 +439,6 @@ class device_periodic_averaging {
   averaging_options avg_;
   std::vector<std::vector<part>> parts_;                // [c]: slice index c's non-empty slices
   std::vector<std::unique_ptr<round_driver>> rounds_;  // [c]: null where every slice is empty
-  std::size_t change_capacity_ = 0;
   device_buffer<T> anchor_;  // the parameters at each slice's last averaging
   bool has_anchor_ = false;  // the host's !anchor_.empty()
   device_buffer<T> velocity_;

@@ -1,7 +1,9 @@
-// gradcomp/torch/device_module.hpp: device_module_sgd, module_sgd (torch/module.hpp) for a
-// torch::nn::Module whose parameters are on a CUDA device: the device-resident step
-// (device_sparsified_sgd, cuda/sparsified_sgd.cuh) over the module's flat buffers, which stay on
-// the device; no gradient or parameter passes through host memory.
+// gradcomp/torch/device_module.hpp: the module drivers of torch/module.hpp for a
+// torch::nn::Module whose parameters are on a CUDA device: device_module_sgd (module_sgd over
+// the device-resident step, device_sparsified_sgd, cuda/sparsified_sgd.cuh),
+// device_module_averaging (module_averaging over cuda/periodic_averaging.cuh) and
+// device_module_lags (module_lags over cuda/layerwise.cuh), on the module's flat buffers,
+// which stay on the device; no gradient or parameter passes through host memory.
 //
 //     // drivers.cu, compiled by nvcc (no torch header there):
 //     gradcomp::cuda::device_driver_factory make_driver(gradcomp::nccl_comm& comm) {
@@ -52,7 +54,7 @@
 
 namespace gradcomp::torch_module {
 
-// What device_module_sgd and device_module_averaging share: the module's flat buffers on one
+// What the device module drivers share: the module's flat buffers on one
 // CUDA device (module_base), the check that the current device is theirs, and a driver's call
 // on its own stream ordered between the work queued on torch's stream before and after it.
 class device_module_base : public module_base<float> {
