@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 #include <gradcomp/device.hpp>
 #include <gradcomp/error.hpp>
@@ -20,6 +21,27 @@ inline void cuda_check(cudaError_t rc, const char* call) {
     throw error(concat("gradcomp::cuda: ", call, " failed: ", cudaGetErrorName(rc), ": ",
                        cudaGetErrorString(rc)));
   }
+}
+
+// n elements at device pointer p, copied to the host on `stream` and waited for (the stream's
+// earlier work first).
+template <class T>
+std::vector<T> download_on(cudaStream_t stream, const T* p, std::size_t n) {
+  std::vector<T> v(n);
+  if (n) {
+    cuda_check(cudaMemcpyAsync(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync");
+  }
+  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return v;
+}
+
+// v copied to device pointer p on `stream` (not waited for: v must outlive the copy).
+template <class T>
+void upload_on(cudaStream_t stream, T* p, const std::vector<T>& v) {
+  if (v.empty()) return;
+  cuda_check(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, stream),
+             "cudaMemcpyAsync");
 }
 
 }  // namespace detail

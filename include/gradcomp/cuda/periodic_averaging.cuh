@@ -342,20 +342,9 @@ class device_periodic_averaging {
                        "cudaMemcpyAsync");
   }
   std::vector<T> download(const T* p, std::size_t n) const {
-    std::vector<T> v(n);
-    if (n) {
-      detail::cuda_check(
-          cudaMemcpyAsync(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, stream()),
-          "cudaMemcpyAsync");
-    }
-    detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
-    return v;
+    return detail::download_on(stream(), p, n);
   }
-  void upload(T* p, const std::vector<T>& v) const {
-    detail::cuda_check(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice,
-                                       stream()),
-                       "cudaMemcpyAsync");
-  }
+  void upload(T* p, const std::vector<T>& v) const { detail::upload_on(stream(), p, v); }
 
   // The host's first check: a NaN or Inf in the gradient is refused before anything changes
   // (one read back of the first such index, and of its value where there is one).
@@ -401,8 +390,7 @@ class device_periodic_averaging {
     const unsigned c = static_cast<unsigned>(round_ % avg_.subsets);
     const cudaStream_t s = stream();
     // The host round's call_id: the rank mixed into the seed, the round as the step.
-    const std::uint64_t seed =
-        opt_.seed + 0x9e3779b97f4a7c15ULL * (static_cast<std::uint64_t>(comm_->rank()) + 1);
+    const std::uint64_t seed = detail::averaging_round_seed(opt_.seed, comm_->rank());
     if (rounds_[c]) {
       round_driver& d = *rounds_[c];
       for (const part& pt : parts_[c]) {

@@ -643,19 +643,11 @@ class device_sparsified_sgd {
 
   template <class U>
   std::vector<U> download(const U* p, std::size_t n) const {
-    std::vector<U> v(n);
-    if (n) {
-      detail::cuda_check(cudaMemcpyAsync(v.data(), p, n * sizeof(U), cudaMemcpyDeviceToHost, stream()),
-                         "cudaMemcpyAsync");
-    }
-    detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
-    return v;
+    return detail::download_on(stream(), p, n);
   }
   template <class U>
   void upload(U* p, const std::vector<U>& v) const {
-    if (v.empty()) return;
-    detail::cuda_check(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(U), cudaMemcpyHostToDevice, stream()),
-                       "cudaMemcpyAsync");
+    detail::upload_on(stream(), p, v);
   }
 
   // Waits for what the stream has queued so far (the step's one event).

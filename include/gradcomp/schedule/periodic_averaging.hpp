@@ -109,6 +109,13 @@ averaging_counters get_averaging_header(std::istream& is, std::string_view drive
   return at;
 }
 
+// The seed of a round's call_id on `rank`: the rank mixed into the options' seed, so that each
+// rank has its own rounding noise, which averages out over the ranks instead of adding up
+// coherently (the dense selector picks the same coordinates everywhere anyway).
+inline std::uint64_t averaging_round_seed(std::uint64_t seed, int rank) {
+  return seed + 0x9e3779b97f4a7c15ULL * (static_cast<std::uint64_t>(rank) + 1);
+}
+
 // A vector with its length (the anchor, the velocity).
 template <class T>
 void put_sized(std::ostream& os, std::span<const T> v) {
@@ -337,11 +344,8 @@ class periodic_averaging {
   // everything as it was; the second cannot throw.
   void run_round(std::span<T> params, step_stats& st) {
     const unsigned c = static_cast<unsigned>(round_ % avg_.subsets);
-    // Quantizers draw from (seed, step, tensor id); mixing the rank into the seed gives each
-    // rank its own rounding noise, so that the noise averages out over the ranks instead of
-    // adding up coherently (the dense selector picks the same coordinates everywhere anyway).
-    const std::uint64_t seed =
-        opt_.seed + 0x9e3779b97f4a7c15ULL * (static_cast<std::uint64_t>(comm_->rank()) + 1);
+    // Quantizers draw from (seed, step, tensor id), the seed this rank's own.
+    const std::uint64_t seed = detail::averaging_round_seed(opt_.seed, comm_->rank());
     mean_.resize(total_);
     feedback_.discard();
     try {
