@@ -137,6 +137,11 @@ class nccl_comm {
     if (owns_ && comm_) ncclCommDestroy(comm_);
   }
 
+  // The device API's collectives, but gather_counts, allgatherv and alltoallv (which wait for
+  // the counts), only queue work on stream(): they can be captured in a CUDA graph
+  // (device_sparsified_sgd::graph_step captures its whole step).
+  static constexpr bool graph_capturable = true;
+
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] ncclComm_t native() const noexcept { return comm_; }
@@ -180,7 +185,8 @@ class nccl_comm {
   // recv gets rank 0's counts[0] elements, then rank 1's, ...: an allgatherv whose counts
   // every rank already holds (from gather_counts, checked by the caller), so nothing is sized
   // by what a peer announces here. send.size() must be counts[rank()], recv.size() their sum.
-  // One group of ncclBroadcast, one per rank with a non-empty block; asynchronous.
+  // One group of ncclBroadcast, one per rank with a non-empty block (one ncclAllGather where
+  // every block has the same size); asynchronous.
   template <detail::nccl_element T>
   void allgatherv_known(device_span<const T> send, device_span<T> recv,
                         std::span<const std::size_t> counts) {
@@ -190,6 +196,14 @@ class nccl_comm {
     if (send.size() != counts[static_cast<std::size_t>(rank_)]) {
       detail::throw_invalid_argument("nccl_comm::allgatherv_known", "send.size()", send.size(),
                                      detail::concat("counts[rank()] = ", counts[static_cast<std::size_t>(rank_)]));
+    }
+    // Every rank's block of one size (a fixed k): one ncclAllGather.
+    if (std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; })) {
+      if (counts[0] == 0) return;
+      detail::nccl_check(ncclAllGather(send.data(), recv.data(), counts[0] * sizeof(T), ncclUint8,
+                                       comm_, stream_),
+                         "ncclAllGather", comm_);
+      return;
     }
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
     for (std::size_t r = 0, at = 0; r < p; at += counts[r], ++r) {
