@@ -5,6 +5,10 @@
 //                                               exchange, the mean and the update (momentum 0.9)
 //   cuda/step/device_sgd_qsgd/...               the same with the picks quantized by qsgd
 //                                               (4 bits, buckets of 512) and decoded
+//   cuda/step/graph_step/...                    the top-k step by graph_step (every check on
+//                                               the device, one wait), captured in a CUDA
+//                                               graph and replayed
+//   cuda/step/graph_step_uncaptured/...         graph_step queued without a capture
 //   cuda/baseline/dense_step/n:N/tensors:T      the gradient copied into a bucket, one
 //                                               ncclAllReduce, the same update kernel
 //   cuda/baseline/copy/n:N                      a device-to-device copy of the gradient
@@ -84,6 +88,34 @@ void bm_device_sgd(benchmark::State& state) {
                           static_cast<std::int64_t>(n * sizeof(float)));
 }
 
+// graph_step: the same top-k step with every check on the device and one wait, captured in a
+// CUDA graph and replayed (Capture), or queued without a capture.
+template <bool Capture>
+void bm_graph_step(benchmark::State& state) {
+  using C = compressor<topk, identity, residual>;
+  using step_t = device_sparsified_sgd<C, sparse_allgather, nccl_comm>;
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const double rho = static_cast<double>(state.range(1)) * 1e-6;
+  const auto tensors = static_cast<std::size_t>(state.range(2));
+  nccl_comm& comm = communicator();
+  const float* g = gradcomp_bench::normal_input(n);
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  device_buffer<float> params(n);
+  cuda_check(cudaMemsetAsync(params.data(), 0, n * sizeof(float), comm.stream()), "cudaMemsetAsync");
+  step_t sgd(comm, layout(n, tensors), C{}, sparse_allgather{}, options(),
+             density_schedule::constant(rho));
+  sgd.capture_graphs(Capture);
+  // Both parities' graphs captured before the timing (timed_events' warm-up is one step).
+  sgd.graph_step(params.span(), device_span<const float>(g, n));
+  gradcomp_bench::timed_events(state, comm.stream(), [&] {
+    sgd.graph_step(params.span(), device_span<const float>(g, n));
+  });
+  state.counters["k"] = static_cast<double>(sgd.last_stats().selected);
+  state.counters["graphs"] = static_cast<double>(sgd.graph_captures());
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(n * sizeof(float)));
+}
+
 void bm_dense_step(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   nccl_comm& comm = communicator();
@@ -149,5 +181,7 @@ void copy_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(bm_device_sgd<identity>)->Name("cuda/step/device_sgd")->Apply(step_args);
 BENCHMARK(bm_device_sgd<qsgd>)->Name("cuda/step/device_sgd_qsgd")->Apply(step_args);
+BENCHMARK(bm_graph_step<true>)->Name("cuda/step/graph_step")->Apply(step_args);
+BENCHMARK(bm_graph_step<false>)->Name("cuda/step/graph_step_uncaptured")->Apply(step_args);
 BENCHMARK(bm_dense_step)->Name("cuda/baseline/dense_step")->Apply(dense_args);
 BENCHMARK(bm_copy)->Name("cuda/baseline/copy")->Apply(copy_args);

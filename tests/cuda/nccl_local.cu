@@ -2,7 +2,8 @@
 // NCCL communicator made by nccl_comm::from_unique_id from a shared ncclUniqueId. Runs the
 // checks of tests/support/nccl_checks.cuh (the device collectives and every exchange through
 // the host API), then the device-resident step (device_sparsified_sgd) over NCCL against the
-// host step over the same communicator, bit for bit. First, on any machine, it checks that from_unique_id rejects a bad size or
+// host step over the same communicator, bit for bit, and its graph_step captured in CUDA graphs
+// against step() and the uncaptured graph_step. First, on any machine, it checks that from_unique_id rejects a bad size or
 // rank before NCCL sees it. `nccl_comm_local [ranks]` uses that many devices (default: all).
 // A rank that throws ends the process at once (exit 1): the others would wait for it forever.
 // Without a CUDA device it then prints "SKIPPED: ..." and exits with 77, which ctest reports
@@ -142,6 +143,115 @@ void device_step(nccl_comm& comm) {
   }
 }
 
+// device_sparsified_sgd::graph_step over NCCL: three drivers on the same communicator and the
+// same gradients, one stepping with step(), one with graph_step() uncaptured
+// (capture_graphs(false)), one with graph_step() captured in CUDA graphs and replayed. Their
+// parameters, residuals and averages must be bit for bit the same after each of 5 steps, the
+// captured one having captured two graphs (one per parity of its double-buffered state) and
+// replayed them for the later steps, on new gradient values in the same buffer. Then a NaN in
+// the gradient fails the captured step (naming the tensor and the index) and changes nothing;
+// the step after it is again the others'.
+void graph_step_check(nccl_comm& comm) {
+  using C = compressor<topk, identity, residual>;
+  using D = device_sparsified_sgd<C, sparse_allgather, nccl_comm>;
+  const std::vector<std::size_t> sizes = {1000, 0, 3, 65537};
+  sgd_options opt{};
+  opt.lr = 0.05;
+  opt.momentum = 0.9;
+  opt.nesterov = true;
+  opt.weight_decay = 1e-4;
+  const auto schedule = density_schedule::constant(0.01);
+  D plain(comm, sizes, C{}, sparse_allgather{}, opt, schedule);
+  D queued(comm, sizes, C{}, sparse_allgather{}, opt, schedule);
+  D graphed(comm, sizes, C{}, sparse_allgather{}, opt, schedule);
+  queued.capture_graphs(false);
+  const std::string name = "device_sparsified_sgd::graph_step over NCCL";
+  const std::size_t n = plain.size();
+  const int me = comm.rank();
+  const cudaStream_t s = comm.stream();
+  std::vector<float> g(n);
+  std::vector<float> start(n, 0.25f);
+  device_buffer<float> d_g(n), p_plain(n), p_queued(n), p_graphed(n);
+  for (device_buffer<float>* p : {&p_plain, &p_queued, &p_graphed}) {
+    detail::cuda_check(cudaMemcpy(p->data(), start.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+                       "cudaMemcpy");
+  }
+  const auto down = [&](const float* d, std::size_t m) {
+    std::vector<float> h(m);
+    if (m) {
+      detail::cuda_check(cudaMemcpyAsync(h.data(), d, m * sizeof(float), cudaMemcpyDeviceToHost, s),
+                         "cudaMemcpyAsync");
+    }
+    comm.synchronize();
+    return h;
+  };
+  const auto same = [&](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  const auto compare = [&](const std::string& when) {
+    const std::vector<float> want = down(p_plain.data(), n);
+    check(same(down(p_queued.data(), n), want), name + ": uncaptured, the parameters of step(), " + when, me);
+    check(same(down(p_graphed.data(), n), want), name + ": captured, the parameters of step(), " + when, me);
+    const std::vector<float> avg = down(plain.averaged_gradient().data(), n);
+    check(same(down(graphed.averaged_gradient().data(), n), avg), name + ": the average of step(), " + when, me);
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      const std::vector<float> e = down(plain.residual(t).data(), sizes[t]);
+      check(same(down(queued.residual(t).data(), sizes[t]), e) &&
+                same(down(graphed.residual(t).data(), sizes[t]), e),
+            name + ": the residual of step(), tensor " + std::to_string(t) + ", " + when, me);
+    }
+    check(graphed.last_stats().selected == plain.last_stats().selected &&
+              queued.last_stats().selected == plain.last_stats().selected &&
+              graphed.steps_done() == plain.steps_done(),
+          name + ": the counts and steps of step(), " + when, me);
+  };
+  const auto fill = [&](int step) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto h = static_cast<std::uint32_t>((i * 2654435761u) ^ (static_cast<std::size_t>(step) << 20) ^
+                                                (static_cast<std::size_t>(me) << 28));
+      g[i] = (static_cast<float>(h % 2001) - 1000.0f) / (1.0f + static_cast<float>(h % 97));
+    }
+    detail::cuda_check(cudaMemcpyAsync(d_g.data(), g.data(), n * sizeof(float), cudaMemcpyHostToDevice, s),
+                       "cudaMemcpyAsync");
+  };
+  const device_span<const float> grads(d_g.data(), n);
+  for (int step = 0; step < 5; ++step) {
+    fill(step);
+    plain.step(p_plain.span(), grads);
+    queued.graph_step(p_queued.span(), grads);
+    graphed.graph_step(p_graphed.span(), grads);
+    compare("step " + std::to_string(step));
+  }
+  check(queued.graph_captures() == 0, name + ": capture_graphs(false) captures nothing", me);
+  check(graphed.graph_captures() == 2,
+        name + ": two graphs captured in 5 steps (one per parity), got " +
+            std::to_string(graphed.graph_captures()),
+        me);
+  // A NaN at index 17 of tensor 3 (flat 1003 + 17): refused, nothing changed.
+  fill(5);
+  const float nan = std::nanf("");
+  detail::cuda_check(cudaMemcpyAsync(d_g.data() + 1003 + 17, &nan, sizeof nan, cudaMemcpyHostToDevice, s),
+                     "cudaMemcpyAsync");
+  const std::vector<float> before = down(p_graphed.data(), n);
+  std::string what = "no exception";
+  try {
+    graphed.graph_step(p_graphed.span(), grads);
+  } catch (const nonfinite_error& e) {
+    what = e.what();
+  } catch (const std::exception& e) {
+    what = std::string("another exception: ") + e.what();
+  }
+  check(what.find("tensor 3 ") != std::string::npos && what.find("index 17") != std::string::npos,
+        name + ": a NaN gradient is refused naming tensor 3 and index 17; got: " + what, me);
+  check(same(down(p_graphed.data(), n), before) && graphed.steps_done() == plain.steps_done(),
+        name + ": the refused captured step changed nothing", me);
+  fill(5);
+  plain.step(p_plain.span(), grads);
+  queued.graph_step(p_queued.span(), grads);
+  graphed.graph_step(p_graphed.span(), grads);
+  compare("the step after the refused one");
+}
+
 void run_rank(const ncclUniqueId& id, int size, int rank) {
   try {
     detail::cuda_check(cudaSetDevice(rank), "cudaSetDevice");
@@ -158,6 +268,7 @@ void run_rank(const ncclUniqueId& id, int size, int rank) {
       device_step<compressor<topk, qsgd, residual>, sparse_allgather>(comm);
       device_step<compressor<topk, identity, residual>, gtopk>(comm);
       device_step<compressor<topk, identity, residual>, topk_a2a>(comm);
+      graph_step_check(comm);
     }
     detail::cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   } catch (const std::exception& e) {

@@ -62,6 +62,13 @@ struct policies {
   static X make_x() { return X{}; }
 };
 using sparse_p = policies<compressor<topk, identity, residual>, sparse_allgather>;
+// The same configuration stepped by graph_step (every check on the device, one wait; over
+// staged_comm it queues its work without a CUDA graph): graph = 1 at every step, 2 at even
+// steps with step() at odd ones (the two share the driver's buffers).
+template <int Graph>
+struct graph_p : sparse_p {
+  static constexpr int graph = Graph;
+};
 // Dense SGD and Random-k over dense_allreduce, with each summable quantizer.
 template <class Q>
 using summed_dense_p = policies<compressor<dense, Q, residual>, dense_allreduce>;
@@ -215,8 +222,15 @@ void device_step(rank_t<Pol>& k, const std::vector<float>& g) {
                                        cudaMemcpyHostToDevice, k.stream->s),
                        "cudaMemcpyAsync");
   }
-  k.dev->step(device_span<float>(k.dev_params.data(), g.size()),
-              device_span<const float>(k.dev_grad.data(), g.size()));
+  const device_span<float> params(k.dev_params.data(), g.size());
+  const device_span<const float> grads(k.dev_grad.data(), g.size());
+  bool graph = false;
+  if constexpr (requires { Pol::graph; }) graph = Pol::graph == 1 || k.dev->steps_done() % 2 == 0;
+  if (graph) {
+    if constexpr (requires { Pol::graph; }) k.dev->graph_step(params, grads);
+  } else {
+    k.dev->step(params, grads);
+  }
   detail::cuda_check(cudaStreamSynchronize(k.stream->s), "cudaStreamSynchronize");
 }
 
@@ -540,6 +554,52 @@ TEST_CASE("device_sparsified_sgd: a non-finite gradient on one rank fails the st
     auto ranks = make_ranks(s, P);
     step_both(ranks, s, 0);
     check_nonfinite_fails_everywhere(ranks, s, P - 1, 7, std::nanf(""), 0, 7);  // tensor 0, index 7
+  }
+}
+
+TEST_CASE_TEMPLATE("device_sparsified_sgd::graph_step: the host step bit for bit, P = 1, 2, 4", Pol,
+                   graph_p<1>, graph_p<2>) {
+  // Over staged_comm nothing is captured (nccl_comm_local checks the captured graphs).
+  check_bit_for_bit<Pol>([](auto&, const setup_t&) {},
+                         [](auto& k, const setup_t&) { CHECK(k.dev->graph_captures() == 0); });
+}
+
+TEST_CASE("device_sparsified_sgd::graph_step: a failed step or a lying peer changes nothing on any rank") {
+  // Four collectives: the status words, the picks' indices, their values, the verdicts. A
+  // lying peer: a corrupted status word (call 0: an unknown status) or corrupted indices
+  // (call 1: refused by every rank that received them, then through the verdicts).
+  check_faults_at_2_and_3<graph_p<1>>(1, 4, {0, 1});
+}
+
+TEST_CASE("device_sparsified_sgd::graph_step: a non-finite gradient fails the step on every rank") {
+  check_nonfinite_in_tensor_1<graph_p<1>>(0, std::nanf(""));
+  check_nonfinite_in_tensor_1<graph_p<1>>(2, -INFINITY);
+}
+
+TEST_CASE("device_sparsified_sgd::graph_step: a rank with another density is refused on every rank") {
+  const setup_t s{{100, 2000}, 0.01, {}, 0};
+  for (const int P : {2, 3}) {
+    CAPTURE(P);
+    auto ranks = make_ranks<graph_p<1>>(s, P, /*with_host=*/false);
+    auto& odd = ranks[static_cast<std::size_t>(P - 1)];
+    odd.dev = std::make_unique<device_t>(*odd.staged, s.sizes, C{}, sparse_allgather{}, s.opt,
+                                         density_schedule::constant(0.02));
+    const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
+      auto& k = ranks[static_cast<std::size_t>(r)];
+      k.comm->rebind(comm);
+      k.comm->disarm();
+      device_step(k, gradient(total_of(s), s.kind, r, 0));
+    });
+    for (int r = 0; r < P; ++r) {
+      CAPTURE(r);
+      REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
+      const std::string what = what_of(errors[static_cast<std::size_t>(r)]);
+      CAPTURE(what);
+      CHECK(what.find("graph_step") != std::string::npos);
+      CHECK(what.find(r == P - 1 ? "rank 0 " : "rank " + std::to_string(P - 1) + " ") !=
+            std::string::npos);
+      CHECK(ranks[static_cast<std::size_t>(r)].dev->steps_done() == 0);
+    }
   }
 }
 

@@ -227,6 +227,14 @@ concept device_a2a_communicator =
       { c.alltoallv_known(sf, n, rf, n, limit) } -> std::convertible_to<int>;
     };
 
+// What graph_step captures into a CUDA graph: a device_communicator whose device collectives
+// only queue work on its stream (nccl_comm says so with graph_capturable). Over any other
+// communicator graph_step queues the same work without a capture.
+template <class C>
+concept device_graph_communicator = device_communicator<C> && requires {
+  requires C::graph_capturable;
+};
+
 namespace detail {
 // What the allreduce paths add: a summable quantizer's sum_type; float for any other (whose
 // configurations the driver refuses before this is used).
@@ -280,6 +288,11 @@ class device_sparsified_sgd {
   static constexpr bool variable_count = is_threshold || is_gaussiank;
   // Top-k's picks encoded by a quantizer on the device (else sent as floats).
   static constexpr bool quantized = !std::is_same_v<quantizer_t, identity>;
+  // What graph_step runs: unquantized top-k with a residual over sparse_allgather, whose every
+  // count is k (known on every rank before the step) and whose checks can all run on the device.
+  static constexpr bool fixed_k = std::is_same_v<selector_t, topk> && !quantized &&
+                                  std::is_same_v<feedback_t, gradcomp::residual> &&
+                                  std::is_same_v<Exchange, sparse_allgather>;
   // The allreduce paths (dense and Random-k over dense_allreduce) add the values as they travel:
   // floats, or a summable quantizer's codes (fp16's gradcomp::half, bf16's bfloat16), each
   // code divided by the number of ranks first where the quantizer says so (fp16).
@@ -485,6 +498,59 @@ class device_sparsified_sgd {
 
   void discard_step() noexcept { staged_ready_ = false; }
 
+  // step(params, grads) with every check on the device and one wait, at the end, for
+  // compressor<topk, identity, residual> over sparse_allgather: the same parameters, residual,
+  // average and selection statistics bit for bit, and the same transaction (a step that throws
+  // changes nothing on any rank), but for the bytes counted. Every count is k, known on every
+  // rank, so nothing is gathered first: each rank's status word (0, or 1 where its picks held
+  // NaN or Inf), its picks and its values are gathered with sizes every rank knows (one
+  // ncclAllGather each on nccl_comm); each rank checks every rank's status and picks on the
+  // device (ascending, inside their tensor) into a verdict, which an allreduce (max) makes every
+  // rank's; the sum runs either way (the scatter-add never writes outside the buffer, and a
+  // refused step's staged average is discarded), the SGD update only where the verdict is 0
+  // (the kernel reads it). The statistics,
+  // the checks' results and the verdict come back in pinned memory; the host then throws or
+  // commits. Over a communicator whose collectives can be captured (device_graph_communicator:
+  // nccl_comm) and with capture_graphs(true) (the default), the whole step is captured in a
+  // CUDA graph on first use and replayed after: one graph per parity of the double-buffered
+  // state, captured again when k, params.data(), grads.data() or a buffer it uses changes.
+  // params and grads must then stay where they are for the replays to read them; the caller's
+  // gradient must be ready on stream(). Every rank must call graph_step (not step) at the same
+  // steps, with the same layout and density schedule: the layout and each tensor's k are
+  // agreed (a gather of counts, one more wait) on the first call and whenever k changes, and a
+  // rank that differs is refused on every rank then. The bytes counted per tensor are 8 a pick
+  // and, with tensor 0, 4 for the status word.
+  const step_stats& graph_step(device_span<T> params, device_span<const T> grads) {
+    static_assert(fixed_k,
+                  "device_sparsified_sgd::graph_step runs compressor<topk, identity, residual> "
+                  "over sparse_allgather (a fixed k, every check on the device); the other "
+                  "configurations run step().");
+    static_assert(device_allreduce_communicator<Comm, std::uint32_t>,
+                  "device_sparsified_sgd::graph_step: Comm has no allreduce of device "
+                  "std::uint32_t (nccl_comm and cuda::staged_comm have it).");
+    staged_ready_ = false;
+    check_size("params.size()", params.size());
+    check_size("grads.size()", grads.size());
+    const double rho = schedule_.at(step_);
+    prepare_fixed_k(grads, rho);
+    bool launched = false;
+    if constexpr (device_graph_communicator<Comm>) {
+      if (capture_) {
+        launch_fixed_k_graph(params, grads, rho);
+        launched = true;
+      }
+    }
+    if (!launched) queue_fixed_k(params, grads, rho);
+    wait();
+    return finish_fixed_k(rho);
+  }
+
+  // Whether graph_step captures its step in a CUDA graph where the communicator allows it (the
+  // default), or queues the same work without a capture every time.
+  void capture_graphs(bool on) noexcept { capture_ = on; }
+  // How many CUDA graphs graph_step has captured so far.
+  [[nodiscard]] std::size_t graph_captures() const noexcept { return graph_captures_; }
+
   [[nodiscard]] const step_stats& last_stats() const noexcept { return stats_; }
   [[nodiscard]] std::uint64_t steps_done() const noexcept { return step_; }
   [[nodiscard]] std::size_t size() const noexcept { return total_; }
@@ -621,9 +687,23 @@ class device_sparsified_sgd {
     }
   }
 
-  // Pinned host memory: a selection_stats per tensor, then the two error records.
+  // graph_step's verdict (every rank's) and this rank's refused received pick (its entry, or
+  // cuda::no_error, and the flat index it held), read back at the end of the step.
+  struct fixed_k_report {
+    std::uint32_t verdict = 0;
+    std::uint32_t unused = 0;
+    std::uint64_t detail[2] = {};
+  };
+
+  // Pinned host memory: a selection_stats per tensor, the two error records, graph_step's
+  // report.
   std::size_t pinned_bytes() const {
-    return stats_dev_.size() * sizeof(selection_stats) + 2 * sizeof(cuda::error_record);
+    return stats_dev_.size() * sizeof(selection_stats) + 2 * sizeof(cuda::error_record) +
+           sizeof(fixed_k_report);
+  }
+  fixed_k_report* report_host() const {
+    return reinterpret_cast<fixed_k_report*>(pinned_.get() + stats_dev_.size() * sizeof(selection_stats) +
+                                             2 * sizeof(cuda::error_record));
   }
   selection_stats* stats_host() const { return reinterpret_cast<selection_stats*>(pinned_.get()); }
   cuda::error_record* errors_host() const {
@@ -1139,6 +1219,259 @@ class device_sparsified_sgd {
       detail::add_tensor(staged_stats_, ts);
     }
     detail::finish_totals(staged_stats_);
+  }
+
+  // graph_step, before its work is queued (or captured): each tensor's k at density rho; where
+  // it differs from the last agreed k (or none was), every rank's layout and k agreed (one
+  // gather of counts and a wait: a rank that differs is refused on every rank, before anything
+  // is sized by it), the table of the received segments uploaded, and the graphs dropped; then
+  // every buffer and the scratch the step uses, sized, so that nothing is allocated while a
+  // capture runs.
+  void prepare_fixed_k(device_span<const T> grads, double rho) {
+    const std::size_t nt = tensors_.size();
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    set_counts(rho);
+    const std::size_t picks = k_at_[nt];
+    if (!fixed_.agreed || fixed_.k != k_) {
+      fixed_.agreed = false;
+      fixed_.graphs[0] = {};
+      fixed_.graphs[1] = {};
+      agree_fixed_layout(picks);
+      const std::size_t segments = ranks * nt;
+      fixed_.seg_host.assign(3 * segments + 1, 0);
+      std::uint64_t* start = fixed_.seg_host.data();
+      std::uint64_t* lo = start + segments + 1;
+      std::uint64_t* hi = lo + segments;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        for (std::size_t t = 0; t < nt; ++t) {
+          start[r * nt + t] = r * picks + k_at_[t];
+          lo[r * nt + t] = offsets_[t];
+          hi[r * nt + t] = offsets_[t] + tensors_[t].size;
+        }
+      }
+      start[segments] = ranks * picks;
+      fixed_.seg.resize(fixed_.seg_host.size());
+      upload(fixed_.seg.data(), fixed_.seg_host);
+      detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+      fixed_.ones.assign(ranks, 1);
+      fixed_.blocks.assign(ranks, picks);
+      fixed_.k = k_;
+      fixed_.agreed = true;
+    }
+    size_outputs();
+    recv_picks_.resize(std::max<std::size_t>(ranks * picks, 1));
+    recv_values_.resize(std::max<std::size_t>(ranks * picks, 1));
+    fixed_.words.resize(ranks + 2);
+    fixed_.detail.resize(2);
+    const gradcomp::residual fb{};
+    const device_span<T> e = staged_residual();
+    for (std::size_t t = 0; t < nt; ++t) {
+      if (tensors_[t].size == 0) continue;
+      temp_storage q;
+      select_tensor(q, e, grads, t, rho);
+      grow_scratch(q.bytes);
+      q = temp_storage{};
+      on_device(fb).gather_and_clear(q, tensor(e, t), picks_of(t), stats_dev_.data() + t,
+                                     values_of(t), stream(), device_validation::trusted);
+      grow_scratch(q.bytes);
+    }
+    reserve_sum(ranks * picks);
+  }
+
+  // Every rank's total of picks and a hash of its layout and k, gathered (a wait); a rank
+  // whose either differs from this rank's is refused on every rank (each compares every row).
+  void agree_fixed_layout(std::size_t picks) {
+    const std::size_t nt = tensors_.size();
+    std::uint64_t h = detail::mix64(0x6a09e667u ^ nt);
+    for (std::size_t t = 0; t < nt; ++t) {
+      h = detail::mix64(h ^ tensors_[t].size);
+      h = detail::mix64(h ^ k_[t]);
+    }
+    mine_.assign({picks, h});
+    comm_->gather_counts(std::span<const std::uint64_t>(mine_), counts_);
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    for (std::size_t r = 0; r < ranks; ++r) {
+      if (counts_[2 * r] == picks && counts_[2 * r + 1] == h) continue;
+      throw communicator_error(detail::concat(
+          "gradcomp::device_sparsified_sgd::graph_step: rank ", r, " has ", counts_[2 * r],
+          " picks in all and another layout or k than this rank's ", picks,
+          "; graph_step needs the same tensor sizes and density schedule on every rank. The "
+          "step changes nothing on any rank"));
+    }
+  }
+
+  // graph_step's work on the stream, nothing waited for here (the host communicators of
+  // cuda::staged_comm wait inside their calls): compression as compress() has it, the status
+  // word, the three gathers, the device check and verdict, the sum, the agreement on the
+  // verdict and the update under it, and the copies of what the host reads. Allocates
+  // nothing: prepare_fixed_k sized it all. The topk selector's settings are read here: a graph
+  // keeps those it was captured with.
+  void queue_fixed_k(device_span<T> params, device_span<const T> grads, double rho) {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    const std::size_t picks = k_at_[nt];
+    const std::size_t received = ranks * picks;
+    const gradcomp::residual fb{};
+    const device_span<T> e = staged_residual();
+    std::uint32_t* own = fixed_.words.data();
+    std::uint32_t* all = own + 1;
+    std::uint32_t* verdict = own + ranks + 1;
+    if (nt) {
+      detail::cuda_check(cudaMemsetAsync(stats_dev_.data(), 0, nt * sizeof(selection_stats), s),
+                         "cudaMemsetAsync");
+    }
+    detail::cuda_check(cudaMemsetAsync(errors_dev_.data(), 0xff, 2 * sizeof(cuda::error_record), s),
+                       "cudaMemsetAsync");
+    if (total_) {
+      detail::cuda_check(cudaMemcpyAsync(e.data(), residual_[committed_].data(), total_ * sizeof(T),
+                                         cudaMemcpyDeviceToDevice, s),
+                         "cudaMemcpyAsync");
+    }
+    for (std::size_t t = 0; t < nt; ++t) {
+      if (tensors_[t].size == 0) continue;
+      temp_storage tmp = scratch();
+      select_tensor(tmp, e, grads, t, rho);
+      tmp = scratch();
+      on_device(fb).gather_and_clear(tmp, tensor(e, t), picks_of(t), stats_dev_.data() + t,
+                                     values_of(t), s, device_validation::trusted);
+      add_offset(t);
+    }
+    if (picks) {
+      cuda::step_impl::first_nonfinite_kernel<T>
+          <<<cuda::grid_for(picks, threads, max_blocks), threads, 0, s>>>(values_.data(), picks,
+                                                                          errors_dev_.data());
+      cuda::check_launch("first_nonfinite_kernel");
+    }
+    cuda::step_impl::status_word_kernel<std::uint32_t><<<1, 1, 0, s>>>(errors_dev_.data(), own);
+    cuda::check_launch("status_word_kernel");
+    comm_->allgatherv_known(device_span<const std::uint32_t>(own, 1),
+                            device_span<std::uint32_t>(all, ranks),
+                            std::span<const std::size_t>(fixed_.ones));
+    comm_->allgatherv_known(device_span<const std::uint32_t>(picks_.data(), picks),
+                            device_span<std::uint32_t>(recv_picks_.data(), received),
+                            std::span<const std::size_t>(fixed_.blocks));
+    comm_->allgatherv_known(device_span<const T>(values_.data(), picks),
+                            device_span<T>(recv_values_.data(), received),
+                            std::span<const std::size_t>(fixed_.blocks));
+    if (received) {
+      const std::size_t segments = ranks * nt;
+      cuda::step_impl::validate_received_kernel<std::uint32_t>
+          <<<cuda::grid_for(received, threads, max_blocks), threads, 0, s>>>(
+              recv_picks_.data(), received, fixed_.seg.data(), fixed_.seg.data() + segments + 1,
+              fixed_.seg.data() + 2 * segments + 1, static_cast<unsigned>(segments),
+              errors_dev_.data() + 1);
+      cuda::check_launch("validate_received_kernel");
+    }
+    cuda::step_impl::fixed_k_verdict_kernel<std::uint32_t><<<1, 1, 0, s>>>(
+        all, static_cast<unsigned>(ranks), errors_dev_.data() + 1, picks, recv_picks_.data(),
+        verdict, fixed_.detail.data());
+    cuda::check_launch("fixed_k_verdict_kernel");
+    // Run whatever the verdict (a graph cannot skip it): an index out of range is never written
+    // by the scatter-add, and a refused step's staged average is discarded.
+    sum_received(received, 0, total_);
+    comm_->allreduce(device_span<std::uint32_t>(verdict, 1), reduce_op::max);
+    cuda::launch_sgd_update(params.data(), staged_average().data(), velocity_.data(), total_, opt_,
+                            s, verdict);
+    fixed_k_report* rep = report_host();
+    if (nt) {
+      detail::cuda_check(cudaMemcpyAsync(stats_host(), stats_dev_.data(),
+                                         nt * sizeof(selection_stats), cudaMemcpyDeviceToHost, s),
+                         "cudaMemcpyAsync");
+    }
+    detail::cuda_check(cudaMemcpyAsync(errors_host(), errors_dev_.data(),
+                                       2 * sizeof(cuda::error_record), cudaMemcpyDeviceToHost, s),
+                       "cudaMemcpyAsync");
+    detail::cuda_check(cudaMemcpyAsync(&rep->verdict, verdict, sizeof(std::uint32_t),
+                                       cudaMemcpyDeviceToHost, s),
+                       "cudaMemcpyAsync");
+    detail::cuda_check(cudaMemcpyAsync(rep->detail, fixed_.detail.data(), sizeof(rep->detail),
+                                       cudaMemcpyDeviceToHost, s),
+                       "cudaMemcpyAsync");
+  }
+
+  // graph_step over a device_graph_communicator: the graph of the committed state's parity,
+  // captured (again) where there is none for these buffers and this k, then launched.
+  void launch_fixed_k_graph(device_span<T> params, device_span<const T> grads, double rho) {
+    const cudaStream_t s = stream();
+    const fixed_graph_key key{{params.data(), grads.data(), picks_.data(), values_.data(),
+                               recv_picks_.data(), recv_values_.data(), scratch_.data(),
+                               fixed_.seg.data(), fixed_.words.data(), fixed_.detail.data()}};
+    fixed_graph& g = fixed_.graphs[committed_];
+    if (!g.exec || !(g.key == key)) {
+      g = {};
+      detail::cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal),
+                         "cudaStreamBeginCapture");
+      cudaGraph_t graph = nullptr;
+      try {
+        queue_fixed_k(params, grads, rho);
+      } catch (...) {
+        cudaStreamEndCapture(s, &graph);  // ends the capture; its error is the one thrown
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      detail::cuda_check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      detail::cuda_check(made, "cudaGraphInstantiate");
+      g.exec.reset(exec);
+      g.key = key;
+      ++graph_captures_;
+    }
+    detail::cuda_check(cudaGraphLaunch(g.exec.get(), s), "cudaGraphLaunch");
+  }
+
+  // graph_step after its one wait: this rank's own refusal (a NaN or Inf in its picks), or
+  // the verdict every rank holds, is thrown (nothing was updated: the update kernel read the
+  // verdict), or the staged state is kept.
+  const step_stats& finish_fixed_k(double rho) {
+    const std::size_t nt = tensors_.size();
+    const auto ranks = static_cast<std::size_t>(comm_->size());
+    const std::size_t picks = k_at_[nt];
+    const fixed_k_report rep = *report_host();
+    if (errors_host()[0].first != cuda::no_error) {
+      throw nonfinite_error(nonfinite_message(errors_host()[0].first));
+    }
+    if (rep.verdict != 0) {
+      const std::size_t r = (rep.verdict - 1) / 3;
+      const unsigned kind = (rep.verdict - 1) % 3;
+      if (kind == 2 && rep.detail[0] != cuda::no_error && picks && rep.detail[0] / picks == r) {
+        const std::size_t within = rep.detail[0] % picks;
+        const auto t = static_cast<std::size_t>(
+            std::upper_bound(k_at_.begin(), k_at_.end(), within) - k_at_.begin() - 1);
+        throw payload_error(detail::concat(
+            "gradcomp::device_sparsified_sgd::graph_step: the picks of rank ", r, " for tensor ",
+            tensors_[t].id, " are not a selection: its pick ", within - k_at_[t],
+            " is flat index ", rep.detail[1], "; allowed: ascending and distinct, in [",
+            offsets_[t], ", ", offsets_[t] + tensors_[t].size,
+            ") (the tensor's range of the flat buffer). The step changes nothing on any rank"));
+      }
+      throw communicator_error(detail::concat(
+          "gradcomp::device_sparsified_sgd::graph_step: rank ", r,
+          kind == 0   ? " refused its gradient (NaN or Inf, nonfinite_policy::error)"
+          : kind == 1 ? " sent an unknown status"
+                      : "'s picks were refused by a rank that received them (not ascending, or "
+                        "outside their tensor)",
+          "; the step changes nothing on any rank"));
+    }
+    for (std::size_t t = 0; t < nt; ++t) {
+      detail::check_invariant(stats_host()[t].count == k_[t],
+                              "device_sparsified_sgd: top-k picked k coordinates");
+    }
+    staged_stats_ = step_stats{};
+    staged_stats_.step = step_;
+    staged_stats_.target_density = rho;
+    staged_stats_.n = total_;
+    for (std::size_t t = 0; t < nt; ++t) {
+      tensor_stats ts = selection_stats_of(t);
+      ts.bytes_sent = 8 * k_[t] + (t == 0 ? 4 : 0);
+      ts.bytes_received = (ranks - 1) * ts.bytes_sent;
+      ts.exchange = "sparse_allgather";
+      detail::add_tensor(staged_stats_, ts);
+    }
+    detail::finish_totals(staged_stats_);
+    return keep_staged();
   }
 
   // Phase 2: every rank's picks into the staged average.
@@ -1899,6 +2232,33 @@ class device_sparsified_sgd {
   std::vector<std::size_t> hashes_;       // every rank's (Random-k over dense_allreduce)
   static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "the hashes come back as size_t");
   std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, destroy_event> event_;
+  // graph_step: the k agreed on with every rank, the block counts of its gathers, the table of
+  // the received segments (host and device), the status words and verdict ([0] this rank's,
+  // [1, P] every rank's, [P + 1] the verdict), the refused pick, and a captured graph per
+  // parity of committed_, with the buffers it was captured on.
+  struct destroy_graph_exec {
+    void operator()(cudaGraphExec_t g) const noexcept { cudaGraphExecDestroy(g); }
+  };
+  struct fixed_graph_key {
+    const void* at[10] = {};
+    bool operator==(const fixed_graph_key&) const = default;
+  };
+  struct fixed_graph {
+    std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, destroy_graph_exec> exec;
+    fixed_graph_key key;
+  };
+  struct fixed_k_state {
+    bool agreed = false;
+    std::vector<std::size_t> k, ones, blocks;
+    std::vector<std::uint64_t> seg_host;
+    device_buffer<std::uint64_t> seg;
+    device_buffer<std::uint32_t> words;
+    device_buffer<std::uint64_t> detail;
+    fixed_graph graphs[2];
+  };
+  fixed_k_state fixed_;
+  bool capture_ = true;
+  std::size_t graph_captures_ = 0;
   step_stats stats_;
   step_stats staged_stats_;
   bool staged_ready_ = false;

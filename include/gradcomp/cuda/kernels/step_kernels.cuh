@@ -215,9 +215,12 @@ __global__ void summable_encode_kernel(const T* x, T* e, W* sum, std::size_t n, 
 //   nesterov:  d = g + wd * p; v = m * v + d; p -= lr * (d + m * v)
 enum class sgd_kind : unsigned char { plain, momentum, nesterov };
 
+// With skip != nullptr, nothing is written where *skip != 0 (graph_step's update, which runs
+// only where every rank's verdict was 0: the decision is made on the device).
 template <sgd_kind Kind>
 __global__ void sgd_kernel(float* p, const float* g, float* v, std::size_t n, float lr, float wd,
-                           float m) {
+                           float m, const std::uint32_t* skip = nullptr) {
+  if (skip != nullptr && *skip != 0) return;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const float d = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
@@ -233,6 +236,40 @@ __global__ void sgd_kernel(float* p, const float* g, float* v, std::size_t n, fl
       p[i] = __fsub_rn(p[i], __fmul_rn(lr, __fadd_rn(d, __fmul_rn(m, w))));
     }
   }
+}
+
+// graph_step (the fixed-k step with every check on the device, cuda/sparsified_sgd.cuh): this
+// rank's status word, 0, or 1 where its check of its picks found NaN or Inf (errors->first set).
+template <class Word>
+__global__ void status_word_kernel(const error_record* errors, Word* status) {
+  *status = errors->first == no_error ? Word{0} : Word{1};
+}
+
+// graph_step's verdict on this rank, from every rank's status word (status[0..ranks)) and this
+// rank's check of the received picks (bad->first: the first refused entry of the ranks' blocks
+// of per_rank picks each, or no_error): 0, or the largest code found, 3 r + 1 where rank r
+// refused its gradient, 3 r + 2 where its status word is unknown, 3 r + 3 where this rank
+// refused rank r's picks. The codes are ordered so that an allreduce (max) of every rank's
+// verdict gives every rank the same one. detail[0] = the refused entry (or no_error),
+// detail[1] = the flat index it held.
+template <class Index>
+__global__ void fixed_k_verdict_kernel(const std::uint32_t* status, unsigned ranks,
+                                       const error_record* bad, std::uint64_t per_rank,
+                                       const Index* picks, std::uint32_t* verdict,
+                                       std::uint64_t* detail) {
+  std::uint32_t v = 0;
+  for (unsigned r = 0; r < ranks; ++r) {
+    if (status[r] == 1u) v = 3u * r + 1u;
+    else if (status[r] != 0u) v = 3u * r + 2u;
+  }
+  detail[0] = bad->first;
+  detail[1] = 0;
+  if (bad->first != no_error && per_rank > 0) {
+    const auto r = static_cast<std::uint32_t>(bad->first / per_rank);
+    if (3u * r + 3u > v) v = 3u * r + 3u;
+    detail[1] = picks[bad->first];
+  }
+  *verdict = v;
 }
 
 // topk_a2a on the device: where each owner's picks start. picks[0..m) are ascending (every
