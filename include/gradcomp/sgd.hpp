@@ -42,6 +42,8 @@ class density_schedule {
   }
 
   [[nodiscard]] double final_density() const noexcept { return rho_; }
+  [[nodiscard]] unsigned warmup_epochs() const noexcept { return warmup_epochs_; }
+  [[nodiscard]] std::uint64_t steps_per_epoch() const noexcept { return steps_per_epoch_; }
 
  private:
   double rho_ = 1.0;

@@ -147,10 +147,11 @@ void device_step(nccl_comm& comm) {
 // same gradients, one stepping with step(), one with graph_step() uncaptured
 // (capture_graphs(false)), one with graph_step() captured in CUDA graphs and replayed. Their
 // parameters, residuals and averages must be bit for bit the same after each of 5 steps, the
-// captured one having captured two graphs (one per parity of its double-buffered state) and
-// replayed them for the later steps, on new gradient values in the same buffer. Then a NaN in
-// the gradient fails the captured step (naming the tensor and the index) and changes nothing;
-// the step after it is again the others'.
+// captured one having captured two graphs (one per parity of its double-buffered state, each
+// on its second call) and replayed them, on new gradient values in the same buffer. Then a
+// NaN in the last rank's gradient fails the replayed step on every rank (that rank's error
+// naming the tensor and the index, the others' naming that rank) and changes nothing; the step
+// after it is again the others'.
 void graph_step_check(nccl_comm& comm) {
   using C = compressor<topk, identity, residual>;
   using D = device_sparsified_sgd<C, sparse_allgather, nccl_comm>;
@@ -193,7 +194,9 @@ void graph_step_check(nccl_comm& comm) {
     check(same(down(p_queued.data(), n), want), name + ": uncaptured, the parameters of step(), " + when, me);
     check(same(down(p_graphed.data(), n), want), name + ": captured, the parameters of step(), " + when, me);
     const std::vector<float> avg = down(plain.averaged_gradient().data(), n);
-    check(same(down(graphed.averaged_gradient().data(), n), avg), name + ": the average of step(), " + when, me);
+    check(same(down(queued.averaged_gradient().data(), n), avg) &&
+              same(down(graphed.averaged_gradient().data(), n), avg),
+          name + ": the average of step(), " + when, me);
     for (std::size_t t = 0; t < sizes.size(); ++t) {
       const std::vector<float> e = down(plain.residual(t).data(), sizes[t]);
       check(same(down(queued.residual(t).data(), sizes[t]), e) &&
@@ -227,22 +230,35 @@ void graph_step_check(nccl_comm& comm) {
         name + ": two graphs captured in 5 steps (one per parity), got " +
             std::to_string(graphed.graph_captures()),
         me);
-  // A NaN at index 17 of tensor 3 (flat 1003 + 17): refused, nothing changed.
+  // A NaN at index 17 of tensor 3 (flat 1003 + 17) on the last rank: refused, nothing changed.
   fill(5);
+  const int bad = comm.size() - 1;
   const float nan = std::nanf("");
-  detail::cuda_check(cudaMemcpyAsync(d_g.data() + 1003 + 17, &nan, sizeof nan, cudaMemcpyHostToDevice, s),
-                     "cudaMemcpyAsync");
+  if (me == bad) {
+    detail::cuda_check(cudaMemcpyAsync(d_g.data() + 1003 + 17, &nan, sizeof nan, cudaMemcpyHostToDevice, s),
+                       "cudaMemcpyAsync");
+  }
   const std::vector<float> before = down(p_graphed.data(), n);
   std::string what = "no exception";
+  bool nonfinite = false;
   try {
     graphed.graph_step(p_graphed.span(), grads);
   } catch (const nonfinite_error& e) {
     what = e.what();
+    nonfinite = true;
+  } catch (const communicator_error& e) {
+    what = e.what();
   } catch (const std::exception& e) {
     what = std::string("another exception: ") + e.what();
   }
-  check(what.find("tensor 3 ") != std::string::npos && what.find("index 17") != std::string::npos,
-        name + ": a NaN gradient is refused naming tensor 3 and index 17; got: " + what, me);
+  if (me == bad) {
+    check(nonfinite && what.find("tensor 3 ") != std::string::npos &&
+              what.find("index 17") != std::string::npos,
+          name + ": a NaN gradient is refused naming tensor 3 and index 17; got: " + what, me);
+  } else {
+    check(!nonfinite && what.find("rank " + std::to_string(bad) + " refused its gradient") != std::string::npos,
+          name + ": a NaN on rank " + std::to_string(bad) + " fails the step here, naming it; got: " + what, me);
+  }
   check(same(down(p_graphed.data(), n), before) && graphed.steps_done() == plain.steps_done(),
         name + ": the refused captured step changed nothing", me);
   fill(5);

@@ -145,6 +145,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -512,8 +513,10 @@ class device_sparsified_sgd {
   // the checks' results and the verdict come back in pinned memory; the host then throws or
   // commits. Over a communicator whose collectives can be captured (device_graph_communicator:
   // nccl_comm) and with capture_graphs(true) (the default), the whole step is captured in a
-  // CUDA graph on first use and replayed after: one graph per parity of the double-buffered
-  // state, captured again when k, params.data(), grads.data() or a buffer it uses changes.
+  // CUDA graph and replayed after: one graph per parity of the double-buffered state, captured
+  // on its second call with the same k, params.data(), grads.data(), buffers and selector
+  // settings (the first runs uncaptured, a warm-up for NCCL and CUB), and again when one of
+  // them changes. On the legacy default stream nothing is captured.
   // params and grads must then stay where they are for the replays to read them; the caller's
   // gradient must be ready on stream(). Every rank must call graph_step (not step) at the same
   // steps, with the same layout and density schedule: the layout and each tensor's k are
@@ -535,9 +538,9 @@ class device_sparsified_sgd {
     prepare_fixed_k(grads, rho);
     bool launched = false;
     if constexpr (device_graph_communicator<Comm>) {
-      if (capture_) {
-        launch_fixed_k_graph(params, grads, rho);
-        launched = true;
+      // (The legacy default stream cannot be captured: its work is queued as it is.)
+      if (capture_ && stream() != nullptr && stream() != cudaStreamLegacy) {
+        launched = launch_fixed_k_graph(params, grads, rho);
       }
     }
     if (!launched) queue_fixed_k(params, grads, rho);
@@ -627,6 +630,7 @@ class device_sparsified_sgd {
     detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
     step_ = step;
     staged_ready_ = false;
+    fixed_.agreed = false;  // graph_step agrees on the step again
   }
 
  private:
@@ -691,7 +695,7 @@ class device_sparsified_sgd {
   // cuda::no_error, and the flat index it held), read back at the end of the step.
   struct fixed_k_report {
     std::uint32_t verdict = 0;
-    std::uint32_t unused = 0;
+    std::uint32_t own = 0;  // this rank's status word
     std::uint64_t detail[2] = {};
   };
 
@@ -1252,6 +1256,9 @@ class device_sparsified_sgd {
       start[segments] = ranks * picks;
       fixed_.seg.resize(fixed_.seg_host.size());
       upload(fixed_.seg.data(), fixed_.seg_host);
+      fixed_.k_host.assign(k_.begin(), k_.end());
+      fixed_.kdev.resize(std::max<std::size_t>(nt, 1));
+      upload(fixed_.kdev.data(), fixed_.k_host);
       detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
       fixed_.ones.assign(ranks, 1);
       fixed_.blocks.assign(ranks, picks);
@@ -1278,8 +1285,10 @@ class device_sparsified_sgd {
     reserve_sum(ranks * picks);
   }
 
-  // Every rank's total of picks and a hash of its layout and k, gathered (a wait); a rank
-  // whose either differs from this rank's is refused on every rank (each compares every row).
+  // Every rank's total of picks and a hash of its layout, k, step and density schedule,
+  // gathered (a wait); a rank whose either differs from this rank's is refused on every rank
+  // (each compares every row). With the step and the schedule agreed, k changes at the same
+  // step on every rank after it, so every rank comes back here at the same call.
   void agree_fixed_layout(std::size_t picks) {
     const std::size_t nt = tensors_.size();
     std::uint64_t h = detail::mix64(0x6a09e667u ^ nt);
@@ -1287,6 +1296,10 @@ class device_sparsified_sgd {
       h = detail::mix64(h ^ tensors_[t].size);
       h = detail::mix64(h ^ k_[t]);
     }
+    h = detail::mix64(h ^ step_);
+    h = detail::mix64(h ^ std::bit_cast<std::uint64_t>(schedule_.final_density()));
+    h = detail::mix64(h ^ schedule_.warmup_epochs());
+    h = detail::mix64(h ^ schedule_.steps_per_epoch());
     mine_.assign({picks, h});
     comm_->gather_counts(std::span<const std::uint64_t>(mine_), counts_);
     const auto ranks = static_cast<std::size_t>(comm_->size());
@@ -1294,9 +1307,9 @@ class device_sparsified_sgd {
       if (counts_[2 * r] == picks && counts_[2 * r + 1] == h) continue;
       throw communicator_error(detail::concat(
           "gradcomp::device_sparsified_sgd::graph_step: rank ", r, " has ", counts_[2 * r],
-          " picks in all and another layout or k than this rank's ", picks,
-          "; graph_step needs the same tensor sizes and density schedule on every rank. The "
-          "step changes nothing on any rank"));
+          " picks in all and another layout, k, step or density schedule than this rank's (",
+          picks, " picks); graph_step needs the same tensor sizes, step and density schedule "
+          "on every rank. The step changes nothing on any rank"));
     }
   }
 
@@ -1343,7 +1356,8 @@ class device_sparsified_sgd {
                                                                           errors_dev_.data());
       cuda::check_launch("first_nonfinite_kernel");
     }
-    cuda::step_impl::status_word_kernel<std::uint32_t><<<1, 1, 0, s>>>(errors_dev_.data(), own);
+    cuda::step_impl::status_word_kernel<std::uint32_t><<<1, 1, 0, s>>>(
+        errors_dev_.data(), stats_dev_.data(), fixed_.kdev.data(), nt, own);
     cuda::check_launch("status_word_kernel");
     comm_->allgatherv_known(device_span<const std::uint32_t>(own, 1),
                             device_span<std::uint32_t>(all, ranks),
@@ -1385,21 +1399,33 @@ class device_sparsified_sgd {
     detail::cuda_check(cudaMemcpyAsync(&rep->verdict, verdict, sizeof(std::uint32_t),
                                        cudaMemcpyDeviceToHost, s),
                        "cudaMemcpyAsync");
+    detail::cuda_check(cudaMemcpyAsync(&rep->own, own, sizeof(std::uint32_t),
+                                       cudaMemcpyDeviceToHost, s),
+                       "cudaMemcpyAsync");
     detail::cuda_check(cudaMemcpyAsync(rep->detail, fixed_.detail.data(), sizeof(rep->detail),
                                        cudaMemcpyDeviceToHost, s),
                        "cudaMemcpyAsync");
   }
 
   // graph_step over a device_graph_communicator: the graph of the committed state's parity,
-  // captured (again) where there is none for these buffers and this k, then launched.
-  void launch_fixed_k_graph(device_span<T> params, device_span<const T> grads, double rho) {
+  // launched; captured first where it was not yet for these buffers, this k and these selector
+  // settings. The first call with a new key returns false without capturing, and the caller
+  // runs that step uncaptured: a warm-up, so that the communicator's and CUB's first-call work
+  // (NCCL's connections, kernel attributes) is done before any capture.
+  bool launch_fixed_k_graph(device_span<T> params, device_span<const T> grads, double rho) {
     const cudaStream_t s = stream();
     const fixed_graph_key key{{params.data(), grads.data(), picks_.data(), values_.data(),
                                recv_picks_.data(), recv_values_.data(), scratch_.data(),
-                               fixed_.seg.data(), fixed_.words.data(), fixed_.detail.data()}};
+                               fixed_.seg.data(), fixed_.words.data(), fixed_.detail.data(),
+                               fixed_.kdev.data()},
+                              selector_settings()};
     fixed_graph& g = fixed_.graphs[committed_];
-    if (!g.exec || !(g.key == key)) {
+    if (!(g.key == key)) {
       g = {};
+      g.key = key;
+      return false;
+    }
+    if (!g.exec) {
       detail::cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal),
                          "cudaStreamBeginCapture");
       cudaGraph_t graph = nullptr;
@@ -1416,10 +1442,25 @@ class device_sparsified_sgd {
       cudaGraphDestroy(graph);
       detail::cuda_check(made, "cudaGraphInstantiate");
       g.exec.reset(exec);
-      g.key = key;
       ++graph_captures_;
     }
     detail::cuda_check(cudaGraphLaunch(g.exec.get(), s), "cudaGraphLaunch");
+    return true;
+  }
+
+  // The topk selector's settings as one number (a graph keeps those of its capture).
+  std::uint64_t selector_settings() const {
+    const topk& sel = compressor_.selector();
+    std::uint64_t h = detail::mix64(std::bit_cast<std::uint64_t>(sel.sample_scale));
+    for (const std::uint64_t x :
+         {std::uint64_t{sel.min_sample}, std::uint64_t{sel.max_sample},
+          std::bit_cast<std::uint64_t>(sel.bracket_sigmas), std::uint64_t{sel.bracket_margin},
+          std::bit_cast<std::uint64_t>(sel.candidate_budget_factor),
+          std::uint64_t{sel.min_candidate_budget}, std::uint64_t{sel.heap_max_k},
+          static_cast<std::uint64_t>(sel.method)}) {
+      h = detail::mix64(h ^ x);
+    }
+    return h;
   }
 
   // graph_step after its one wait: this rank's own refusal (a NaN or Inf in its picks), or
@@ -1433,8 +1474,14 @@ class device_sparsified_sgd {
     if (errors_host()[0].first != cuda::no_error) {
       throw nonfinite_error(nonfinite_message(errors_host()[0].first));
     }
+    detail::check_invariant(rep.own != 2, "device_sparsified_sgd: top-k picked k coordinates");
+    if (rep.verdict > 3 * ranks) {
+      throw communicator_error(detail::concat(
+          "gradcomp::device_sparsified_sgd::graph_step: the ranks' verdicts reduced to ",
+          rep.verdict, "; allowed: 0 to ", 3 * ranks, ". The step changes nothing on any rank"));
+    }
     if (rep.verdict != 0) {
-      const std::size_t r = (rep.verdict - 1) / 3;
+      const std::size_t r = ranks - 1 - (rep.verdict - 1) / 3;
       const unsigned kind = (rep.verdict - 1) % 3;
       if (kind == 2 && rep.detail[0] != cuda::no_error && picks && rep.detail[0] / picks == r) {
         const std::size_t within = rep.detail[0] % picks;
@@ -1450,15 +1497,12 @@ class device_sparsified_sgd {
       throw communicator_error(detail::concat(
           "gradcomp::device_sparsified_sgd::graph_step: rank ", r,
           kind == 0   ? " refused its gradient (NaN or Inf, nonfinite_policy::error)"
-          : kind == 1 ? " sent an unknown status"
+          : kind == 1 ? " sent an unknown status (or its selection failed)"
                       : "'s picks were refused by a rank that received them (not ascending, or "
                         "outside their tensor)",
           "; the step changes nothing on any rank"));
     }
-    for (std::size_t t = 0; t < nt; ++t) {
-      detail::check_invariant(stats_host()[t].count == k_[t],
-                              "device_sparsified_sgd: top-k picked k coordinates");
-    }
+    // (Each tensor's count is k: the status word said so before the update ran.)
     staged_stats_ = step_stats{};
     staged_stats_.step = step_;
     staged_stats_.target_density = rho;
@@ -2240,7 +2284,8 @@ class device_sparsified_sgd {
     void operator()(cudaGraphExec_t g) const noexcept { cudaGraphExecDestroy(g); }
   };
   struct fixed_graph_key {
-    const void* at[10] = {};
+    const void* at[11] = {};
+    std::uint64_t settings = 0;
     bool operator==(const fixed_graph_key&) const = default;
   };
   struct fixed_graph {
@@ -2250,8 +2295,8 @@ class device_sparsified_sgd {
   struct fixed_k_state {
     bool agreed = false;
     std::vector<std::size_t> k, ones, blocks;
-    std::vector<std::uint64_t> seg_host;
-    device_buffer<std::uint64_t> seg;
+    std::vector<std::uint64_t> seg_host, k_host;
+    device_buffer<std::uint64_t> seg, kdev;  // the segment table, each tensor's k
     device_buffer<std::uint32_t> words;
     device_buffer<std::uint64_t> detail;
     fixed_graph graphs[2];

@@ -239,34 +239,43 @@ __global__ void sgd_kernel(float* p, const float* g, float* v, std::size_t n, fl
 }
 
 // graph_step (the fixed-k step with every check on the device, cuda/sparsified_sgd.cuh): this
-// rank's status word, 0, or 1 where its check of its picks found NaN or Inf (errors->first set).
-template <class Word>
-__global__ void status_word_kernel(const error_record* errors, Word* status) {
-  *status = errors->first == no_error ? Word{0} : Word{1};
+// rank's status word: 1 where its check of its picks found NaN or Inf (errors->first set), else
+// 2 where a tensor's selection did not pick its k (stats[t].count != k[t]: a gradcomp bug,
+// refused before any update), else 0.
+template <class Word, class Stats>
+__global__ void status_word_kernel(const error_record* errors, const Stats* stats,
+                                   const std::uint64_t* k, std::size_t tensors, Word* status) {
+  Word w{0};
+  for (std::size_t t = 0; t < tensors; ++t) {
+    if (stats[t].count != k[t]) w = Word{2};
+  }
+  if (errors->first != no_error) w = Word{1};
+  *status = w;
 }
 
 // graph_step's verdict on this rank, from every rank's status word (status[0..ranks)) and this
 // rank's check of the received picks (bad->first: the first refused entry of the ranks' blocks
-// of per_rank picks each, or no_error): 0, or the largest code found, 3 r + 1 where rank r
-// refused its gradient, 3 r + 2 where its status word is unknown, 3 r + 3 where this rank
-// refused rank r's picks. The codes are ordered so that an allreduce (max) of every rank's
-// verdict gives every rank the same one. detail[0] = the refused entry (or no_error),
-// detail[1] = the flat index it held.
+// of per_rank picks each, or no_error): 0, or the largest code found, 3 (ranks - 1 - r) + 1
+// where rank r refused its gradient, + 2 where its status word is anything else, + 3 where
+// this rank refused rank r's picks. The codes are ordered so that an allreduce (max) of every
+// rank's verdict gives every rank the same one, naming the lowest rank that failed (as step()
+// does). detail[0] = the refused entry (or no_error), detail[1] = the flat index it held.
 template <class Index>
 __global__ void fixed_k_verdict_kernel(const std::uint32_t* status, unsigned ranks,
                                        const error_record* bad, std::uint64_t per_rank,
                                        const Index* picks, std::uint32_t* verdict,
                                        std::uint64_t* detail) {
   std::uint32_t v = 0;
+  const auto raise = [&](std::uint32_t code) { v = code > v ? code : v; };
   for (unsigned r = 0; r < ranks; ++r) {
-    if (status[r] == 1u) v = 3u * r + 1u;
-    else if (status[r] != 0u) v = 3u * r + 2u;
+    if (status[r] == 1u) raise(3u * (ranks - 1u - r) + 1u);
+    else if (status[r] != 0u) raise(3u * (ranks - 1u - r) + 2u);
   }
   detail[0] = bad->first;
   detail[1] = 0;
   if (bad->first != no_error && per_rank > 0) {
     const auto r = static_cast<std::uint32_t>(bad->first / per_rank);
-    if (3u * r + 3u > v) v = 3u * r + 3u;
+    raise(3u * (ranks - 1u - r) + 3u);
     detail[1] = picks[bad->first];
   }
   *verdict = v;
