@@ -503,8 +503,9 @@ class device_sparsified_sgd {
   // compressor<topk, identity, residual> over sparse_allgather: the same parameters, residual,
   // average and selection statistics bit for bit, and the same transaction (a step that throws
   // changes nothing on any rank), but for the bytes counted. Every count is k, known on every
-  // rank, so nothing is gathered first: each rank's status word (0, or 1 where its picks held
-  // NaN or Inf), its picks and its values are gathered with sizes every rank knows (one
+  // rank, so nothing is gathered first: each rank's status word (0, 1 where its picks held NaN
+  // or Inf, 2 where a selection did not pick its k), its picks and its values are gathered
+  // with sizes every rank knows (one
   // ncclAllGather each on nccl_comm); each rank checks every rank's status and picks on the
   // device (ascending, inside their tensor) into a verdict, which an allreduce (max) makes every
   // rank's; the sum runs either way (the scatter-add never writes outside the buffer, and a
@@ -519,9 +520,12 @@ class device_sparsified_sgd {
   // them changes. On the legacy default stream nothing is captured.
   // params and grads must then stay where they are for the replays to read them; the caller's
   // gradient must be ready on stream(). Every rank must call graph_step (not step) at the same
-  // steps, with the same layout and density schedule: the layout and each tensor's k are
-  // agreed (a gather of counts, one more wait) on the first call and whenever k changes, and a
-  // rank that differs is refused on every rank then. The bytes counted per tensor are 8 a pick
+  // steps, with the same layout and density schedule: the layout, each tensor's k, the step
+  // and the schedule are agreed (a gather of counts, one more wait) on the first call, after
+  // load_state and whenever k changes, and a rank that differs is refused on every rank then.
+  // Whether a rank agrees is its own decision: every rank must load a checkpoint (or make its
+  // driver) before the same graph_step call, or the ranks' collectives do not match (over
+  // NCCL a hang, not a refusal). The bytes counted per tensor are 8 a pick
   // and, with tensor 0, 4 for the status word.
   const step_stats& graph_step(device_span<T> params, device_span<const T> grads) {
     static_assert(fixed_k,
@@ -1378,8 +1382,8 @@ class device_sparsified_sgd {
       cuda::check_launch("validate_received_kernel");
     }
     cuda::step_impl::fixed_k_verdict_kernel<std::uint32_t><<<1, 1, 0, s>>>(
-        all, static_cast<unsigned>(ranks), errors_dev_.data() + 1, picks, recv_picks_.data(),
-        verdict, fixed_.detail.data());
+        all, static_cast<unsigned>(ranks), own, static_cast<unsigned>(comm_->rank()),
+        errors_dev_.data() + 1, picks, recv_picks_.data(), verdict, fixed_.detail.data());
     cuda::check_launch("fixed_k_verdict_kernel");
     // Run whatever the verdict (a graph cannot skip it): an index out of range is never written
     // by the scatter-add, and a refused step's staged average is discarded.

@@ -257,20 +257,25 @@ __global__ void status_word_kernel(const error_record* errors, const Stats* stat
 // rank's check of the received picks (bad->first: the first refused entry of the ranks' blocks
 // of per_rank picks each, or no_error): 0, or the largest code found, 3 (ranks - 1 - r) + 1
 // where rank r refused its gradient, + 2 where its status word is anything else, + 3 where
-// this rank refused rank r's picks. The codes are ordered so that an allreduce (max) of every
-// rank's verdict gives every rank the same one, naming the lowest rank that failed (as step()
-// does). detail[0] = the refused entry (or no_error), detail[1] = the flat index it held.
+// this rank refused rank r's picks. This rank's own word (*own, rank me) counts too, whatever
+// its gathered copy says, so that a rank that will throw never lets the update run. The codes
+// are ordered so that an allreduce (max) of every rank's verdict gives every rank the same
+// one, naming the lowest rank that failed. detail[0] = the refused entry (or no_error),
+// detail[1] = the flat index it held.
 template <class Index>
 __global__ void fixed_k_verdict_kernel(const std::uint32_t* status, unsigned ranks,
+                                       const std::uint32_t* own, unsigned me,
                                        const error_record* bad, std::uint64_t per_rank,
                                        const Index* picks, std::uint32_t* verdict,
                                        std::uint64_t* detail) {
   std::uint32_t v = 0;
   const auto raise = [&](std::uint32_t code) { v = code > v ? code : v; };
-  for (unsigned r = 0; r < ranks; ++r) {
-    if (status[r] == 1u) raise(3u * (ranks - 1u - r) + 1u);
-    else if (status[r] != 0u) raise(3u * (ranks - 1u - r) + 2u);
-  }
+  const auto raise_status = [&](unsigned r, std::uint32_t word) {
+    if (word == 1u) raise(3u * (ranks - 1u - r) + 1u);
+    else if (word != 0u) raise(3u * (ranks - 1u - r) + 2u);
+  };
+  for (unsigned r = 0; r < ranks; ++r) raise_status(r, status[r]);
+  raise_status(me, *own);
   detail[0] = bad->first;
   detail[1] = 0;
   if (bad->first != no_error && per_rank > 0) {
