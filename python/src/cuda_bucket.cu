@@ -9,11 +9,13 @@
 #include <type_traits>
 
 #include <gradcomp/cuda.cuh>
+#include <gradcomp/cuda/dispatch/feedback.cuh>
 #include <gradcomp/cuda/dispatch/launch.cuh>
 #include <gradcomp/cuda/dispatch/scratch.cuh>
 #include <gradcomp/cuda/kernels/step_kernels.cuh>
 #include <gradcomp/cuda/memory.cuh>
 #include <gradcomp/cuda/tuning.cuh>
+#include <gradcomp/detail/float16.hpp>
 
 namespace gradcomp::torch_cuda {
 
@@ -384,6 +386,85 @@ void decode_picks(pick_code code, void* scratch, std::size_t scratch_bytes, cons
         device_span<const std::byte>(codes, device_encoded_size(q, count).packed_bytes),
         device_span<const float>());
     on_device(q).decode(tmp, in, device_span<float>(out, count), stream);
+  });
+}
+
+namespace {
+
+// fn(W{}) with W the sum type of `code`'s codes.
+template <class Fn>
+void with_sum_type(pick_code code, Fn&& fn) {
+  switch (code) {
+    case pick_code::fp32:
+      return fn(float{});
+    case pick_code::fp16:
+      return fn(gradcomp::half{});
+    case pick_code::bf16:
+      return fn(gradcomp::bfloat16{});
+  }
+  detail::throw_invalid_argument("torch_cuda::dense", "code", static_cast<unsigned>(code),
+                                 "pick_code::fp32 (0), fp16 (1) or bf16 (2)");
+}
+
+// acc[i] = shares[i] + shares[m + i] + ..., folded left to right in W (half and bfloat16 round
+// each addition as the host's operator+ does: the same function on both sides).
+template <class W>
+__global__ void fold_kernel(const W* shares, std::size_t m, unsigned p, W* acc) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < m;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    W a = shares[i];
+    for (unsigned s = 1; s < p; ++s) a = static_cast<W>(a + shares[s * m + i]);
+    acc[i] = a;
+  }
+}
+
+constexpr unsigned dense_threads = 256;
+constexpr std::size_t dense_blocks = 4096;
+
+}  // namespace
+
+void accumulate(float* x, const float* g, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  cuda::feedback_impl::launch_accumulate(x, g, n, stream);
+}
+
+void encode_dense(pick_code code, float* x, std::byte* codes, std::size_t n, int ranks,
+                  cudaStream_t stream) {
+  if (ranks < 1) detail::throw_invalid_argument("torch_cuda::encode_dense", "ranks", ranks, ">= 1");
+  if (n == 0) return;
+  with_sum_type(code, [&](auto w) {
+    using W = decltype(w);
+    // fp16 divides each code by P before the sum (fp16::prescale_before_sum); fp32 and bf16 do
+    // not (0: no division).
+    const float prescale = code == pick_code::fp16 ? static_cast<float>(ranks) : 0.0f;
+    cuda::step_impl::summable_encode_kernel<W, float>
+        <<<cuda::grid_for(n, dense_threads, dense_blocks), dense_threads, 0, stream>>>(
+            x, x, reinterpret_cast<W*>(codes), n, prescale);
+    cuda::check_launch("summable_encode_kernel");
+  });
+}
+
+void fold_shares(pick_code code, const std::byte* shares, std::size_t m, int p, std::byte* acc,
+                 cudaStream_t stream) {
+  if (p < 1) detail::throw_invalid_argument("torch_cuda::fold_shares", "p", p, ">= 1");
+  if (m == 0) return;
+  with_sum_type(code, [&](auto w) {
+    using W = decltype(w);
+    fold_kernel<W><<<cuda::grid_for(m, dense_threads, dense_blocks), dense_threads, 0, stream>>>(
+        reinterpret_cast<const W*>(shares), m, static_cast<unsigned>(p), reinterpret_cast<W*>(acc));
+    cuda::check_launch("fold_kernel");
+  });
+}
+
+void average_codes(pick_code code, const std::byte* sum, std::size_t n, float divisor, float* out,
+                   cudaStream_t stream) {
+  if (n == 0) return;
+  with_sum_type(code, [&](auto w) {
+    using W = decltype(w);
+    cuda::step_impl::average_kernel<float, W>
+        <<<cuda::grid_for(n, dense_threads, dense_blocks), dense_threads, 0, stream>>>(
+            out, reinterpret_cast<const W*>(sum), n, divisor);
+    cuda::check_launch("average_kernel");
   });
 }
 

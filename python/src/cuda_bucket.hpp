@@ -105,6 +105,30 @@ void quantize_picks(pick_code code, void* scratch, std::size_t scratch_bytes, co
 void decode_picks(pick_code code, void* scratch, std::size_t scratch_bytes, const std::byte* codes,
                   std::size_t count, float* out, cudaStream_t stream);
 
+// Selector 'dense' with exchange 'allreduce' (every coordinate, its codes added as they
+// travel: dense_allreduce). Each code has pick_code_bytes(code) bytes: the quantizer's sum type
+// (fp32: float, fp16: gradcomp::half, bf16: gradcomp::bfloat16).
+//
+// x[0, n) += g[0, n), element by element (the host residual's accumulate: e + g).
+void accumulate(float* x, const float* g, std::size_t n, cudaStream_t stream);
+
+// codes[0, n) = each x[i]'s code (the host encoder's), divided by `ranks` first where the
+// quantizer divides before the sum (fp16: dense_allreduce's prescale, so that P large codes do
+// not overflow), and x[i] -= float(code before that division): the residual keeps what the
+// code lost (0 for fp32).
+void encode_dense(pick_code code, float* x, std::byte* codes, std::size_t n, int ranks,
+                  cudaStream_t stream);
+
+// acc[0, m) = share 0 + share 1 + ... + share p - 1 (shares[s m, (s + 1) m)), added in rank
+// order in the sum type: process_group_comm::allreduce's fold of one share, bit for bit.
+void fold_shares(pick_code code, const std::byte* shares, std::size_t m, int p, std::byte* acc,
+                 cudaStream_t stream);
+
+// out[0, n) = float(sum[i]) / divisor (dense_allreduce's average: divisor P, or 1 for fp16's
+// prescaled codes).
+void average_codes(pick_code code, const std::byte* sum, std::size_t n, float divisor, float* out,
+                   cudaStream_t stream);
+
 // Scratch bytes combine() needs for `total` received picks.
 std::size_t combine_scratch(std::size_t total, std::size_t n);
 

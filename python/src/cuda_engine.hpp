@@ -22,10 +22,12 @@
 // the current stream), so the caller orders the bucket after the backward pass that filled it.
 //
 // So far the CUDA path runs selector 'topk', 'gaussiank', 'gaussiank_published', 'threshold'
-// or 'randomk', quantizer 'fp32', 'fp16' or 'bf16', feedback 'residual' or 'dgc' (DGC's
-// momentum correction, with 'topk', with its clipping by the bucket's L2 norm where
-// dgc_clip_norm > 0) and exchange 'allgather' (sparsified SGD with error feedback, or TopK-SGD
-// with DGC, the picked values sent as floats or 16-bit codes); any other configuration is
+// or 'randomk' with feedback 'residual' or 'dgc' (DGC's momentum correction, with 'topk', with
+// its clipping by the bucket's L2 norm where dgc_clip_norm > 0) and exchange 'allgather'
+// (sparsified SGD with error feedback, or TopK-SGD with DGC, the picked values sent as floats
+// or 16-bit codes), and selector 'dense' with feedback 'residual' and exchange 'allreduce'
+// (every coordinate's code, added in rank order on the device as process_group_comm adds them:
+// exchange_dense), each with quantizer 'fp32', 'fp16' or 'bf16'; any other configuration is
 // refused when the engine is made, naming what is allowed. Top-k and threshold pick the
 // host's index set, and Random-k's picks are the host's own draw. Gaussian-k's statistics
 // are summed on the device in another order than the host's, so its threshold differs from
@@ -42,6 +44,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -61,6 +64,7 @@
 #include <torch/types.h>
 
 #include <gradcomp/context.hpp>
+#include <gradcomp/detail/comm_common.hpp>
 #include <gradcomp/detail/nonfinite.hpp>
 #include <gradcomp/engine/staged_feedback.hpp>
 #include <gradcomp/error.hpp>
@@ -86,11 +90,14 @@ inline void check_cuda_config(const rt::engine_config& c) {
   const bool selector = c.selector == "topk" || c.selector == "gaussiank" ||
                         c.selector == "gaussiank_published" || c.selector == "threshold" ||
                         c.selector == "randomk";
-  if (!selector || !quantizer || !feedback || c.exchange != "allgather") {
+  const bool sparse = selector && feedback && c.exchange == "allgather";
+  const bool dense = c.selector == "dense" && c.feedback == "residual" && c.exchange == "allreduce";
+  if (!quantizer || !(sparse || dense)) {
     throw invalid_argument(detail::concat(
         "gradcomp: CUDA buckets run selector 'topk', 'gaussiank', 'gaussiank_published', "
-        "'threshold' or 'randomk', quantizer 'fp32', 'fp16' or 'bf16', feedback 'residual' or "
-        "'dgc' (with 'topk') and exchange 'allgather' so far; this state has selector '",
+        "'threshold' or 'randomk' with feedback 'residual' or 'dgc' (with 'topk') and exchange "
+        "'allgather', or selector 'dense' with feedback 'residual' and exchange 'allreduce', "
+        "each with quantizer 'fp32', 'fp16' or 'bf16', so far; this state has selector '",
         c.selector, "', quantizer '", c.quantizer, "', feedback '", c.feedback, "', exchange '",
         c.exchange, "' (allowed on CUDA: those; every combination runs on CPU buckets)"));
   }
@@ -156,7 +163,34 @@ class cuda_engine {
       const auto len = static_cast<std::int64_t>(n);
       if (!dgc_) staged.copy_(feedback_.committed(slot));
       at::Tensor e = dgc_ ? staged.narrow(0, len, len) : staged;
-      if (n > 0) {
+      if (n > 0 && dense_) {
+        // Every coordinate (selector 'dense'): x = e + g in place, its energy (the non-finite
+        // check; the contraction is 1: everything is sent) back to the host, then each
+        // coordinate's code, e keeping what the code lost (dense_allreduce's compressor).
+        k = n;
+        accumulate(e.data_ptr<float>(), g.data_ptr<float>(), n, stream_);
+        at::Tensor sums = at::empty({static_cast<std::int64_t>(2 + energy_partials())},
+                                    g.options().dtype(at::kDouble));
+        energies(e.data_ptr<float>(), n, e.data_ptr<float>(), 0, sums.data_ptr<double>(),
+                 sums.data_ptr<double>() + 2, stream_);
+        const at::Tensor host = sums.narrow(0, 0, 2).to(at::kCPU);
+        kept = host.data_ptr<double>()[0];
+        rest = 0.0;
+        sel_stats = selection_stats{};
+        sel_stats.count = n;
+        t_encode = clock::now();
+        if (!std::isfinite(kept)) {
+          mine.outcome = rt::bucket_outcome::nonfinite;
+          mine.message = nonfinite_message(id, g, labels, e, at::empty({0}, g.options()),
+                                           at::empty({0}, g.options().dtype(at::kInt)));
+          local = std::make_exception_ptr(nonfinite_error(mine.message));
+        } else {
+          codes = bytes_on_device(n * pick_code_bytes(code_));
+          encode_dense(code_, e.data_ptr<float>(),
+                       reinterpret_cast<std::byte*>(codes.data_ptr<std::uint8_t>()), n,
+                       comm_.size(), stream_);
+        }
+      } else if (n > 0) {
         // Gaussian-k and threshold pick as many as their thresholds pass, written by the
         // device into the statistics: room for n (k where Gaussian-k caps at k), the values
         // zeroed beyond what they write so that the energies can read them all.
@@ -264,7 +298,8 @@ class cuda_engine {
     }
     std::size_t received = 0;
     try {
-      received = exchange(indices, code_ == pick_code::fp32 ? values : codes, k, n, g);
+      received = dense_ ? exchange_dense(codes, n, g)
+                        : exchange(indices, code_ == pick_code::fp32 ? values : codes, k, n, g);
     } catch (...) {
       feedback_.discard();
       throw;
@@ -283,9 +318,10 @@ class cuda_engine {
     cs.seconds_select = std::chrono::duration<double>(t_encode - t0).count();
     cs.seconds_encode = std::chrono::duration<double>(t1 - t_encode).count();
     exchange_stats xs;
-    xs.name = "sparse_allgather";
-    xs.bytes_sent = k * pick_bytes();
-    xs.bytes_received = received * pick_bytes();
+    xs.name = dense_ ? "dense_allreduce" : "sparse_allgather";
+    // dense_allreduce: this rank's reduced buffer, as the host's counts it.
+    xs.bytes_sent = dense_ ? n * pick_code_bytes(code_) : k * pick_bytes();
+    xs.bytes_received = dense_ ? received : received * pick_bytes();
     xs.seconds = std::chrono::duration<double>(t2 - t1).count();
     return detail::tensor_stats_of(id, n, cs, xs, 0);
   }
@@ -487,8 +523,69 @@ class cuda_engine {
     return total - static_cast<std::size_t>(counts[r]);
   }
 
+  // Selector 'dense' over 'allreduce': every rank's codes added in rank order, then
+  // g = float(sum) / P (fp16: float(sum), its codes divided by P before). The sizes first,
+  // through the host: a rank whose bucket has another size is refused on every rank before
+  // the allreduce. Then process_group_comm::allreduce's scheme on the device: rank s gets
+  // share s of every rank's codes (one alltoall_base), folds them in rank order, and every rank
+  // gets every folded share (a second one): the host engine's sum, bit for bit. Returns the
+  // bytes of this rank's reduced buffer (what the host's dense_allreduce counts as received).
+  // g is written only once everything has arrived; on any error nothing of g has changed.
+  std::size_t exchange_dense(const at::Tensor& codes, std::size_t n, const at::Tensor& g) {
+    const auto p = static_cast<std::size_t>(comm_.size());
+    std::vector<std::uint64_t> sizes(p);
+    const std::uint64_t mine = n;
+    comm_.allgather<std::uint64_t>(std::span<const std::uint64_t>(&mine, 1),
+                                   std::span<std::uint64_t>(sizes));
+    for (std::size_t s = 0; s < p; ++s) {
+      if (sizes[s] != n) {
+        throw communicator_error(detail::concat(
+            "gradcomp: CudaEngine.run: rank ", s, " has a bucket of ", sizes[s],
+            " elements where this rank's has ", n, "; exchange 'allreduce' adds every rank's "
+            "whole bucket, so allowed: ", n, ". Nothing was exchanged"));
+      }
+    }
+    if (n == 0) return 0;
+    const std::size_t w = pick_code_bytes(code_);
+    at::Tensor sum = codes;
+    if (p > 1) {
+      const auto r = static_cast<std::size_t>(comm_.rank());
+      const std::size_t begin = detail::share_begin(n, p, r);
+      const std::size_t m = detail::share_begin(n, p, r + 1) - begin;
+      std::vector<std::int64_t> share_bytes(p), mine_each(p, static_cast<std::int64_t>(m * w));
+      for (std::size_t s = 0; s < p; ++s) {
+        share_bytes[s] = static_cast<std::int64_t>(
+            (detail::share_begin(n, p, s + 1) - detail::share_begin(n, p, s)) * w);
+      }
+      at::Tensor send = codes;
+      at::Tensor shares = bytes_on_device(p * m * w);
+      comm_.alltoall_tensors(shares, send, mine_each, share_bytes,
+                             "the allreduce of a CUDA bucket (shares)");
+      at::Tensor folded = bytes_on_device(std::max<std::size_t>(m * w, 1));
+      fold_shares(code_, reinterpret_cast<const std::byte*>(shares.data_ptr<std::uint8_t>()), m,
+                  static_cast<int>(p), reinterpret_cast<std::byte*>(folded.data_ptr<std::uint8_t>()),
+                  stream_);
+      at::Tensor out_folded = folded.narrow(0, 0, static_cast<std::int64_t>(m * w)).repeat(
+          {static_cast<std::int64_t>(p)});
+      sum = bytes_on_device(n * w);
+      comm_.alltoall_tensors(sum, out_folded, share_bytes, mine_each,
+                             "the allreduce of a CUDA bucket (gather)");
+    }
+    if (mean_.numel() < static_cast<std::int64_t>(n)) {
+      mean_ = at::empty({static_cast<std::int64_t>(n)}, g.options());
+    }
+    at::Tensor out = mean_.narrow(0, 0, static_cast<std::int64_t>(n));
+    const float divisor = code_ == pick_code::fp16 ? 1.0f : static_cast<float>(p);
+    average_codes(code_, reinterpret_cast<const std::byte*>(sum.data_ptr<std::uint8_t>()), n,
+                  divisor, out.data_ptr<float>(), stream_);
+    g.copy_(out);
+    return n * w;
+  }
+
   rt::engine_config config_;
   bool dgc_ = config_.feedback == "dgc";  // DGC's momentum correction (else the residual)
+  bool dense_ = config_.selector == "dense";  // every coordinate, over 'allreduce'
+
   pick_code code_ = code_of(config_.quantizer);  // how the picked values travel
   c10::Device device_;
   process_group_comm comm_;

@@ -56,9 +56,11 @@ def _eighths(g: torch.Tensor) -> torch.Tensor:
     return (g * 8).round().clamp(-512, 512) / 8
 
 
-# The selectors whose device form picks the host's index set (Random-k's: the host's draw).
+# The selectors whose device form picks the host's index set (Random-k's: the host's draw),
+# and 'dense' over 'allreduce' (every coordinate, its codes added in rank order on the device as
+# the host's process_group_comm adds them).
 SELECTORS = {"topk": dict(selector="topk"), "threshold": dict(selector="threshold", threshold=1.5),
-             "randomk": dict(selector="randomk")}
+             "randomk": dict(selector="randomk"), "dense": dict(selector="dense", exchange="allreduce")}
 # (bucket dtype, feedback, quantizer, selector) compared with the CPU hook at every size.
 MATCH_CONFIGS = ([(d, f, "fp32", "topk") for d in (torch.float32, torch.float16) for f in FEEDBACKS] +
                  [(torch.float32, f, q, "topk") for f in ("residual", "dgc") for q in ("fp16", "bf16")] +
@@ -66,7 +68,9 @@ MATCH_CONFIGS = ([(d, f, "fp32", "topk") for d in (torch.float32, torch.float16)
                   (torch.float32, "residual", "fp32", "threshold"),
                   (torch.float16, "residual", "fp16", "threshold"),
                   (torch.float32, "residual", "fp32", "randomk"),
-                  (torch.float16, "residual", "bf16", "randomk")])
+                  (torch.float16, "residual", "bf16", "randomk")] +
+                 [(torch.float32, "residual", q, "dense") for q in ("fp32", "fp16", "bf16")] +
+                 [(torch.float16, "residual", "fp16", "dense")])
 CODE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
@@ -96,7 +100,8 @@ def _matches_cpu_worker(rank: int, world: int) -> int:
             a, b = (states[d].state_dict() for d in ("cpu", "cuda"))
             # The same feedback bit for bit and the same counts; the bytes differ by design
             # (the host sends gradcomp's wire format, the device (index, value or code) pairs of
-            # 8 or 6 bytes).
+            # 8 or 6 bytes; dense: the host counts its agreement's header too, the device its
+            # reduced buffer alone).
             bytes_cuda = b["totals"].pop("bytes_sent"), b["totals"].pop("bytes_received")
             for key in ("bytes_sent", "bytes_received"):
                 a["totals"].pop(key)
@@ -108,9 +113,12 @@ def _matches_cpu_worker(rank: int, world: int) -> int:
             every = torch.tensor([float(mine)], dtype=torch.float64)
             dist.all_reduce(every)
             pick = 4 + CODE_BYTES[quantizer]
-            if bytes_cuda != (pick * mine, pick * (int(every.item()) - mine)):
-                raise AssertionError(f"n={n} {quantizer} {selector}: CUDA bytes sent, received "
-                                     f"{bytes_cuda}; want {pick} per pick")
+            want = (pick * mine, pick * (int(every.item()) - mine))
+            if selector == "dense":  # this rank's reduced buffer each way, every step
+                want = (CODE_BYTES[quantizer] * mine, CODE_BYTES[quantizer] * mine)
+            if (selector == "dense" and mine != 3 * n) or bytes_cuda != want:
+                raise AssertionError(f"n={n} {quantizer} {selector}: CUDA picks {mine}, bytes "
+                                     f"sent, received {bytes_cuda}; want {want}")
             s_cpu, s_cuda = (states[d].stats()["buckets"][0] for d in ("cpu", "cuda"))
             for key in ("n", "selected", "threshold"):
                 if s_cpu[key] != s_cuda[key]:
@@ -236,13 +244,14 @@ def _failed_step_worker(rank: int, world: int) -> int:
 
 
 # The non-finite test's configurations by name: top-k with each feedback (the values as fp16
-# codes with clipping: a refusal comes before any encoding), Gaussian-k, threshold and
-# Random-k.
+# codes with clipping: a refusal comes before any encoding), Gaussian-k, threshold, Random-k
+# and dense over allreduce.
 NONFINITE_CONFIGS = {**{f: dict(selector="topk", quantizer="fp16" if f == "dgc+clip" else "fp32", **kw)
                         for f, kw in FEEDBACKS.items()},
                      "gaussiank": dict(selector="gaussiank", quantizer="bf16"),
                      "threshold": dict(selector="threshold", threshold=1.5),
-                     "randomk": dict(selector="randomk", quantizer="fp16")}
+                     "randomk": dict(selector="randomk", quantizer="fp16"),
+                     "dense": dict(selector="dense", exchange="allreduce", quantizer="fp16")}
 
 
 def _nonfinite_worker(rank: int, world: int) -> Dict[str, Any]:
