@@ -23,6 +23,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/comm/in_process.hpp>
@@ -110,14 +111,20 @@ TEST_CASE("device_module_sgd refuses a module that is not on one CUDA device, na
   }
 }
 
-TEST_CASE("device_module_sgd with top-k equals module_sgd on the CPU bit for bit, given the same gradients, P = 2") {
+TEST_CASE("device_module_sgd with top-k equals module_sgd on the CPU bit for bit, given the same gradients, P = 2 (step and graph_step)") {
   if (!have_cuda()) return;
   torch::manual_seed(7);
   const int in = 13, hidden = 17, ranks = 2, steps = 20;
   const sgd_options opt{.lr = 0.05, .momentum = 0.9, .nesterov = false, .weight_decay = 1e-3};
   const double density = 0.1;
-  for (tm::module_layout layout : {tm::module_layout::flat, tm::module_layout::per_parameter}) {
+  for (const auto& config : {std::pair{tm::module_layout::flat, false},
+                             std::pair{tm::module_layout::per_parameter, false},
+                             std::pair{tm::module_layout::flat, true},
+                             std::pair{tm::module_layout::per_parameter, true}}) {
+    const tm::module_layout layout = config.first;
+    const bool graph = config.second;  // stepped by graph_step (uncaptured over staged_comm)
     CAPTURE(static_cast<int>(layout));
+    CAPTURE(graph);
     Net initial(in, hidden);
     std::vector<Net> host = copies_of(initial, ranks, in, hidden);
     std::vector<Net> dev = cuda_copies_of(initial, ranks, in, hidden);
@@ -128,7 +135,7 @@ TEST_CASE("device_module_sgd with top-k equals module_sgd on the CPU bit for bit
       tm::module_sgd<compressor<topk, identity, residual>, sparse_allgather, in_process_comm> h(
           *host[r], comm, {}, {},
           tm::module_options{.sgd = opt, .schedule = density_schedule::constant(density), .layout = layout});
-      tm::device_module_sgd d(*dev[r], gradcomp_test::topk_driver(comm, stream.s, opt, density), layout);
+      tm::device_module_sgd d(*dev[r], gradcomp_test::topk_driver(comm, stream.s, opt, density, graph), layout);
       for (int s = 0; s < steps; ++s) {
         h.zero_grad();
         auto [x, y] = batch(comm.rank(), s, in);
@@ -157,7 +164,7 @@ TEST_CASE("device_module_sgd with top-k equals module_sgd on the CPU bit for bit
           tm::module_options{.sgd = opt, .schedule = density_schedule::constant(density), .layout = layout});
       std::istringstream is(checkpoints[r]);
       h.load(is);
-      tm::device_module_sgd d(*dev[r], gradcomp_test::topk_driver(comm, stream.s, opt, density), layout);
+      tm::device_module_sgd d(*dev[r], gradcomp_test::topk_driver(comm, stream.s, opt, density, graph), layout);
       std::istringstream again(checkpoints[r]);
       d.load(again);
       h.zero_grad();

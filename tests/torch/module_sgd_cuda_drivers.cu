@@ -19,8 +19,13 @@ using namespace gradcomp;
 using staged = gradcomp::cuda::staged_comm<in_process_comm>;
 
 gradcomp::cuda::device_driver_factory topk_driver(in_process_comm& comm, cudaStream_t stream,
-                                        sgd_options opt, double density) {
+                                        sgd_options opt, double density, bool graph) {
   using C = compressor<topk, identity, residual>;
+  if (graph) {
+    return gradcomp::cuda::device_graph_sgd_factory<staged>(std::make_shared<staged>(comm, stream),
+                                                            topk{}, opt,
+                                                            density_schedule::constant(density));
+  }
   return gradcomp::cuda::device_sgd_factory<C, sparse_allgather>(std::make_shared<staged>(comm, stream),
                                                        C{}, sparse_allgather{}, opt,
                                                        density_schedule::constant(density));

@@ -12,10 +12,12 @@
 
 namespace gradcomp_test {
 
-// compressor<topk, identity, residual> over sparse_allgather at the given density.
+// compressor<topk, identity, residual> over sparse_allgather at the given density; with
+// graph, stepped by graph_step (device_graph_sgd_factory: uncaptured over the staged
+// communicator, the same result).
 gradcomp::cuda::device_driver_factory topk_driver(gradcomp::in_process_comm& comm,
                                                   cudaStream_t stream, gradcomp::sgd_options opt,
-                                                  double density);
+                                                  double density, bool graph = false);
 // Dense SGD: compressor<dense, identity, residual> over dense_allreduce.
 gradcomp::cuda::device_driver_factory dense_driver(gradcomp::in_process_comm& comm,
                                                    cudaStream_t stream, gradcomp::sgd_options opt);

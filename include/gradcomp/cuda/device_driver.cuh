@@ -24,8 +24,10 @@ namespace gradcomp::cuda {
 
 // device_sparsified_sgd<C, X, Comm> as a device_step_driver over *comm, which it keeps alive as
 // long as the driver where `comm` owns it (device_sgd_factory over a shared_ptr; over a Comm&
-// it is a pointer that owns nothing).
-template <class C, class X, class Comm>
+// it is a pointer that owns nothing). With Graph, step() is the driver's graph_step (unquantized
+// top-k over sparse_allgather: every check on the device, one wait, and over nccl_comm the step
+// captured in CUDA graphs; device_graph_sgd_factory).
+template <class C, class X, class Comm, bool Graph = false>
 class device_sgd_driver final : public device_step_driver {
  public:
   using driver_type = device_sparsified_sgd<C, X, Comm>;
@@ -35,7 +37,11 @@ class device_sgd_driver final : public device_step_driver {
       : comm_(std::move(comm)), driver_(*comm_, tensors, std::move(c), std::move(x), opt, schedule) {}
 
   const step_stats& step(device_span<float> params, device_span<const float> grads) override {
-    return driver_.step(params, grads);
+    if constexpr (Graph) {
+      return driver_.graph_step(params, grads);
+    } else {
+      return driver_.step(params, grads);
+    }
   }
   [[nodiscard]] std::size_t size() const override { return driver_.size(); }
   [[nodiscard]] cudaStream_t stream() const override { return driver_.stream(); }
@@ -53,14 +59,36 @@ class device_sgd_driver final : public device_step_driver {
 
 // A factory of device_sparsified_sgd<C, X, Comm> drivers over a communicator every driver it
 // makes shares and keeps alive (for example a cuda::staged_comm made for them).
-template <class C, class X, class Comm>
+template <class C, class X, class Comm, bool Graph = false>
 device_driver_factory device_sgd_factory(std::shared_ptr<Comm> comm, C c = {}, X x = {},
                                          sgd_options opt = {},
                                          density_schedule schedule = density_schedule::constant(1.0)) {
   return [comm, c, x, opt, schedule](std::span<const tensor_spec> tensors) {
     return std::unique_ptr<device_step_driver>(
-        std::make_unique<device_sgd_driver<C, X, Comm>>(comm, tensors, c, x, opt, schedule));
+        std::make_unique<device_sgd_driver<C, X, Comm, Graph>>(comm, tensors, c, x, opt, schedule));
   };
+}
+
+// A factory of drivers that step by graph_step: compressor<topk, identity, residual> over
+// sparse_allgather with every check on the device and one wait a step, and over nccl_comm the
+// step captured in CUDA graphs and replayed (device_module_sgd's flat buffers stay where they
+// are, so its graphs are replayed; docs/gpu.md). The same result as device_sgd_factory's.
+template <class Comm>
+device_driver_factory device_graph_sgd_factory(
+    std::shared_ptr<Comm> comm, topk sel = {}, sgd_options opt = {},
+    density_schedule schedule = density_schedule::constant(1.0)) {
+  using C = compressor<topk, identity, gradcomp::residual>;
+  return device_sgd_factory<C, sparse_allgather, Comm, true>(std::move(comm), C(sel),
+                                                             sparse_allgather{}, opt, schedule);
+}
+
+// The same over comm, which the caller keeps alive as long as the drivers it makes.
+template <class Comm>
+device_driver_factory device_graph_sgd_factory(
+    Comm& comm, topk sel = {}, sgd_options opt = {},
+    density_schedule schedule = density_schedule::constant(1.0)) {
+  return device_graph_sgd_factory<Comm>(std::shared_ptr<Comm>(std::shared_ptr<Comm>(), &comm),
+                                        std::move(sel), opt, schedule);
 }
 
 // The same over comm, which the caller keeps alive as long as the drivers it makes: a
