@@ -66,7 +66,11 @@ sgd_options options() {
   return opt;
 }
 
-template <class Q>
+// How bm_device_sgd steps: step(), or graph_step captured in CUDA graphs and replayed, or
+// graph_step queued without a capture (unquantized top-k only).
+enum class stepping { plain, graph, graph_uncaptured };
+
+template <class Q, stepping How = stepping::plain>
 void bm_device_sgd(benchmark::State& state) {
   using C = compressor<topk, Q, residual>;
   using step_t = device_sparsified_sgd<C, sparse_allgather, nccl_comm>;
@@ -80,39 +84,24 @@ void bm_device_sgd(benchmark::State& state) {
   cuda_check(cudaMemsetAsync(params.data(), 0, n * sizeof(float), comm.stream()), "cudaMemsetAsync");
   step_t sgd(comm, layout(n, tensors), C{}, sparse_allgather{}, options(),
              density_schedule::constant(rho));
-  gradcomp_bench::timed_events(state, comm.stream(), [&] {
-    sgd.step(params.span(), device_span<const float>(g, n));
-  });
+  const auto one_step = [&] {
+    if constexpr (How == stepping::plain) {
+      sgd.step(params.span(), device_span<const float>(g, n));
+    } else {
+      sgd.graph_step(params.span(), device_span<const float>(g, n));
+    }
+  };
+  if constexpr (How != stepping::plain) {
+    sgd.capture_graphs(How == stepping::graph);
+    // Both parities' graphs captured before the timing: each is captured on its second call
+    // (the first is a warm-up), and timed_events' own warm-up is the fourth step.
+    for (int i = 0; i < 3; ++i) one_step();
+  }
+  gradcomp_bench::timed_events(state, comm.stream(), one_step);
   state.counters["k"] = static_cast<double>(sgd.last_stats().selected);
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
-                          static_cast<std::int64_t>(n * sizeof(float)));
-}
-
-// graph_step: the same top-k step with every check on the device and one wait, captured in a
-// CUDA graph and replayed (Capture), or queued without a capture.
-template <bool Capture>
-void bm_graph_step(benchmark::State& state) {
-  using C = compressor<topk, identity, residual>;
-  using step_t = device_sparsified_sgd<C, sparse_allgather, nccl_comm>;
-  const auto n = static_cast<std::size_t>(state.range(0));
-  const double rho = static_cast<double>(state.range(1)) * 1e-6;
-  const auto tensors = static_cast<std::size_t>(state.range(2));
-  nccl_comm& comm = communicator();
-  const float* g = gradcomp_bench::normal_input(n);
-  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  device_buffer<float> params(n);
-  cuda_check(cudaMemsetAsync(params.data(), 0, n * sizeof(float), comm.stream()), "cudaMemsetAsync");
-  step_t sgd(comm, layout(n, tensors), C{}, sparse_allgather{}, options(),
-             density_schedule::constant(rho));
-  sgd.capture_graphs(Capture);
-  // Both parities' graphs captured before the timing: each is captured on its second call
-  // (the first is a warm-up), and timed_events' own warm-up is the fourth step.
-  for (int i = 0; i < 3; ++i) sgd.graph_step(params.span(), device_span<const float>(g, n));
-  gradcomp_bench::timed_events(state, comm.stream(), [&] {
-    sgd.graph_step(params.span(), device_span<const float>(g, n));
-  });
-  state.counters["k"] = static_cast<double>(sgd.last_stats().selected);
-  state.counters["graphs"] = static_cast<double>(sgd.graph_captures());
+  if constexpr (How != stepping::plain) {
+    state.counters["graphs"] = static_cast<double>(sgd.graph_captures());
+  }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(n * sizeof(float)));
 }
@@ -182,7 +171,9 @@ void copy_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(bm_device_sgd<identity>)->Name("cuda/step/device_sgd")->Apply(step_args);
 BENCHMARK(bm_device_sgd<qsgd>)->Name("cuda/step/device_sgd_qsgd")->Apply(step_args);
-BENCHMARK(bm_graph_step<true>)->Name("cuda/step/graph_step")->Apply(step_args);
-BENCHMARK(bm_graph_step<false>)->Name("cuda/step/graph_step_uncaptured")->Apply(step_args);
+BENCHMARK(bm_device_sgd<identity, stepping::graph>)->Name("cuda/step/graph_step")->Apply(step_args);
+BENCHMARK(bm_device_sgd<identity, stepping::graph_uncaptured>)
+    ->Name("cuda/step/graph_step_uncaptured")
+    ->Apply(step_args);
 BENCHMARK(bm_dense_step)->Name("cuda/baseline/dense_step")->Apply(dense_args);
 BENCHMARK(bm_copy)->Name("cuda/baseline/copy")->Apply(copy_args);

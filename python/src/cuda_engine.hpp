@@ -313,6 +313,7 @@ class cuda_engine {
     cs.selection.count = k;
     const double energy = kept + rest;
     if (energy > 0.0 && std::isfinite(energy)) cs.contraction = std::min(kept / energy, 1.0);
+    if (dense_) cs.contraction = 1.0;  // everything is sent, whatever its energy (the host's)
     // The encoding's time is what its launches took on the host (the kernels are asynchronous:
     // their time goes to the exchange's, which waits for them).
     cs.seconds_select = std::chrono::duration<double>(t_encode - t0).count();

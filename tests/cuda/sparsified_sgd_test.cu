@@ -234,6 +234,19 @@ void device_step(rank_t<Pol>& k, const std::vector<float>& g) {
   detail::cuda_check(cudaStreamSynchronize(k.stream->s), "cudaStreamSynchronize");
 }
 
+// The device step of every rank on its step-`step` gradient, nothing armed: each rank's
+// exception (or none).
+template <class Pol>
+auto device_steps(std::vector<rank_t<Pol>>& ranks, const setup_t& s, int step) {
+  return run_world(static_cast<int>(ranks.size()), [&](int r, in_process_comm& comm, in_process_world&) {
+    auto& k = ranks[static_cast<std::size_t>(r)];
+    k.comm->rebind(comm);
+    k.comm->disarm();
+    k.comm->on_throw = nullptr;
+    device_step(k, gradient(total_of(s), s.kind, r, step));
+  });
+}
+
 // Both drivers, one step, every rank.
 template <class Pol>
 void step_both(std::vector<rank_t<Pol>>& ranks, const setup_t& s, int step) {
@@ -584,12 +597,7 @@ TEST_CASE("device_sparsified_sgd::graph_step: a rank with another density is ref
     auto& odd = ranks[static_cast<std::size_t>(P - 1)];
     odd.dev = std::make_unique<device_t>(*odd.staged, s.sizes, C{}, sparse_allgather{}, s.opt,
                                          density_schedule::constant(0.02));
-    const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
-      auto& k = ranks[static_cast<std::size_t>(r)];
-      k.comm->rebind(comm);
-      k.comm->disarm();
-      device_step(k, gradient(total_of(s), s.kind, r, 0));
-    });
+    const auto errors = device_steps(ranks, s, 0);
     for (int r = 0; r < P; ++r) {
       CAPTURE(r);
       REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);
@@ -968,13 +976,7 @@ TEST_CASE("device_sparsified_sgd, randomk with dense_allreduce: ranks with other
                                      dense_allreduce{}, other, density_schedule::constant(s.density));
   std::vector<snapshot_t> before;
   for (auto& k : ranks) before.push_back(snapshot(k));
-  const auto errors = run_world(P, [&](int r, in_process_comm& comm, in_process_world&) {
-    auto& k = ranks[static_cast<std::size_t>(r)];
-    k.comm->rebind(comm);
-    k.comm->disarm();
-    k.comm->on_throw = nullptr;
-    device_step(k, gradient(total_of(s), s.kind, r, 0));
-  });
+  const auto errors = device_steps(ranks, s, 0);
   for (int r = 0; r < P; ++r) {
     CAPTURE(r);
     REQUIRE(errors[static_cast<std::size_t>(r)] != nullptr);

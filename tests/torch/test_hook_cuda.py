@@ -9,15 +9,16 @@ GPU or gradcomp.torch was built without its CUDA path):
   any order: the device sums the bucket's norm in another order than the host); with the
   values sent as fp16 or bf16 codes (both feedbacks, clipped too, float32 and float16 buckets:
   the codes and what the feedback keeps of the rounding are the host's); threshold (floats and
-  fp16 codes), whose picks are the host's too; and Random-k (the host's draw; floats, bf16
-  codes);
+  fp16 codes), whose picks are the host's too; Random-k (the host's draw; floats, bf16
+  codes); and every coordinate over allreduce (selector 'dense': floats, fp16 and bf16 codes,
+  added in rank order on the device as the CPU path's process group adds them);
 - DDP on CUDA: a checkpoint taken at step 3 resumes bit for bit; what was applied plus what is
   left in the residuals equals the sum of the gradients (conservation), across DDP's rebuild;
 - a step that fails in its last bucket changes no state, and the retried step is the
   unfaulted one;
 - a non-finite gradient on one rank is refused on every rank naming the parameter, or (skip)
   skipped on every rank, with either feedback, clipping and codes, and with Gaussian-k,
-  threshold and Random-k;
+  threshold, Random-k and dense over allreduce;
 - configurations the CUDA path does not run, and a bucket on another device, are refused with
   errors that say what is allowed;
 - Gaussian-k (both forms; fp32, fp16 and bf16 codes; float32 and float16 buckets) at P = 2:
