@@ -60,6 +60,15 @@ void bad_arguments(const ncclUniqueId& id) {
   }
 }
 
+// g = rank `me`'s gradient of step `step`: heavy-tailed, distinct per rank and step.
+void gradient_into(std::vector<float>& g, int step, int me) {
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const auto h = static_cast<std::uint32_t>((i * 2654435761u) ^ (static_cast<std::size_t>(step) << 20) ^
+                                              (static_cast<std::size_t>(me) << 28));
+    g[i] = (static_cast<float>(h % 2001) - 1000.0f) / (1.0f + static_cast<float>(h % 97));
+  }
+}
+
 // The device-resident step over NCCL (top-k, unquantized and with QSGD: its picks, codes and
 // side values through allgatherv_known, its counts through gather_counts; dense: one
 // ncclAllReduce of the flat buffer, of floats or of fp16 codes) against the host step over
@@ -98,12 +107,7 @@ void device_step(nccl_comm& comm) {
   detail::cuda_check(cudaMemcpy(d_params.data(), params.data(), n * sizeof(float), cudaMemcpyHostToDevice),
                      "cudaMemcpy");
   for (int step = 0; step < 4; ++step) {
-    for (std::size_t i = 0; i < n; ++i) {
-      // Heavy-tailed, distinct per rank and step.
-      const auto h = static_cast<std::uint32_t>((i * 2654435761u) ^ (static_cast<std::size_t>(step) << 20) ^
-                                                (static_cast<std::size_t>(me) << 28));
-      g[i] = (static_cast<float>(h % 2001) - 1000.0f) / (1.0f + static_cast<float>(h % 97));
-    }
+    gradient_into(g, step, me);
     host.step(std::span<float>(params), std::span<const float>(g));
     detail::cuda_check(cudaMemcpyAsync(d_g.data(), g.data(), n * sizeof(float), cudaMemcpyHostToDevice,
                                        comm.stream()),
@@ -209,11 +213,7 @@ void graph_step_check(nccl_comm& comm) {
           name + ": the counts and steps of step(), " + when, me);
   };
   const auto fill = [&](int step) {
-    for (std::size_t i = 0; i < n; ++i) {
-      const auto h = static_cast<std::uint32_t>((i * 2654435761u) ^ (static_cast<std::size_t>(step) << 20) ^
-                                                (static_cast<std::size_t>(me) << 28));
-      g[i] = (static_cast<float>(h % 2001) - 1000.0f) / (1.0f + static_cast<float>(h % 97));
-    }
+    gradient_into(g, step, me);
     detail::cuda_check(cudaMemcpyAsync(d_g.data(), g.data(), n * sizeof(float), cudaMemcpyHostToDevice, s),
                        "cudaMemcpyAsync");
   };

@@ -798,10 +798,41 @@ class device_sparsified_sgd {
   // statistics, so their picks are first written at each tensor's offset in the capacity
   // buffers, then packed.
   void compress(device_span<const T> grads, double rho) {
-    const cudaStream_t s = stream();
     const std::size_t nt = tensors_.size();
     set_counts(rho);
-    // The picks gathered from e (DGC: v) and cleared there, as a residual's.
+    size_compression(grads, rho);
+    queue_compression(grads, rho);
+    // threshold's and Gaussian-k's statistics came back in pack_selected (their counts are k_).
+    if constexpr (!variable_count) {
+      detail::cuda_check(cudaMemcpyAsync(stats_host(), stats_dev_.data(),
+                                         nt * sizeof(selection_stats), cudaMemcpyDeviceToHost,
+                                         stream()),
+                         "cudaMemcpyAsync");
+    }
+    take_refusal();  // with the statistics: compression's one wait (threshold's and Gaussian-k's second)
+    if constexpr (!variable_count) {
+      for (std::size_t t = 0; t < nt; ++t) {
+        detail::check_invariant(stats_host()[t].count == k_[t],
+                                "device_sparsified_sgd: top-k picked k coordinates");
+      }
+    }
+    reset_staged_stats(rho);
+  }
+
+  // A new step's statistics, before its tensors are added.
+  void reset_staged_stats(double rho) {
+    staged_stats_ = step_stats{};
+    staged_stats_.step = step_;
+    staged_stats_.target_density = rho;
+    staged_stats_.n = total_;
+  }
+
+  // Phase 1's buffers for the counts in k_ (set_counts), and the scratch every call of
+  // queue_compression needs (the size queries depend on n and k only). An empty tensor is
+  // left out for top-k, Gaussian-k and Random-k (its statistics stay 0, the host's for
+  // k = 0), not for threshold (whose statistics name tau whatever the size, as the host's).
+  void size_compression(device_span<const T> grads, double rho) {
+    const std::size_t nt = tensors_.size();
     const gradcomp::residual fb{};
     const device_span<T> e = staged_residual();
     if constexpr (variable_count) {
@@ -810,9 +841,6 @@ class device_sparsified_sgd {
     } else {
       size_outputs();
     }
-    // The scratch every call needs (the size queries depend on n and k only). An empty tensor
-    // is left out for top-k, Gaussian-k and Random-k (its statistics stay 0, the host's for
-    // k = 0), not for threshold (whose statistics name tau whatever the size, as the host's).
     for (std::size_t t = 0; t < nt; ++t) {
       if (tensors_[t].size == 0 && !is_threshold) continue;
       temp_storage q;
@@ -820,12 +848,26 @@ class device_sparsified_sgd {
       grow_scratch(q.bytes);
       q = temp_storage{};
       on_device(fb).gather_and_clear(q, tensor(e, t), selected_picks(t), stats_dev_.data() + t,
-                                     selected_values(t), s, device_validation::trusted);
+                                     selected_values(t), stream(), device_validation::trusted);
       grow_scratch(q.bytes);
       if constexpr (quantized && !variable_count) encode_own(t, rho, /*size_query=*/true);
     }
-    detail::cuda_check(cudaMemsetAsync(stats_dev_.data(), 0, nt * sizeof(selection_stats), s),
-                       "cudaMemsetAsync");
+  }
+
+  // Phase 1's work on the stream, sized by size_compression: the residual staged, every
+  // tensor's picks and values (threshold and Gaussian-k: one wait for their counts, in
+  // pack_selected), and the check of the picks (or of the flat e + g) for NaN and Inf into
+  // errors_dev_[0]. Allocates nothing for top-k, unquantized (graph_step captures it).
+  void queue_compression(device_span<const T> grads, double rho) {
+    const cudaStream_t s = stream();
+    const std::size_t nt = tensors_.size();
+    // The picks gathered from e (DGC: v) and cleared there, as a residual's.
+    const gradcomp::residual fb{};
+    const device_span<T> e = staged_residual();
+    if (nt) {
+      detail::cuda_check(cudaMemsetAsync(stats_dev_.data(), 0, nt * sizeof(selection_stats), s),
+                         "cudaMemsetAsync");
+    }
     detail::cuda_check(cudaMemsetAsync(errors_dev_.data(), 0xff, 2 * sizeof(cuda::error_record), s),
                        "cudaMemsetAsync");
     if (total_) {
@@ -896,23 +938,6 @@ class device_sparsified_sgd {
                                                                           errors_dev_.data());
       cuda::check_launch("first_nonfinite_kernel");
     }
-    // threshold's and Gaussian-k's statistics came back in pack_selected (their counts are k_).
-    if constexpr (!variable_count) {
-      detail::cuda_check(cudaMemcpyAsync(stats_host(), stats_dev_.data(),
-                                         nt * sizeof(selection_stats), cudaMemcpyDeviceToHost, s),
-                         "cudaMemcpyAsync");
-    }
-    take_refusal();  // with the statistics: compression's one wait (threshold's and Gaussian-k's second)
-    if constexpr (!variable_count) {
-      for (std::size_t t = 0; t < nt; ++t) {
-        detail::check_invariant(stats_host()[t].count == k_[t],
-                                "device_sparsified_sgd: top-k picked k coordinates");
-      }
-    }
-    staged_stats_ = step_stats{};
-    staged_stats_.step = step_;
-    staged_stats_.target_density = rho;
-    staged_stats_.n = total_;
   }
 
   // DGC: the staged u and v from the committed ones and g (dgc_momentum::accumulate_into's
@@ -1232,9 +1257,10 @@ class device_sparsified_sgd {
   // graph_step, before its work is queued (or captured): each tensor's k at density rho; where
   // it differs from the last agreed k (or none was), every rank's layout and k agreed (one
   // gather of counts and a wait: a rank that differs is refused on every rank, before anything
-  // is sized by it), the table of the received segments uploaded, and the graphs dropped; then
-  // every buffer and the scratch the step uses, sized, so that nothing is allocated while a
-  // capture runs.
+  // is sized by it), the table of the received segments and each k uploaded, the graphs
+  // dropped, and every buffer and the scratch the step uses sized, so that nothing is
+  // allocated while a capture runs. (They depend on n and k only, and grow only: step() at the
+  // same k leaves them large enough.)
   void prepare_fixed_k(device_span<const T> grads, double rho) {
     const std::size_t nt = tensors_.size();
     const auto ranks = static_cast<std::size_t>(comm_->size());
@@ -1246,8 +1272,8 @@ class device_sparsified_sgd {
       fixed_.graphs[1] = {};
       agree_fixed_layout(picks);
       const std::size_t segments = ranks * nt;
-      fixed_.seg_host.assign(3 * segments + 1, 0);
-      std::uint64_t* start = fixed_.seg_host.data();
+      std::vector<std::uint64_t> seg_host(3 * segments + 1, 0);
+      std::uint64_t* start = seg_host.data();
       std::uint64_t* lo = start + segments + 1;
       std::uint64_t* hi = lo + segments;
       for (std::size_t r = 0; r < ranks; ++r) {
@@ -1258,35 +1284,23 @@ class device_sparsified_sgd {
         }
       }
       start[segments] = ranks * picks;
-      fixed_.seg.resize(fixed_.seg_host.size());
-      upload(fixed_.seg.data(), fixed_.seg_host);
-      fixed_.k_host.assign(k_.begin(), k_.end());
+      fixed_.seg.resize(seg_host.size());
+      upload(fixed_.seg.data(), seg_host);
+      const std::vector<std::uint64_t> k_host(k_.begin(), k_.end());
       fixed_.kdev.resize(std::max<std::size_t>(nt, 1));
-      upload(fixed_.kdev.data(), fixed_.k_host);
-      detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+      upload(fixed_.kdev.data(), k_host);
+      detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");  // the tables
       fixed_.ones.assign(ranks, 1);
       fixed_.blocks.assign(ranks, picks);
+      size_compression(grads, rho);
+      recv_picks_.resize(std::max<std::size_t>(ranks * picks, 1));
+      recv_values_.resize(std::max<std::size_t>(ranks * picks, 1));
+      fixed_.words.resize(ranks + 2);
+      fixed_.detail.resize(2);
+      reserve_sum(ranks * picks);
       fixed_.k = k_;
       fixed_.agreed = true;
     }
-    size_outputs();
-    recv_picks_.resize(std::max<std::size_t>(ranks * picks, 1));
-    recv_values_.resize(std::max<std::size_t>(ranks * picks, 1));
-    fixed_.words.resize(ranks + 2);
-    fixed_.detail.resize(2);
-    const gradcomp::residual fb{};
-    const device_span<T> e = staged_residual();
-    for (std::size_t t = 0; t < nt; ++t) {
-      if (tensors_[t].size == 0) continue;
-      temp_storage q;
-      select_tensor(q, e, grads, t, rho);
-      grow_scratch(q.bytes);
-      q = temp_storage{};
-      on_device(fb).gather_and_clear(q, tensor(e, t), picks_of(t), stats_dev_.data() + t,
-                                     values_of(t), stream(), device_validation::trusted);
-      grow_scratch(q.bytes);
-    }
-    reserve_sum(ranks * picks);
   }
 
   // Every rank's total of picks and a hash of its layout, k, step and density schedule,
@@ -1318,7 +1332,7 @@ class device_sparsified_sgd {
   }
 
   // graph_step's work on the stream, nothing waited for here (the host communicators of
-  // cuda::staged_comm wait inside their calls): compression as compress() has it, the status
+  // cuda::staged_comm wait inside their calls): compression (queue_compression), the status
   // word, the three gathers, the device check and verdict, the sum, the agreement on the
   // verdict and the update under it, and the copies of what the host reads. Allocates
   // nothing: prepare_fixed_k sized it all. The topk selector's settings are read here: a graph
@@ -1329,37 +1343,10 @@ class device_sparsified_sgd {
     const auto ranks = static_cast<std::size_t>(comm_->size());
     const std::size_t picks = k_at_[nt];
     const std::size_t received = ranks * picks;
-    const gradcomp::residual fb{};
-    const device_span<T> e = staged_residual();
     std::uint32_t* own = fixed_.words.data();
     std::uint32_t* all = own + 1;
     std::uint32_t* verdict = own + ranks + 1;
-    if (nt) {
-      detail::cuda_check(cudaMemsetAsync(stats_dev_.data(), 0, nt * sizeof(selection_stats), s),
-                         "cudaMemsetAsync");
-    }
-    detail::cuda_check(cudaMemsetAsync(errors_dev_.data(), 0xff, 2 * sizeof(cuda::error_record), s),
-                       "cudaMemsetAsync");
-    if (total_) {
-      detail::cuda_check(cudaMemcpyAsync(e.data(), residual_[committed_].data(), total_ * sizeof(T),
-                                         cudaMemcpyDeviceToDevice, s),
-                         "cudaMemcpyAsync");
-    }
-    for (std::size_t t = 0; t < nt; ++t) {
-      if (tensors_[t].size == 0) continue;
-      temp_storage tmp = scratch();
-      select_tensor(tmp, e, grads, t, rho);
-      tmp = scratch();
-      on_device(fb).gather_and_clear(tmp, tensor(e, t), picks_of(t), stats_dev_.data() + t,
-                                     values_of(t), s, device_validation::trusted);
-      add_offset(t);
-    }
-    if (picks) {
-      cuda::step_impl::first_nonfinite_kernel<T>
-          <<<cuda::grid_for(picks, threads, max_blocks), threads, 0, s>>>(values_.data(), picks,
-                                                                          errors_dev_.data());
-      cuda::check_launch("first_nonfinite_kernel");
-    }
+    queue_compression(grads, rho);
     cuda::step_impl::status_word_kernel<std::uint32_t><<<1, 1, 0, s>>>(
         errors_dev_.data(), stats_dev_.data(), fixed_.kdev.data(), nt, own);
     cuda::check_launch("status_word_kernel");
@@ -1507,10 +1494,7 @@ class device_sparsified_sgd {
           "; the step changes nothing on any rank"));
     }
     // (Each tensor's count is k: the status word said so before the update ran.)
-    staged_stats_ = step_stats{};
-    staged_stats_.step = step_;
-    staged_stats_.target_density = rho;
-    staged_stats_.n = total_;
+    reset_staged_stats(rho);
     for (std::size_t t = 0; t < nt; ++t) {
       tensor_stats ts = selection_stats_of(t);
       ts.bytes_sent = 8 * k_[t] + (t == 0 ? 4 : 0);
@@ -2299,7 +2283,6 @@ class device_sparsified_sgd {
   struct fixed_k_state {
     bool agreed = false;
     std::vector<std::size_t> k, ones, blocks;
-    std::vector<std::uint64_t> seg_host, k_host;
     device_buffer<std::uint64_t> seg, kdev;  // the segment table, each tensor's k
     device_buffer<std::uint32_t> words;
     device_buffer<std::uint64_t> detail;
